@@ -1,0 +1,143 @@
+"""The API schema of a curation policy (`POST /v1/curation-policies`) and its conversion to the plain
+`CurationPolicy` that the curation functions take. Unknown fields are rejected; every error names the
+field it is about (pydantic's `loc`).
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from filters.types import (
+    Action,
+    AdvantageConfig,
+    CurationPolicy,
+    CurriculumConfig,
+    Estimator,
+    FinishReason,
+    RewardErrorAction,
+    StdKind,
+    ZeroVariance,
+    ZeroVarianceAction,
+)
+
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class ZeroVarianceSpec(BaseModel):
+    """Wire form of `ZeroVariance`."""
+
+    model_config = _CONFIG
+
+    metric: str = Field(default="outcome", min_length=1, max_length=128)
+    eps: float = Field(default=1e-6, ge=0)
+    action: ZeroVarianceAction = "drop"
+    pass_rate_band: tuple[float, float] | None = None
+
+    @field_validator("pass_rate_band")
+    @classmethod
+    def _band_ordered(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not band[0] <= band[1]:
+            raise ValueError(f"needs low <= high, got {list(band)}")
+        return band
+
+
+class AdvantageSpec(BaseModel):
+    """Wire form of `AdvantageConfig`."""
+
+    model_config = _CONFIG
+
+    estimator: Estimator = "grpo"
+    std: StdKind = "population"
+    eps: float = Field(default=1e-6, ge=0)
+
+
+class CurriculumSpec(BaseModel):
+    """Wire form of `CurriculumConfig`."""
+
+    model_config = _CONFIG
+
+    k: int = Field(default=3, ge=1)
+    solved: float = 1.0
+    failed: float = 0.0
+    low_priority: float = Field(default=0.1, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _failed_below_solved(self) -> Self:
+        if not self.failed < self.solved:
+            raise ValueError(f"failed must be < solved, got failed={self.failed}, solved={self.solved}")
+        return self
+
+
+class CurationPolicySpec(BaseModel):
+    """`POST /v1/curation-policies` body (DESIGN.md, API v1); `.to_policy()` gives the plain policy.
+
+    finish_reason_actions lists overrides only; the rest keep their defaults
+    (stop keep; length, max_turns mask; tool_error, env_error, timeout, aborted drop).
+    overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
+    """
+
+    model_config = _CONFIG
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    zero_variance: ZeroVarianceSpec = ZeroVarianceSpec()
+    finish_reason_actions: dict[FinishReason, Action] = Field(default_factory=dict)
+    max_staleness: int | None = Field(default=None, ge=0)
+    min_group_size: int = Field(default=2, ge=1)
+    advantage: AdvantageSpec = AdvantageSpec()
+    overlong_buffer: float = Field(default=0.2, ge=0)
+    penalty: float = -1.0
+    resample_budget_multiplier: float = Field(default=2.0, ge=1)
+    reward_error: RewardErrorAction = "drop"
+    curriculum: CurriculumSpec = CurriculumSpec()
+
+    @field_validator("overlong_buffer")
+    @classmethod
+    def _buffer_fraction_or_tokens(cls, buffer: float) -> float:
+        if not (buffer < 1 or buffer.is_integer()):
+            raise ValueError(f"must be a fraction in [0, 1) or a whole token count, got {buffer}")
+        return buffer
+
+    def to_policy(self) -> CurationPolicy:
+        """The plain, validated `CurationPolicy` (defaults merged into finish_reason_actions)."""
+        zv = self.zero_variance
+        return CurationPolicy(
+            zero_variance=ZeroVariance(zv.metric, zv.eps, zv.action, zv.pass_rate_band),
+            finish_reason_actions=dict(self.finish_reason_actions),
+            max_staleness=self.max_staleness,
+            min_group_size=self.min_group_size,
+            advantage=AdvantageConfig(**self.advantage.model_dump()),
+            overlong_buffer=self.overlong_buffer,
+            penalty=self.penalty,
+            resample_budget_multiplier=self.resample_budget_multiplier,
+            reward_error=self.reward_error,
+            curriculum=CurriculumConfig(**self.curriculum.model_dump()),
+        )
+
+    @classmethod
+    def from_policy(cls, name: str, policy: CurationPolicy) -> CurationPolicySpec:
+        """The wire form of a plain policy (finish_reason_actions in full), e.g. to return it."""
+        zv = policy.zero_variance
+        return cls(
+            name=name,
+            zero_variance=ZeroVarianceSpec(
+                metric=zv.metric, eps=zv.eps, action=zv.action, pass_rate_band=zv.pass_rate_band
+            ),
+            finish_reason_actions=dict(policy.finish_reason_actions),
+            max_staleness=policy.max_staleness,
+            min_group_size=policy.min_group_size,
+            advantage=AdvantageSpec(
+                estimator=policy.advantage.estimator, std=policy.advantage.std, eps=policy.advantage.eps
+            ),
+            overlong_buffer=policy.overlong_buffer,
+            penalty=policy.penalty,
+            resample_budget_multiplier=policy.resample_budget_multiplier,
+            reward_error=policy.reward_error,
+            curriculum=CurriculumSpec(
+                k=policy.curriculum.k,
+                solved=policy.curriculum.solved,
+                failed=policy.curriculum.failed,
+                low_priority=policy.curriculum.low_priority,
+            ),
+        )

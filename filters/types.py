@@ -1,0 +1,254 @@
+"""Plain data for curation: scored groups in, per-trajectory decisions out.
+
+Everything here is a frozen dataclass over plain Python values so that `filters/` stays free of the
+database, HTTP and torch. Choices are `Literal`s; every dataclass validates its names in
+`__post_init__` and raises `ValueError` listing the valid ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, get_args
+
+FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+
+Action = Literal["keep", "drop", "mask", "penalize", "resample"]
+ACTIONS: tuple[str, ...] = get_args(Action)
+
+ZeroVarianceAction = Literal["drop", "keep"]
+ZERO_VARIANCE_ACTIONS: tuple[str, ...] = get_args(ZeroVarianceAction)
+
+Estimator = Literal["grpo", "dr_grpo", "rloo"]
+ESTIMATOR_NAMES: tuple[str, ...] = get_args(Estimator)
+
+StdKind = Literal["population", "unbiased"]
+STD_KINDS: tuple[str, ...] = get_args(StdKind)
+
+RewardErrorAction = Literal["drop", "drop_group"]
+REWARD_ERROR_ACTIONS: tuple[str, ...] = get_args(RewardErrorAction)
+
+GroupStatus = Literal["ready", "dropped"]
+
+DropReason = Literal[
+    "stale",
+    "reward_error",
+    "below_min_group_size",
+    "no_trainable_members",
+    "zero_variance",
+    "pass_rate_band",
+]
+DROP_REASONS: tuple[str, ...] = get_args(DropReason)
+
+# Budget cut-offs stay in the group baseline but give no gradient; infrastructure failures are never
+# negatives (see DESIGN.md, "finish_reason").
+DEFAULT_FINISH_REASON_ACTIONS: Mapping[str, Action] = MappingProxyType(
+    {
+        "stop": "keep",
+        "length": "mask",
+        "max_turns": "mask",
+        "tool_error": "drop",
+        "env_error": "drop",
+        "timeout": "drop",
+        "aborted": "drop",
+    }
+)
+
+# Per-trajectory reasons besides the group drop reasons above.
+REASON_OK = "ok"
+REASON_REWARD_ERROR = "reward_error"
+REASON_ZERO_VARIANCE = "zero_variance"
+REASON_STALE = "stale"
+
+
+def finish_reason_reason(finish_reason: str) -> str:
+    """The reason recorded when a trajectory's action comes from its finish_reason."""
+    return f"finish_reason:{finish_reason}"
+
+
+def check_choice(value: str, valid: Iterable[str], what: str) -> None:
+    """Raise `ValueError` naming `what` and listing the valid names when `value` is not one."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
+
+
+def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[str, Action]:
+    """Defaults merged with user overrides, validated; returns a read-only mapping over all reasons."""
+    merged: dict[str, Action] = dict(DEFAULT_FINISH_REASON_ACTIONS)
+    for reason, action in (overrides or {}).items():
+        check_choice(reason, FINISH_REASONS, "finish_reason")
+        check_choice(action, ACTIONS, f"action for finish_reason {reason!r}")
+        merged[reason] = action  # type: ignore[assignment]
+    return MappingProxyType(merged)
+
+
+@dataclass(frozen=True)
+class ZeroVariance:
+    """Zero-variance (no-signal) detection, DAPO dynamic sampling (Yu et al. 2025).
+
+    metric: "outcome" (default; falls back to "total" for a group none of whose members has an outcome),
+        "total" (the reward used for advantages, overlong penalty included) or a component name.
+    eps: a group whose metric has population std <= eps has no signal.
+    action: "drop" the group, or "keep" it with every advantage 0.
+    pass_rate_band: optional (low, high); groups whose outcome mean is outside it are dropped.
+    """
+
+    metric: str = "outcome"
+    eps: float = 1e-6
+    action: ZeroVarianceAction = "drop"
+    pass_rate_band: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.action, ZERO_VARIANCE_ACTIONS, "zero_variance action")
+        if not self.metric:
+            raise ValueError("zero_variance metric must be a non-empty name")
+        if not self.eps >= 0:
+            raise ValueError(f"zero_variance eps must be >= 0, got {self.eps}")
+        if self.pass_rate_band is not None:
+            low, high = self.pass_rate_band
+            if not low <= high:
+                raise ValueError(f"pass_rate_band needs low <= high, got {self.pass_rate_band}")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Group-relative advantage estimator; see `filters.advantages` for the formulas."""
+
+    estimator: Estimator = "grpo"
+    std: StdKind = "population"
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        check_choice(self.estimator, ESTIMATOR_NAMES, "advantage estimator")
+        check_choice(self.std, STD_KINDS, "std kind")
+        if not self.eps >= 0:
+            raise ValueError(f"advantage eps must be >= 0, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    """Refill priority: prompts whose last `k` groups were all solved / all failed get `low_priority`."""
+
+    k: int = 3
+    solved: float = 1.0
+    failed: float = 0.0
+    low_priority: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"curriculum k must be >= 1, got {self.k}")
+        if not self.failed < self.solved:
+            raise ValueError(f"curriculum needs failed < solved, got {self.failed}, {self.solved}")
+        if not 0.0 <= self.low_priority <= 1.0:
+            raise ValueError(f"curriculum low_priority must be in [0, 1], got {self.low_priority}")
+
+
+@dataclass(frozen=True)
+class CurationPolicy:
+    """A curation policy (dynamic-sampling policy), attached per dataset or prompt.
+
+    finish_reason_actions: user overrides merged over `DEFAULT_FINISH_REASON_ACTIONS`.
+    max_staleness: a group sampled more than this many policy versions behind the trainer is dropped
+        ("stale"); None turns the check off.
+    min_group_size: groups with fewer baseline members (keep + penalize + mask) are dropped.
+    overlong_buffer: DAPO's overlong buffer L_cache for `penalize`; a value in (0, 1) is a fraction of
+        the group's max_tokens, a whole number >= 1 is a token count, 0 is a hard cut-off.
+    penalty: added to the reward of a `penalize` member when max_tokens or num_tokens is unknown.
+    resample_budget_multiplier: the new budget asked for a `resample` member (x the group max_tokens).
+    reward_error: a member whose reward is None is dropped ("drop") or takes its group down
+        ("drop_group"); it is never used as a negative.
+    """
+
+    zero_variance: ZeroVariance = field(default_factory=ZeroVariance)
+    finish_reason_actions: Mapping[str, Action] = field(default_factory=dict)
+    max_staleness: int | None = None
+    min_group_size: int = 2
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    overlong_buffer: float = 0.2
+    penalty: float = -1.0
+    resample_budget_multiplier: float = 2.0
+    reward_error: RewardErrorAction = "drop"
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+    def __post_init__(self) -> None:
+        merged = merge_finish_reason_actions(self.finish_reason_actions)
+        object.__setattr__(self, "finish_reason_actions", merged)
+        check_choice(self.reward_error, REWARD_ERROR_ACTIONS, "reward_error action")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+        if self.min_group_size < 1:
+            raise ValueError(f"min_group_size must be >= 1, got {self.min_group_size}")
+        buffer = self.overlong_buffer
+        if not (buffer >= 0 and (buffer < 1 or float(buffer).is_integer())):
+            raise ValueError(
+                f"overlong_buffer must be a fraction in [0, 1) or a whole token count, got {buffer}"
+            )
+        if not self.resample_budget_multiplier >= 1:
+            raise ValueError(
+                f"resample_budget_multiplier must be >= 1, got {self.resample_budget_multiplier}"
+            )
+
+
+@dataclass(frozen=True)
+class TrajectoryScore:
+    """One scored trajectory. `total` / `outcome` / component values are None when not computable.
+
+    num_tokens: generated tokens; 0 means unknown.
+    """
+
+    index: int
+    finish_reason: str
+    total: float | None
+    components: Mapping[str, float | None]
+    outcome: float | None
+    num_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GroupScore:
+    """A scored group: G trajectories sampled for one prompt by policy `policy_version`."""
+
+    group_id: str
+    policy_version: int
+    trajectories: Sequence[TrajectoryScore]
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryDecision:
+    """What curation decided for one trajectory.
+
+    advantage: 0 unless the action is keep / penalize in a ready group.
+    reward_used: the reward this member puts in the group baseline (total, plus the overlong penalty
+        for penalize); None for members outside the baseline (dropped, resampled, stale, no reward).
+    """
+
+    index: int
+    action: Action
+    reason: str
+    advantage: float
+    reward_used: float | None
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    """What curation decided for one group.
+
+    metric_std: population std of the zero-variance metric over the baseline members (None if none).
+    resample: indices whose action is resample; resample_max_tokens: the larger budget to ask for
+        (None when the group's max_tokens is unknown or nothing is resampled).
+    outcome_mean: mean outcome (total when the group has no outcome) over the baseline members;
+        the per-group pass rate the curriculum tracks.
+    """
+
+    group_id: str
+    status: GroupStatus
+    drop_reason: str | None
+    trajectories: tuple[TrajectoryDecision, ...]
+    metric_std: float | None
+    resample: tuple[int, ...]
+    resample_max_tokens: int | None = None
+    outcome_mean: float | None = None

@@ -1,0 +1,134 @@
+"""The reward-component interface: what a component sees, what it returns, how params are checked.
+
+A component is a pure function ``score(sample, prompt) -> ComponentResult`` behind a small class
+(one instance per ``(kind, params)``). "Could not score" is an error with ``value=None``, never 0
+(DESIGN.md, Rewards).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+FinishReason = str  # stop | length | max_turns | tool_error | env_error | timeout | aborted
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One trajectory as a component sees it.
+
+    ``messages``: ``[{"role", "content", "tool_calls"?: [{"id", "type": "function",
+    "function": {"name", "arguments": str}}], "tool_call_id"?}]``.
+    ``num_tokens``: model-generated response tokens, 0 if unknown. ``num_turns``: assistant turns.
+    """
+
+    messages: list[dict]
+    final_answer: str
+    finish_reason: FinishReason
+    num_tokens: int
+    num_turns: int
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInfo:
+    """The task a trajectory answers: prompt messages, reference (answer / tests / schema), metadata."""
+
+    messages: list[dict]
+    reference: dict
+    metadata: dict
+    dataset: str
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentResult:
+    """A component's answer for one sample: ``value`` is None iff ``error`` is set."""
+
+    value: float | None
+    details: dict
+    error: str | None = None
+    latency_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.value is None) == (self.error is None):
+            raise ValueError("ComponentResult: exactly one of value and error must be set")
+
+
+class ComponentError(Exception):
+    """Raised inside ``evaluate`` when a component cannot decide (bad reference, judge down, ...)."""
+
+    def __init__(self, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}
+
+
+class ParamsModel(BaseModel):
+    """Base for component params: unknown keys are rejected, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(ParamsModel):
+    """Params model for components that take none."""
+
+
+def parse_params(model: type[BaseModel], kind: str, params: Mapping[str, Any]) -> BaseModel:
+    """Validate ``params`` against ``model``; ValueError naming the first bad param."""
+    try:
+        return model.model_validate(dict(params))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        where = f"param '{loc}'" if loc else "params"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{kind}: {where}: {msg}") from None
+
+
+def error_result(message: str, details: dict | None = None, latency_ms: float = 0.0) -> ComponentResult:
+    """A result that records that the component could not score."""
+    return ComponentResult(value=None, details=details or {}, error=message, latency_ms=latency_ms)
+
+
+class RewardComponent(ABC):
+    """One reward component. Subclasses set ``kind`` and ``Params`` and implement ``evaluate``.
+
+    ``evaluate`` returns ``(value, details)`` or raises ``ComponentError``; ``score`` wraps it with
+    timing and turns every exception into an error result (never a silent 0).
+    Heavy resources (models, HTTP clients) are created lazily so constructing a component only
+    validates params (RewardSpec validation constructs components).
+    """
+
+    kind: ClassVar[str]
+    cpu_heavy: ClassVar[bool] = False
+    Params: ClassVar[type[BaseModel]] = NoParams
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        self.params: Any = parse_params(self.Params, self.kind, params or {})
+
+    @abstractmethod
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        """Score one sample: ``(value, details)``; raise ComponentError when undecidable."""
+
+    def score(self, sample: Sample, prompt: PromptInfo) -> ComponentResult:
+        """Score one sample; any failure becomes an error result with the exception's message."""
+        start = time.perf_counter()
+        try:
+            value, details = self.evaluate(sample, prompt)
+        except ComponentError as exc:
+            return error_result(str(exc), exc.details, _ms_since(start))
+        except Exception as exc:  # noqa: BLE001 - a component bug is recorded as an error, not a 0
+            return error_result(f"{type(exc).__name__}: {exc}", {}, _ms_since(start))
+        return ComponentResult(value=float(value), details=details, latency_ms=_ms_since(start))
+
+    def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
+        """Score many samples; the default loops over ``score``. Returns one result per item."""
+        return [self.score(sample, prompt) for sample, prompt in items]
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0

@@ -1,0 +1,1 @@
+"""grpo-curator service: FastAPI app, settings, database, workers and the HTTP client."""

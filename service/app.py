@@ -1,0 +1,51 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from service.db import get_engine, make_sessionmaker, resolve_database_url
+from service.deps import format_errors
+from service.errors import ServiceError
+from service.middleware import BodyLimitMiddleware
+from service.routers import health, ingest
+from service.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"error": exc.message, "detail": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse({"error": "body: invalid JSON", "detail": None}, status_code=400)
+        message, items = format_errors(errors)
+        return JSONResponse({"error": message, "detail": items}, status_code=422)
+
+
+def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
+    """Build the app. The database must already be at the head migration (``serve`` and tests do that)."""
+    settings = settings or get_settings()
+    url = database_url or resolve_database_url(settings)
+    app = FastAPI(
+        title="grpo-curator",
+        version="0.1.0",
+        summary="Trajectory curation and reward service for GRPO-style RL",
+    )
+    app.state.settings = settings
+    app.state.engine = get_engine(url)
+    app.state.sessionmaker = make_sessionmaker(app.state.engine)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    for router in (health.router, ingest.router):
+        app.include_router(router)
+    return app

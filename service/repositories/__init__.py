@@ -1,0 +1,1 @@
+"""All SQL statements live here, one module per domain. Repositories may flush, never commit."""

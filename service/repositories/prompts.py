@@ -1,0 +1,57 @@
+"""Statements about prompts and datasets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.models import Dataset, Prompt
+
+_UPDATABLE = ("dataset", "messages", "reference", "metadata", "reward_spec", "curation_policy")
+
+
+def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
+    """Insert or update prompts by id; rows that are unchanged are not rewritten. Returns len(rows)."""
+    if not rows:
+        return 0
+    stmt = insert(Prompt.__table__).values(rows)
+    ex = stmt.excluded
+    tbl = Prompt.__table__
+    changed = func.row(*(tbl.c[c] for c in _UPDATABLE)).is_distinct_from(func.row(*(ex[c] for c in _UPDATABLE)))
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[tbl.c.id],
+        set_={**{c: ex[c] for c in _UPDATABLE}, "updated_at": func.now()},
+        where=changed,
+    )
+    session.execute(stmt)
+    return len(rows)
+
+
+def prompt_datasets(session: Session, ids: Iterable[str]) -> dict[str, str]:
+    """prompt id -> dataset for the ids that exist."""
+    ids = list(set(ids))
+    if not ids:
+        return {}
+    rows = session.execute(select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)))
+    return {pid: ds for pid, ds in rows}
+
+
+def get_prompt(session: Session, prompt_id: str) -> Prompt | None:
+    return session.get(Prompt, prompt_id)
+
+
+def upsert_dataset(session: Session, name: str, reward_spec: str | None, curation_policy: str | None) -> None:
+    stmt = insert(Dataset).values(name=name, reward_spec=reward_spec, curation_policy=curation_policy)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Dataset.name],
+        set_={"reward_spec": reward_spec, "curation_policy": curation_policy, "updated_at": func.now()},
+    )
+    session.execute(stmt)
+
+
+def get_dataset(session: Session, name: str) -> Dataset | None:
+    return session.get(Dataset, name)

@@ -1,0 +1,1 @@
+"""HTTP routes: thin, each calls one service function."""

@@ -1,0 +1,76 @@
+"""Prompts and groups: ingest and read."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from service.deps import GroupBody, SessionDep, SettingsDep
+from service.schemas import GROUP_STATUSES, GroupAck, GroupIn, GroupOut, GroupPage, GroupsAck, GroupsIn, PromptsIn, UpsertedOut
+from service.services import groups as group_service
+from service.services import ingest
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+
+_GROUP_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"oneOf": [{"$ref": "#/components/schemas/GroupIn"}, {"$ref": "#/components/schemas/GroupsIn"}]}
+            }
+        },
+    }
+}
+
+
+@router.post("/prompts", response_model=UpsertedOut)
+def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
+    return UpsertedOut(upserted=ingest.upsert_prompts(session, body.prompts))
+
+
+@router.post(
+    "/groups",
+    response_model=GroupAck | GroupsAck,
+    status_code=201,
+    openapi_extra=_GROUP_BODY_DOC,
+    responses={200: {"description": "already stored with the same body"}, 409: {"description": "id conflict"}},
+)
+def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, response: Response) -> GroupAck | GroupsAck:
+    batched = isinstance(body, GroupsIn)
+    groups: list[GroupIn] = body.groups if isinstance(body, GroupsIn) else [body]
+    acks = ingest.ingest_groups(
+        session,
+        groups,
+        max_group_size=settings.max_group_size,
+        max_sequence_tokens=settings.max_sequence_tokens,
+        batched=batched,
+    )
+    if not any(a.created for a in acks):
+        response.status_code = 200
+    return GroupsAck(groups=acks) if batched else acks[0]
+
+
+@router.get("/groups/{group_id}", response_model=GroupOut)
+def get_group(
+    group_id: Annotated[str, Path(min_length=1)],
+    session: SessionDep,
+    include_tokens: bool = False,
+    spec_version: Annotated[int | None, Query(ge=1)] = None,
+) -> GroupOut:
+    return group_service.get_group(session, group_id, include_tokens=include_tokens, spec_version=spec_version)
+
+
+@router.get("/groups", response_model=GroupPage)
+def list_groups(
+    session: SessionDep,
+    dataset: str | None = None,
+    status: Annotated[str | None, Query(pattern="^(" + "|".join(GROUP_STATUSES) + ")$")] = None,
+    policy_version: Annotated[int | None, Query(ge=0)] = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> GroupPage:
+    return group_service.list_groups(
+        session, dataset=dataset, status=status, policy_version=policy_version, cursor=cursor, limit=limit
+    )

@@ -1,0 +1,225 @@
+"""API schemas (pydantic v2): the public wire format of DESIGN.md's API v1. Separate from the ORM models."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error")
+Key = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s/]+$")]
+
+
+def check_finite(value: Any, path: str = "") -> None:
+    """Reject NaN / inf anywhere inside free-form JSON (metadata, reference, details)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'value'}: NaN and infinity are not allowed")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_finite(v, f"{path}[{i}]")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class FreeJson(Strict):
+    """Base for models with free-form dict fields that must still be finite JSON."""
+
+    @model_validator(mode="after")
+    def _finite(self) -> FreeJson:
+        for name in ("metadata", "reference", "sampling", "metrics", "params"):
+            value = getattr(self, name, None)
+            if value is not None:
+                check_finite(value, name)
+        return self
+
+
+class ToolFunction(Strict):
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: str = "function"
+    function: ToolFunction
+
+
+class Message(Strict):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    role: Role
+    content: str | list[Any] | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class PromptIn(FreeJson):
+    dataset: str = Field(default="default", min_length=1, max_length=256)
+    messages: list[Message] = Field(default_factory=list)
+    reference: dict[str, Any] = Field(default_factory=dict)
+    reward_spec: str | None = None
+    curation_policy: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class PromptUpsert(PromptIn):
+    id: Key
+
+
+class PromptsIn(Strict):
+    prompts: list[PromptUpsert] = Field(min_length=1, max_length=100_000)
+
+
+class UpsertedOut(BaseModel):
+    upserted: int
+
+
+class TrajectoryIn(FreeJson):
+    messages: list[Message] = Field(default_factory=list)
+    final_answer: str | None = None
+    token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = None
+    loss_mask: list[Literal[0, 1]] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: FinishReason
+    num_tokens: int | None = Field(default=None, ge=0)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> TrajectoryIn:
+        given = {k: len(v) for k in ("token_ids", "loss_mask", "logprobs") if (v := getattr(self, k)) is not None}
+        if len(set(given.values())) > 1:
+            ref, n = next(iter(given.items()))
+            bad = next(k for k, v in given.items() if v != n)
+            raise ValueError(f"{bad}: length {given[bad]} differs from {ref} length {n}")
+        if self.token_ids is None and (self.loss_mask is not None or self.logprobs is not None):
+            raise ValueError("token_ids: required when loss_mask or logprobs is given")
+        if self.final_answer is None and not any(m.role == "assistant" for m in self.messages):
+            raise ValueError("final_answer: required when there is no assistant message")
+        return self
+
+    def resolved_final_answer(self) -> str:
+        if self.final_answer is not None:
+            return self.final_answer
+        for m in reversed(self.messages):
+            if m.role == "assistant":
+                return m.content if isinstance(m.content, str) else ""
+        return ""
+
+    def response_tokens(self) -> int:
+        if self.num_tokens is not None:
+            return self.num_tokens
+        if self.loss_mask is not None:
+            return sum(self.loss_mask)
+        return len(self.token_ids) if self.token_ids is not None else 0
+
+
+class GroupIn(FreeJson):
+    id: Key
+    prompt_id: Key
+    policy_version: int = Field(ge=0)
+    prompt: PromptIn | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    trajectories: list[TrajectoryIn] = Field(min_length=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("sampling")
+    @classmethod
+    def _max_tokens(cls, v: dict[str, Any]) -> dict[str, Any]:
+        mt = v.get("max_tokens")
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
+            raise ValueError("sampling.max_tokens: must be a positive integer")
+        return v
+
+
+class GroupsIn(Strict):
+    groups: list[GroupIn] = Field(min_length=1)
+
+
+class GroupAck(BaseModel):
+    id: str
+    status: str
+    trajectories: int
+    created: bool
+
+
+class GroupsAck(BaseModel):
+    groups: list[GroupAck]
+
+
+class ComponentOut(BaseModel):
+    value: float | None
+    error: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+    latency_ms: float | None = None
+
+
+class TrajectoryOut(BaseModel):
+    index: int
+    finish_reason: str
+    final_answer: str
+    num_tokens: int
+    num_turns: int
+    messages: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    logprobs: list[float] | None = None
+    rewards: dict[str, ComponentOut] = Field(default_factory=dict)
+    total_reward: float | None = None
+    outcome: float | None = None
+    advantage: float | None = None
+    action: str | None = None
+    reason: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DecisionOut(BaseModel):
+    index: int | None
+    action: str
+    rule: str
+    reason: str
+    policy: str | None
+    created_at: str
+
+
+class GroupOut(BaseModel):
+    id: str
+    prompt_id: str
+    dataset: str
+    policy_version: int
+    status: str
+    drop_reason: str | None
+    sampling: dict[str, Any]
+    metadata: dict[str, Any]
+    reward_spec: str | None
+    curation_policy: str | None
+    score_error: str | None
+    created_at: str
+    lease_id: str | None = None
+    staleness: int | None = None
+    trajectories: list[TrajectoryOut]
+    decisions: list[DecisionOut] = Field(default_factory=list)
+
+
+class GroupSummary(BaseModel):
+    id: str
+    prompt_id: str
+    dataset: str
+    policy_version: int
+    status: str
+    drop_reason: str | None
+    n_trajectories: int
+    n_tokens: int
+    created_at: str
+
+
+class GroupPage(BaseModel):
+    groups: list[GroupSummary]
+    next_cursor: str | None

@@ -1,0 +1,1 @@
+"""Service functions: the logic behind each route. They flush, never commit."""

@@ -1,0 +1,180 @@
+"""Shared fixtures: a real PostgreSQL (DATABASE_URL, or an embedded pgserver when unset), migrated by Alembic.
+
+- ``db_url``: one database for the session, created fresh and upgraded to head (so migrations are tested).
+- ``session``: each test runs inside a transaction that is rolled back (join_transaction_mode="create_savepoint").
+- ``client``: FastAPI's TestClient over the real app, its request sessions joined to that transaction.
+- ``fresh_db``: a new, empty, migrated database for tests that need real concurrency or real processes.
+- ``live_server``: the app under uvicorn in a subprocess on a fresh database (real HTTP, real processes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from service.db import to_sqlalchemy_url
+from service.migrate import upgrade
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _server_url() -> str:
+    url = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    if url:
+        return to_sqlalchemy_url(url)
+    import pgserver
+
+    data = Path(tempfile.gettempdir()) / "grpo-curator-test-pg"
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    return to_sqlalchemy_url(server.get_uri())
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    return _server_url()
+
+
+def _create_database(server_url: str, prefix: str = "gct") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_database(server_url: str, url: str) -> None:
+    name = make_url(url).database
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def make_db(server_url: str) -> Iterator[Callable[..., str]]:
+    """Factory: a new database, migrated to head unless migrate=False; all dropped at the end."""
+    made: list[str] = []
+
+    def make(migrate: bool = True) -> str:
+        url = _create_database(server_url)
+        made.append(url)
+        if migrate:
+            upgrade(url)
+        return url
+
+    yield make
+    for url in made:
+        _drop_database(server_url, url)
+
+
+@pytest.fixture(scope="session")
+def db_url(make_db: Callable[..., str]) -> str:
+    return make_db()
+
+
+@pytest.fixture(scope="session")
+def engine(db_url: str) -> Iterator[Engine]:
+    from service.db import get_engine
+
+    yield get_engine(db_url)
+
+
+@pytest.fixture
+def fresh_db(make_db: Callable[..., str]) -> str:
+    return make_db()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False) as s:
+            yield s
+        outer.rollback()
+
+
+@pytest.fixture
+def client(session: Session, db_url: str) -> Iterator:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.deps import get_session
+
+    app = create_app(database_url=db_url)
+
+    def joined_session() -> Iterator[Session]:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+    app.dependency_overrides[get_session] = joined_session
+    with TestClient(app) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, url: str, db_url: str, proc: subprocess.Popen) -> None:
+        self.url, self.db_url, self.proc = url, db_url, proc
+
+
+def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int = 1) -> LiveServer:
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "GRPO_CURATOR_EMBEDDED_WORKER": "false",
+        "GRPO_CURATOR_LOG_LEVEL": "warning",
+        **(env or {}),
+    }
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return LiveServer(url, db_url, proc)
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become healthy in 60 s")
+
+
+def stop_server(server: LiveServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture
+def live_server(fresh_db: str) -> Iterator[LiveServer]:
+    server = start_server(fresh_db)
+    yield server
+    stop_server(server)

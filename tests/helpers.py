@@ -1,0 +1,80 @@
+"""Small data builders for tests (no factory framework)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+def make_trajectory(
+    *,
+    answer: str = "42",
+    finish_reason: str = "stop",
+    prompt_len: int = 4,
+    response_len: int = 6,
+    seed: int = 0,
+    **overrides: Any,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    n = prompt_len + response_len
+    traj = {
+        "messages": [{"role": "assistant", "content": f"The answer is \\boxed{{{answer}}}"}],
+        "token_ids": [rng.randrange(1, 500) for _ in range(n)],
+        "loss_mask": [0] * prompt_len + [1] * response_len,
+        "logprobs": [0.0] * prompt_len + [round(-rng.random(), 4) for _ in range(response_len)],
+        "finish_reason": finish_reason,
+    }
+    traj.update(overrides)
+    return traj
+
+
+def make_group(
+    group_id: str = "g-1",
+    *,
+    prompt_id: str = "p-1",
+    n: int = 4,
+    answers: list[str] | None = None,
+    policy_version: int = 0,
+    dataset: str = "toy",
+    reference: dict[str, Any] | None = None,
+    inline_prompt: bool = True,
+    **overrides: Any,
+) -> dict[str, Any]:
+    answers = answers or ["42"] * n
+    group: dict[str, Any] = {
+        "id": group_id,
+        "prompt_id": prompt_id,
+        "policy_version": policy_version,
+        "sampling": {"temperature": 1.0, "max_tokens": 16},
+        "trajectories": [make_trajectory(answer=a, seed=i) for i, a in enumerate(answers)],
+    }
+    if inline_prompt:
+        group["prompt"] = {
+            "dataset": dataset,
+            "messages": [{"role": "user", "content": "What is 6 * 7?"}],
+            "reference": reference if reference is not None else {"answer": "42"},
+        }
+    group.update(overrides)
+    return group
+
+
+def tool_episode() -> dict[str, Any]:
+    """A multi-turn tool-using trajectory: assistant calls a tool, reads the result, answers."""
+    return {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "6*7"}'}}
+                ],
+            },
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "The answer is 42."},
+        ],
+        "token_ids": [5, 6, 7, 8, 9, 10, 11, 12],
+        "loss_mask": [0, 0, 1, 1, 0, 0, 1, 1],
+        "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.5, -0.125],
+        "finish_reason": "stop",
+        "metadata": {"env": "calc-v1"},
+    }

@@ -1,0 +1,250 @@
+"""GRPO policy loss as pure tensor functions.
+
+Base objective: GRPO (Shao et al. 2024, "DeepSeekMath", eq. 3) -- the PPO clipped surrogate on
+group-relative advantages plus beta * KL to a frozen reference, with the k3 estimator
+(Schulman 2020, "Approximating KL divergence"): exp(ref - logp) - (ref - logp) - 1.
+
+Where this departs from the GRPO paper (every departure is a `LossConfig` switch):
+- Aggregation (`agg`): the paper averages tokens within a sequence, then sequences
+  (`seq-mean-token-mean`). The default here is `token-mean` over all mask-1 tokens of the batch
+  (DAPO, Yu et al. 2025, sec. 3.3), so long responses are not under-weighted. `seq-mean-token-sum`
+  sums a sequence's tokens and averages sequences, dropping the length normaliser (Dr. GRPO,
+  Liu et al. 2025, "Understanding R1-Zero-Like Training").
+- Clip-higher: separate `eps_low` / `eps_high`, default 0.2 / 0.28 (DAPO sec. 3.1).
+- `beta` defaults to 0 (DAPO, Dr. GRPO): no KL term and no reference model at all.
+- `kl_estimator`: `k3` (the paper) or `k1` = logp - ref.
+- `ratio_level="sequence"`: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"),
+  the length-normalised sequence ratio s_i = exp(mean_t (logp - old_logp)), in the GSPO-token form
+  s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: each token's value is s_i, so a sequence is clipped as a
+  whole, and its gradient equals sequence-level GSPO under any of the aggregations here.
+- Truncated importance sampling (`tis_cap`): when the sampler's log-probs (`behaviour_logp`) differ
+  from the trainer's old-policy log-probs, each token's loss is weighted by
+  min(exp(old_logp - behaviour_logp), C), detached (Yao et al. 2025, "Your Efficient RL Framework
+  Secretly Brings You Off-Policy RL Training").
+- `entropy_coef`: optional entropy bonus (0 by default; the entropy is always reported).
+Only tokens with loss mask 1 count, in every numerator and every denominator; a sequence with no
+mask-1 token does not count as a sequence. Values at masked positions (even inf / NaN) change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KLEstimator = Literal["k1", "k3"]
+RatioLevel = Literal["token", "sequence"]
+
+
+def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> None:
+    """Raise ValueError naming the valid choices when `value` is not one of them."""
+    if value not in valid:
+        raise ValueError(f"unknown {kind} {value!r}; valid: {', '.join(valid)}")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Switches of the policy loss; see the module docstring for the papers behind each."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    agg: AggMode = "token-mean"
+    beta: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    ratio_level: RatioLevel = "token"
+    tis_cap: float | None = None
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice("agg", self.agg, get_args(AggMode))
+        check_choice("kl_estimator", self.kl_estimator, get_args(KLEstimator))
+        check_choice("ratio_level", self.ratio_level, get_args(RatioLevel))
+        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
+            raise ValueError("eps_low, eps_high and beta must be >= 0")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 or None, got {self.tis_cap}")
+
+
+@dataclass(frozen=True)
+class Denominator:
+    """Loss normalisers fixed for a whole (accumulated, possibly multi-rank) batch.
+
+    tokens: mask-1 tokens (for `token-mean`); seqs: sequences with >= 1 mask-1 token (seq modes).
+    Passing the whole batch's counts to every micro-batch makes gradient accumulation give the same
+    update as one big batch.
+    """
+
+    tokens: float
+    seqs: float
+
+
+def count_denominator(mask: Tensor) -> Denominator:
+    """mask (B, T) -> the Denominator of this batch alone."""
+    m = mask > 0
+    return Denominator(tokens=float(m.sum()), seqs=float(m.any(dim=-1).sum()))
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of `values` over positions where mask > 0: (B, T), (B, T) -> scalar (0 when none)."""
+    m = mask > 0
+    return torch.where(m, values, 0.0).sum() / m.sum().clamp_min(1)
+
+
+def _seq_sums(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """-> per-sequence masked sums (B,), mask-1 counts (B,), has-token flags (B,)."""
+    m = mask > 0
+    n = m.sum(dim=-1)  # (B,)
+    return torch.where(m, values, 0.0).sum(dim=-1), n, n > 0
+
+
+def _nonzero(count: float) -> float:
+    """A denominator that is 1 when there is nothing to divide (the numerator is then 0)."""
+    return count if count > 0 else 1.0
+
+
+def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None) -> Tensor:
+    m = mask > 0
+    total = torch.where(m, values, 0.0).sum()
+    return total / (m.sum().clamp_min(1) if denom is None else _nonzero(denom.tokens))
+
+
+def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool) -> Tensor:
+    sums, n, has = _seq_sums(values, mask)  # (B,), (B,), (B,)
+    per_seq = sums / n.clamp_min(1) if per_token_mean else sums  # (B,)
+    return per_seq.sum() / (has.sum().clamp_min(1) if denom is None else _nonzero(denom.seqs))
+
+
+_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None], Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=True),
+    "seq-mean-token-sum": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=False),
+}
+
+
+def aggregate(values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None) -> Tensor:
+    """Reduce per-token losses to a scalar: values (B, T), mask (B, T) -> ().
+
+    token-mean: sum of mask-1 values / number of mask-1 tokens (DAPO).
+    seq-mean-token-mean: mean over sequences of each sequence's token mean (GRPO paper).
+    seq-mean-token-sum: mean over sequences of each sequence's token sum (Dr. GRPO).
+    `denom` replaces this batch's counts by those of the whole accumulated batch.
+    """
+    check_choice("aggregation mode", mode, tuple(_AGGREGATORS))
+    return _AGGREGATORS[mode](values, mask, denom)
+
+
+_KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
+    "k1": lambda log_r: log_r,  # log_r = logp - ref_logp
+    "k3": lambda log_r: torch.exp(-log_r) + log_r - 1.0,
+}
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi: (B, T), (B, T) -> (B, T).
+
+    k1 = logp - ref_logp; k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0; GRPO eq. 4).
+    """
+    check_choice("kl_estimator", estimator, tuple(_KL_ESTIMATORS))
+    return _KL_ESTIMATORS[estimator](logp - ref_logp)
+
+
+def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """log of the importance ratio, 0 at masked positions: (B, T) x3 -> (B, T).
+
+    token: logp - old_logp. sequence (GSPO-token): sg[mean_t(logp - old_logp)] + logp - sg[logp].
+    """
+    check_choice("ratio_level", level, get_args(RatioLevel))
+    m = mask > 0
+    tok = torch.where(m, logp - old_logp, 0.0)  # (B, T)
+    if level == "token":
+        return tok
+    seq = tok.sum(dim=-1) / m.sum(dim=-1).clamp_min(1)  # (B,)
+    return torch.where(m, seq.detach()[:, None] + logp - logp.detach(), 0.0)  # (B, T)
+
+
+def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """Per-token PPO loss -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A): (B, T), (B, 1|T) -> (B, T)."""
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # (B, T)
+    return -torch.minimum(ratio * adv, clipped * adv)
+
+
+def clip_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """Fractions of mask-1 tokens whose clip is active (zero gradient): (low, high) scalars.
+
+    low: ratio < 1 - eps_low with A < 0; high: ratio > 1 + eps_high with A > 0.
+    """
+    adv = adv.expand_as(ratio)
+    low = ((ratio < 1.0 - eps_low) & (adv < 0)).float()  # (B, T)
+    high = ((ratio > 1.0 + eps_high) & (adv > 0)).float()  # (B, T)
+    return masked_mean(low, mask), masked_mean(high, mask)
+
+
+def tis_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated IS weights min(pi_old / pi_sampler, C), detached, 1 at masked positions: -> (B, T)."""
+    log_w = torch.where(mask > 0, old_logp - behaviour_logp, 0.0)  # (B, T)
+    return torch.exp(log_w).clamp(max=cap).detach()
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: LossConfig,
+    ref_logp: Tensor | None = None,
+    behaviour_logp: Tensor | None = None,
+    *,
+    entropy: Tensor | None = None,
+    denom: Denominator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The GRPO loss of one (micro-)batch and its metrics.
+
+    logp, old_logp, mask (B, T); advantages (B,); ref_logp (B, T) when cfg.beta > 0;
+    behaviour_logp (B, T) enables TIS when cfg.tis_cap is set; entropy (B, T) is reported and used
+    when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors, masked means).
+    """
+    m = mask > 0
+    adv = advantages.to(torch.float32)[:, None]  # (B, 1)
+    lr = log_ratio(logp, old_logp, mask, cfg.ratio_level)  # (B, T)
+    ratio = torch.exp(lr)  # (B, T)
+    per_tok = clipped_surrogate(ratio, adv, cfg.eps_low, cfg.eps_high)  # (B, T)
+    metrics: dict[str, Tensor] = {}
+    if cfg.tis_cap is not None and behaviour_logp is not None:
+        w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap)  # (B, T)
+        per_tok = per_tok * w
+        metrics["tis_weight"] = masked_mean(w, mask)
+    metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg)
+    if cfg.beta > 0:
+        if ref_logp is None:
+            raise ValueError("cfg.beta > 0 needs ref_logp")
+        kl = kl_penalty(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), cfg.kl_estimator)  # (B, T)
+        per_tok = per_tok + cfg.beta * kl
+        metrics["kl_ref"] = masked_mean(kl.detach(), mask)
+    if entropy is not None:
+        metrics["entropy"] = masked_mean(entropy.detach(), mask)
+        if cfg.entropy_coef > 0:
+            per_tok = per_tok - cfg.entropy_coef * torch.where(m, entropy, 0.0)
+    loss = aggregate(per_tok, mask, cfg.agg, denom)
+    metrics.update(_ratio_metrics(logp.detach(), old_logp, ratio.detach(), adv, mask, cfg))
+    return loss, metrics
+
+
+def _ratio_metrics(
+    logp: Tensor, old_logp: Tensor, ratio: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig
+) -> dict[str, Tensor]:
+    """Clip fractions, ratio mean / max and approx KL(old || new) = mean((r - 1) - log r), token ratio."""
+    low, high = clip_fractions(ratio, adv, mask, cfg.eps_low, cfg.eps_high)
+    tok_lr = torch.where(mask > 0, logp - old_logp, 0.0)  # (B, T)
+    approx_kl = masked_mean(torch.expm1(tok_lr) - tok_lr, mask)
+    ratio_max = torch.where(mask > 0, ratio, 0.0).max() if ratio.numel() else ratio.new_zeros(())
+    return {
+        "clip_frac_low": low,
+        "clip_frac_high": high,
+        "approx_kl": approx_kl,
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": ratio_max,
+    }

@@ -1,0 +1,186 @@
+"""Leased batch -> micro-batches of tensors under a token budget.
+
+A trajectory holds the full sequence x_0..x_{n-1} (prompt + response), its loss mask and the
+sampler's log-probs, where logprobs[i] = log p(x_i | x_<i). The model input at position t predicts
+x_{t+1}, so targets, loss mask and old log-probs are the batch's columns shifted left by one.
+Inputs stop at the last mask-1 target: later tokens cannot change any trained log-prob (causal
+attention). Trajectories with no mask-1 token after position 0 are left out: they add nothing to
+the loss or to its denominators.
+
+Two layouts, both sorted by length (longest first):
+- `pad`: rows of equal length (right-padded), rows * length <= budget per micro-batch.
+- `pack`: one row per micro-batch, sequences concatenated (first-fit decreasing), position ids
+  restarting at 0 for each sequence; transformers turns such position ids (with no attention mask
+  and no cache) into a block-diagonal causal mask, so sequences do not attend to each other.
+The loss side works on a per-sequence (S, Tm) layout; `gather_index` maps it onto the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+
+from trainer.loss import check_choice
+
+PackMode = Literal["pad", "pack"]
+
+
+@dataclass(frozen=True)
+class TrainSeq:
+    """One trajectory, already shifted: inputs x_0..x_{k-1} predict targets x_1..x_k."""
+
+    inputs: list[int]
+    targets: list[int]
+    loss_mask: list[float]
+    old_logp: list[float]
+    advantage: float
+    policy_version: int
+
+
+@dataclass
+class MicroBatch:
+    """Tensors of one forward / backward pass. R rows of length L; S sequences of at most Tm tokens."""
+
+    input_ids: Tensor  # (R, L) long
+    position_ids: Tensor  # (R, L) long
+    attention_mask: Tensor | None  # (R, L) long, None when no row is padded
+    targets: Tensor  # (R, L) long, 0 on padding
+    gather_index: Tensor  # (S, Tm) long, flat index into R * L (0 on padding)
+    loss_mask: Tensor  # (S, Tm) float
+    old_logp: Tensor  # (S, Tm) float
+    advantages: Tensor  # (S,) float
+
+    @property
+    def n_input_tokens(self) -> int:
+        """Real (non-padding) input tokens."""
+        if self.attention_mask is None:
+            return self.input_ids.numel()
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """A copy with every tensor on `device`."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return MicroBatch(**{k: None if v is None else v.to(device, non_blocking=True) for k, v in moved.items()})
+
+
+def _shift(traj: dict[str, Any], version: int, where: str) -> TrainSeq | None:
+    """One leased trajectory -> its shifted TrainSeq, None when it has nothing to train."""
+    ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj["logprobs"]
+    if not len(ids) == len(mask) == len(lps):
+        raise ValueError(f"{where}: token_ids, loss_mask, logprobs differ in length")
+    last = max((i for i in range(1, len(mask)) if mask[i]), default=0)  # last mask-1 target
+    if last == 0:
+        return None
+    return TrainSeq(
+        inputs=list(ids[:last]),
+        targets=list(ids[1 : last + 1]),
+        loss_mask=[float(v) for v in mask[1 : last + 1]],
+        old_logp=[float(v) for v in lps[1 : last + 1]],
+        advantage=float(traj["advantage"]),
+        policy_version=int(version),
+    )
+
+
+def sequences_from_batch(batch: dict[str, Any]) -> list[TrainSeq]:
+    """The leased-batch JSON ({"groups": [{"policy_version", "trajectories": [...]}]}) -> shifted sequences."""
+    out = []
+    for group in batch["groups"]:
+        for traj in group["trajectories"]:
+            where = f"group {group.get('id')!r} trajectory {traj.get('index')}"
+            seq = _shift(traj, group["policy_version"], where)
+            if seq is not None:
+                out.append(seq)
+    return out
+
+
+def _plan_pad(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices sorted by length desc -> groups with len(group) * max length <= budget (>= 1 each)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    plans: list[list[int]] = []
+    for i in order:
+        if plans and (len(plans[-1]) + 1) * lengths[plans[-1][0]] <= budget:
+            plans[-1].append(i)
+        else:
+            plans.append([i])
+    return plans
+
+
+def _plan_pack(lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: bins of total length <= budget (an over-long sequence gets its own bin)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for i in order:
+        slot = next((b for b, u in enumerate(used) if u + lengths[i] <= budget), None)
+        if slot is None:
+            bins.append([i])
+            used.append(lengths[i])
+        else:
+            bins[slot].append(i)
+            used[slot] += lengths[i]
+    return bins
+
+
+def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Tensor]:
+    """Per-sequence (S, Tm) tensors; offsets[s] = flat index of sequence s's first input token."""
+    tm = max(len(s.inputs) for s in seqs)
+    index = torch.zeros(len(seqs), tm, dtype=torch.long)  # (S, Tm)
+    mask = torch.zeros(len(seqs), tm)  # (S, Tm)
+    old = torch.zeros(len(seqs), tm)  # (S, Tm)
+    for s, (seq, off) in enumerate(zip(seqs, offsets, strict=True)):
+        n = len(seq.inputs)
+        index[s, :n] = torch.arange(off, off + n)
+        mask[s, :n] = torch.tensor(seq.loss_mask)
+        old[s, :n] = torch.tensor(seq.old_logp)
+    adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)  # (S,)
+    return {"gather_index": index, "loss_mask": mask, "old_logp": old, "advantages": adv}
+
+
+def _pad_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
+    """Rows of equal length L = the longest sequence, right-padded."""
+    r, length = len(seqs), max(len(s.inputs) for s in seqs)
+    ids = torch.zeros(r, length, dtype=torch.long)  # (R, L)
+    tgt = torch.zeros(r, length, dtype=torch.long)  # (R, L)
+    att = torch.zeros(r, length, dtype=torch.long)  # (R, L)
+    for i, s in enumerate(seqs):
+        n = len(s.inputs)
+        ids[i, :n], tgt[i, :n], att[i, :n] = torch.tensor(s.inputs), torch.tensor(s.targets), 1
+    pos = torch.arange(length).expand(r, length).clone()  # (R, L)
+    return MicroBatch(
+        input_ids=ids, position_ids=pos, attention_mask=None if bool(att.all()) else att, targets=tgt,
+        **_loss_side(seqs, [i * length for i in range(r)]),
+    )
+
+
+def _packed_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
+    """One row: the sequences concatenated, positions restarting at 0 for each."""
+    ids = torch.tensor([t for s in seqs for t in s.inputs])[None]  # (1, L)
+    tgt = torch.tensor([t for s in seqs for t in s.targets])[None]  # (1, L)
+    pos = torch.cat([torch.arange(len(s.inputs)) for s in seqs])[None]  # (1, L)
+    starts = torch.tensor([0] + [len(s.inputs) for s in seqs[:-1]]).cumsum(0).tolist()
+    return MicroBatch(
+        input_ids=ids, position_ids=pos, attention_mask=None, targets=tgt, **_loss_side(seqs, starts)
+    )
+
+
+def pack_sequences(seqs: Sequence[TrainSeq], token_budget: int, mode: str = "pad") -> list[MicroBatch]:
+    """Shifted sequences -> micro-batches whose input tokens (padding included) fit `token_budget`.
+
+    A sequence longer than the budget gets a micro-batch of its own.
+    """
+    check_choice("pack mode", mode, get_args(PackMode))
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    lengths = [len(s.inputs) for s in seqs]
+    plans = _plan_pad(lengths, token_budget) if mode == "pad" else _plan_pack(lengths, token_budget)
+    build = _pad_micro_batch if mode == "pad" else _packed_micro_batch
+    return [build([seqs[i] for i in plan]) for plan in plans]
+
+
+def pack_batch(batch: dict[str, Any], token_budget: int, mode: str = "pad") -> list[MicroBatch]:
+    """A leased batch (JSON form) -> micro-batches under `token_budget`; see `pack_sequences`."""
+    return pack_sequences(sequences_from_batch(batch), token_budget, mode)
