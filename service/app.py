@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,7 +14,7 @@ from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
 from service.middleware import BodyLimitMiddleware
-from service.routers import health, ingest
+import service.routers
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": message, "detail": items}, status_code=422)
 
 
+def _routers() -> list:
+    """Every ``router`` defined in a module of ``service/routers`` (one module per domain)."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(service.routers.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"service.routers.{info.name}")
+        if hasattr(module, "router"):
+            found.append(module.router)
+    return found
+
+
 def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
     """Build the app. The database must already be at the head migration (``serve`` and tests do that)."""
     settings = settings or get_settings()
@@ -46,6 +58,6 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for router in (health.router, ingest.router):
+    for router in _routers():
         app.include_router(router)
     return app
