@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Row, insert, select
+from psycopg.types.json import Jsonb
+from sqlalchemy import Row, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.models import Decision, Group, Reward, Trajectory
+from service.models import Decision, Group, Reward
+
+
+_INSERT_GROUP = (
+    pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
+)
 
 
 def insert_group_if_new(session: Session, row: dict[str, Any]) -> int | None:
@@ -17,9 +23,7 @@ def insert_group_if_new(session: Session, row: dict[str, Any]) -> int | None:
     Under concurrent posts of the same id, PostgreSQL makes the losers wait for the winner's commit,
     so exactly one row is ever stored.
     """
-    table = Group.__table__
-    stmt = pg_insert(table).values(row).on_conflict_do_nothing(index_elements=[table.c.id]).returning(table.c.pk)
-    return session.execute(stmt).scalar_one_or_none()
+    return session.execute(_INSERT_GROUP, row).scalar_one_or_none()
 
 
 def existing_group(session: Session, group_id: str) -> Row[Any] | None:
@@ -27,9 +31,33 @@ def existing_group(session: Session, group_id: str) -> Row[Any] | None:
     return session.execute(stmt).one_or_none()
 
 
-def insert_trajectories(session: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(insert(Trajectory.__table__), rows)
+TRAJECTORY_COLUMNS = (
+    "group_pk", "idx", "messages", "final_answer", "token_ids", "loss_mask", "logprobs",
+    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata",
+)
+_COPY_TYPES = ("int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb")
+_COPY_SQL = f"COPY trajectories ({', '.join(TRAJECTORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+
+
+def _json(text: str) -> Jsonb:
+    """Already-serialised JSON for a jsonb column (no second encode)."""
+    return Jsonb(text, dumps=_identity)
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def insert_trajectories(session: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Binary COPY inside the session's transaction: rows are tuples in TRAJECTORY_COLUMNS order,
+    JSONB columns as already-serialised JSON text. Measured several times faster than executemany."""
+    if not rows:
+        return
+    raw = session.connection().connection.driver_connection
+    with raw.cursor() as cur, cur.copy(_COPY_SQL) as copy:
+        copy.set_types(_COPY_TYPES)
+        for row in rows:
+            copy.write_row((*row[:2], _json(row[2]), *row[3:11], _json(row[11])))
 
 
 def load_group(session: Session, group_id: str) -> Group | None:

@@ -14,20 +14,25 @@ from service.models import Dataset, Prompt
 _UPDATABLE = ("dataset", "messages", "reference", "metadata", "reward_spec", "curation_policy")
 
 
-def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
-    """Insert or update prompts by id; rows that are unchanged are not rewritten. Returns len(rows)."""
-    if not rows:
-        return 0
-    stmt = insert(Prompt.__table__).values(rows)
+def _upsert_statement():  # built once: a cached statement executed with many parameter sets
+    table = Prompt.__table__
+    stmt = insert(table)
     ex = stmt.excluded
-    tbl = Prompt.__table__
-    changed = func.row(*(tbl.c[c] for c in _UPDATABLE)).is_distinct_from(func.row(*(ex[c] for c in _UPDATABLE)))
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[tbl.c.id],
+    changed = func.row(*(table.c[c] for c in _UPDATABLE)).is_distinct_from(func.row(*(ex[c] for c in _UPDATABLE)))
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.id],
         set_={**{c: ex[c] for c in _UPDATABLE}, "updated_at": func.now()},
         where=changed,
     )
-    session.execute(stmt)
+
+
+_UPSERT = _upsert_statement()
+
+
+def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
+    """Insert or update prompts by id; rows that are unchanged are not rewritten. Returns len(rows)."""
+    if rows:
+        session.execute(_UPSERT, rows)
     return len(rows)
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import orjson
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
 from service import arrays
 from service.errors import BadRequest, GroupConflict
 from service.repositories import groups as group_repo
 from service.repositories import prompts as prompt_repo
-from service.schemas import GroupAck, GroupIn, PromptIn, PromptUpsert, TrajectoryIn
+from service.schemas import GroupAck, GroupIn, Message, PromptIn, PromptUpsert, TrajectoryIn
 
 
 def _prompt_row(prompt_id: str, p: PromptIn) -> dict[str, Any]:
@@ -35,21 +37,25 @@ def upsert_prompts(session: Session, prompts: list[PromptUpsert]) -> int:
     return prompt_repo.upsert_prompts(session, [_prompt_row(p.id, p) for p in prompts])
 
 
-def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> dict[str, Any]:
-    return {
-        "group_pk": group_pk,
-        "idx": idx,
-        "messages": [m.model_dump(exclude_none=True) for m in t.messages],
-        "final_answer": t.resolved_final_answer(),
-        "token_ids": arrays.encode(t.token_ids, arrays.TOKEN_DTYPE),
-        "loss_mask": arrays.encode(t.loss_mask, arrays.MASK_DTYPE),
-        "logprobs": arrays.encode(t.logprobs, arrays.LOGPROB_DTYPE),
-        "seq_len": len(t.token_ids) if t.token_ids is not None else 0,
-        "num_tokens": t.response_tokens(),
-        "num_turns": sum(1 for m in t.messages if m.role == "assistant") or 1,
-        "finish_reason": t.finish_reason,
-        "metadata": t.metadata,
-    }
+_MESSAGES = TypeAdapter(list[Message])
+
+
+def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]:
+    """One row in group_repo.TRAJECTORY_COLUMNS order (JSONB as JSON text)."""
+    return (
+        group_pk,
+        idx,
+        _MESSAGES.dump_json(t.messages, exclude_none=True).decode(),
+        t.resolved_final_answer(),
+        arrays.encode(t.token_ids, arrays.TOKEN_DTYPE),
+        arrays.encode(t.loss_mask, arrays.MASK_DTYPE),
+        arrays.encode(t.logprobs, arrays.LOGPROB_DTYPE),
+        len(t.token_ids) if t.token_ids is not None else 0,
+        t.response_tokens(),
+        sum(1 for m in t.messages if m.role == "assistant") or 1,
+        t.finish_reason,
+        orjson.dumps(t.metadata).decode(),
+    )
 
 
 def body_hash(group: GroupIn) -> str:

@@ -1,0 +1,172 @@
+"""Ingest benchmark (not a test): groups of 8 trajectories x 1,024 tokens through HTTP vs raw psycopg COPY.
+
+Prints groups/s, MB/s, p50/p99 latency, the service's RSS and the ratio API / COPY, all measured in one run.
+
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.ingest --groups 2000 --clients 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import psycopg
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENS = 1024
+PER_GROUP = 8
+
+
+def make_group(i: int, rng: random.Random) -> bytes:
+    words = ["the", "answer", "is", "therefore", "we", "compute", "step", "so", "x", "=", "42"]
+    trajs = []
+    for j in range(PER_GROUP):
+        text_ = " ".join(rng.choice(words) for _ in range(90))  # ~500 chars per trajectory, ~4 KB a group
+        trajs.append({
+            "messages": [{"role": "assistant", "content": text_}],
+            "token_ids": [rng.randrange(150_000) for _ in range(TOKENS)],
+            "loss_mask": [0] * 128 + [1] * (TOKENS - 128),
+            "logprobs": [round(-rng.random() * 3, 6) for _ in range(TOKENS)],
+            "finish_reason": "stop" if j % 4 else "length",
+        })
+    return orjson.dumps({
+        "id": f"bench-{i}", "prompt_id": f"bp-{i % 500}", "policy_version": 1,
+        "prompt": {"dataset": "bench", "messages": [{"role": "user", "content": "q"}], "reference": {"answer": "42"}},
+        "sampling": {"temperature": 1.0, "max_tokens": TOKENS}, "trajectories": trajs,
+    })
+
+
+def create_db(server: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    eng = create_engine(server, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    return make_url(server).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_db(server: str, url: str) -> None:
+    eng = create_engine(server, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    eng.dispose()
+
+
+def rss_mb(pid: int) -> float:
+    """RSS of a process and its children (uvicorn workers), in MB."""
+    total = 0
+    pids = [pid] + [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total / 1024
+
+
+def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict[str, float]:
+    from tests.conftest import start_server, stop_server
+
+    server = start_server(url, workers=workers)
+    lat: list[float] = []
+    peak = 0.0
+    try:
+        def post(body: bytes, http: httpx.Client) -> None:
+            t0 = time.perf_counter()
+            r = http.post("/v1/groups", content=body, headers={"content-type": "application/json"})
+            lat.append(time.perf_counter() - t0)
+            assert r.status_code == 201, r.text
+
+        def run(chunk: list[bytes]) -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                for b in chunk:
+                    post(b, http)
+
+        chunks = [bodies[i::clients] for i in range(clients)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            futs = [pool.submit(run, c) for c in chunks]
+            while not all(f.done() for f in futs):
+                peak = max(peak, rss_mb(server.proc.pid))
+                time.sleep(0.2)
+            for f in futs:
+                f.result()
+        elapsed = time.perf_counter() - t0
+    finally:
+        stop_server(server)
+    lat.sort()
+    return {"s": elapsed, "p50": lat[len(lat) // 2] * 1e3, "p99": lat[int(len(lat) * 0.99) - 1] * 1e3, "rss": peak}
+
+
+def bench_copy(url: str, bodies: list[bytes]) -> float:
+    """The same rows written with raw psycopg COPY (bytea arrays): the floor for what the API could do."""
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    t0 = time.perf_counter()
+    with psycopg.connect(conninfo) as conn:
+        for n, body in enumerate(bodies):
+            g = orjson.loads(body)
+            with conn.cursor() as cur:
+                pk = cur.execute(
+                    "INSERT INTO groups (id, prompt_id, dataset, policy_version, sampling, metadata, body_hash, n_trajectories, n_tokens)"
+                    " VALUES (%s, %s, 'bench', 1, '{}', '{}', '', 8, 8192) RETURNING pk",
+                    (g["id"] + "-copy", g["prompt_id"]),
+                ).fetchone()[0]
+                with cur.copy(
+                    "COPY trajectories (group_pk, idx, messages, final_answer, token_ids, loss_mask, logprobs, seq_len, num_tokens, num_turns, finish_reason, metadata) FROM STDIN"
+                ) as cp:
+                    for j, t in enumerate(g["trajectories"]):
+                        cp.write_row((pk, j, orjson.dumps(t["messages"]).decode(), t["messages"][-1]["content"],
+                                      np.asarray(t["token_ids"], "<i4").tobytes(), np.asarray(t["loss_mask"], "u1").tobytes(),
+                                      np.asarray(t["logprobs"], "<f4").tobytes(), TOKENS, sum(t["loss_mask"]), 1, t["finish_reason"], "{}"))
+            if n % 50 == 49:
+                conn.commit()
+        conn.commit()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    args = ap.parse_args()
+    server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    from service.db import to_sqlalchemy_url
+    from service.migrate import upgrade
+
+    server = to_sqlalchemy_url(server)
+    rng = random.Random(0)
+    bodies = [make_group(i, rng) for i in range(args.groups)]
+    mb = sum(map(len, bodies)) / 1e6
+    url = create_db(server)
+    try:
+        upgrade(url)
+        api = bench_api(url, bodies, args.clients, args.workers)
+        copy_s = bench_copy(url, bodies)
+    finally:
+        drop_db(server, url)
+    api_gps, copy_gps = args.groups / api["s"], args.groups / copy_s
+    print(f"payload: {args.groups} groups x {PER_GROUP} trajectories x {TOKENS} tokens, {mb / args.groups * 1e3:.0f} KB/group JSON")
+    print(f"API  ({args.clients} clients, {args.workers} workers): {api_gps:7.1f} groups/s  {mb / api['s']:6.1f} MB/s  "
+          f"p50 {api['p50']:.1f} ms  p99 {api['p99']:.1f} ms  service RSS peak {api['rss']:.0f} MB")
+    print(f"COPY (1 connection, bytea):  {copy_gps:7.1f} groups/s")
+    print(f"ratio API / COPY: {api_gps / copy_gps:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
