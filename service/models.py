@@ -118,6 +118,7 @@ class Group(Base):
     curation_policy_version: Mapped[int | None] = mapped_column(Integer)
     score_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     score_error: Mapped[str | None] = mapped_column(Text)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # backoff after a failed attempt
     metric_std: Mapped[float | None] = mapped_column(Float)
     outcome_mean: Mapped[float | None] = mapped_column(Float)
     # delivery

@@ -102,6 +102,7 @@ def upgrade() -> None:
     sa.Column('curation_policy_version', sa.Integer(), nullable=True),
     sa.Column('score_attempts', sa.Integer(), server_default='0', nullable=False),
     sa.Column('score_error', sa.Text(), nullable=True),
+    sa.Column('retry_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('metric_std', sa.Float(), nullable=True),
     sa.Column('outcome_mean', sa.Float(), nullable=True),
     sa.Column('lease_id', sa.Text(), nullable=True),
