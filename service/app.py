@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import pkgutil
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+import service.routers
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
 from service.middleware import BodyLimitMiddleware
-import service.routers
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -44,11 +46,31 @@ def _routers() -> list:
     return found
 
 
-def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
-    """Build the app. The database must already be at the head migration (``serve`` and tests do that)."""
+def _lifespan(start_worker: bool, url: str):
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker = None
+        if start_worker:
+            from service.workers.main import WorkerThread
+
+            worker = WorkerThread(app.state.settings, url)
+            worker.start()
+        yield
+        if worker is not None:
+            worker.close()
+
+    return lifespan
+
+
+def create_app(
+    settings: Settings | None = None, database_url: str | None = None, start_worker: bool = False
+) -> FastAPI:
+    """Build the app. The database must already be at the head migration (``serve`` and tests do that).
+    ``start_worker`` runs the score / curate worker in a thread of this process."""
     settings = settings or get_settings()
     url = database_url or resolve_database_url(settings)
     app = FastAPI(
+        lifespan=_lifespan(start_worker, url),
         title="grpo-curator",
         version="0.1.0",
         summary="Trajectory curation and reward service for GRPO-style RL",
@@ -61,3 +83,9 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     for router in _routers():
         app.include_router(router)
     return app
+
+
+def create_served_app() -> FastAPI:
+    """The factory ``grpo-curator serve`` runs: settings from the environment, worker per settings."""
+    settings = get_settings()
+    return create_app(settings, start_worker=settings.embedded_worker)

@@ -41,7 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.workers
     print(f"grpo-curator serving on http://{host}:{port} (docs at /docs, dashboard at /dashboard)", flush=True)
     uvicorn.run(
-        "service.app:create_app",
+        "service.app:create_served_app",
         factory=True,
         host=host,
         port=port,

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -36,7 +37,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-from service.schemas import GROUP_STATUSES  # noqa: F401  (the lifecycle, documented above)
+
 
 
 class Base(DeclarativeBase):
@@ -192,6 +193,10 @@ class Decision(Base):
 
 class Lease(Base):
     __tablename__ = "leases"
+    # the reaper's scan: only active leases, so acked history never slows it down (migration 0002)
+    __table_args__ = (
+        Index("ix_leases_active_expires_at", "expires_at", postgresql_where=text("status = 'active'")),
+    )
     id: Mapped[str] = mapped_column(Text, primary_key=True)
     trainer_id: Mapped[str] = mapped_column(Text)
     request_id: Mapped[str | None] = mapped_column(Text, unique=True)
@@ -217,7 +222,9 @@ class SamplingRequest(Base):
     __tablename__ = "sampling_requests"
     __table_args__ = (Index("ix_sampling_requests_status_priority", "status", "priority"),)
     pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    # None: "any prompt of the dataset" (a refill), resolved by the curriculum when a producer takes it
+    prompt_id: Mapped[str | None] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    dataset: Mapped[str] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)  # refill | resample
     n: Mapped[int] = mapped_column(Integer)
     budget: Mapped[dict[str, Any]] = mapped_column(JSONB)

@@ -123,7 +123,8 @@ def upgrade() -> None:
     op.create_index('ix_groups_status_pk', 'groups', ['status', 'pk'], unique=False)
     op.create_table('sampling_requests',
     sa.Column('pk', sa.BigInteger(), sa.Identity(always=False), nullable=False),
-    sa.Column('prompt_id', sa.Text(), nullable=False),
+    sa.Column('prompt_id', sa.Text(), nullable=True),
+    sa.Column('dataset', sa.Text(), nullable=False),
     sa.Column('reason', sa.Text(), nullable=False),
     sa.Column('n', sa.Integer(), nullable=False),
     sa.Column('budget', postgresql.JSONB(astext_type=sa.Text()), nullable=False),

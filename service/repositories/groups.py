@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from service.models import Decision, Group, Reward
 
-
 _INSERT_GROUP = (
     pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
 )

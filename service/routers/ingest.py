@@ -7,7 +7,17 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from service.deps import GroupBody, SessionDep, SettingsDep
-from service.schemas import GROUP_STATUSES, GroupAck, GroupIn, GroupOut, GroupPage, GroupsAck, GroupsIn, PromptsIn, UpsertedOut
+from service.schemas import (
+    GROUP_STATUSES,
+    GroupAck,
+    GroupIn,
+    GroupOut,
+    GroupPage,
+    GroupsAck,
+    GroupsIn,
+    PromptsIn,
+    UpsertedOut,
+)
 from service.services import groups as group_service
 from service.services import ingest
 

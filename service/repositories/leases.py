@@ -1,0 +1,191 @@
+"""Statements about leases and the groups they hold.
+
+Locking order, everywhere: a lease row first, then its groups. Claims lock ready groups with
+``FOR UPDATE SKIP LOCKED`` and reapers lock expired leases the same way, so neither ever waits on the
+other; an ack / nack locks its one lease row (waiting for a reaper that holds it) and then its groups.
+Times come from the database clock (``clock_timestamp()``), so API replicas agree on expiry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Row, and_, func, insert, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from service.models import Group, Lease, Trajectory
+
+# trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
+DELIVERABLE_ACTIONS = ("keep", "penalize")
+_DELIVERABLE = or_(Trajectory.action.is_(None), Trajectory.action.in_(DELIVERABLE_ACTIONS))
+
+
+def db_now(session: Session) -> datetime:
+    return session.execute(select(func.clock_timestamp())).scalar_one()
+
+
+# -- reaping -------------------------------------------------------------------------------------------
+def lock_expired_leases(session: Session, limit: int = 1000) -> list[str]:
+    """Active leases past their deadline, locked; leases another transaction holds are skipped."""
+    stmt = (
+        select(Lease.id)
+        .where(Lease.status == "active", Lease.expires_at < func.clock_timestamp())
+        .order_by(Lease.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def end_leases(session: Session, lease_ids: Sequence[str], status: str) -> None:
+    if lease_ids:
+        stmt = (
+            update(Lease)
+            .where(Lease.id.in_(lease_ids))
+            .values(status=status, ended_at=func.clock_timestamp())
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(stmt)
+
+
+def release_groups(session: Session, lease_ids: Sequence[str]) -> int:
+    """Groups still held by these leases go back to 'ready'; returns how many."""
+    if not lease_ids:
+        return 0
+    stmt = (
+        update(Group)
+        .where(Group.lease_id.in_(lease_ids), Group.status == "leased")
+        .values(status="ready", lease_id=None)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).rowcount or 0
+
+
+# -- claiming ------------------------------------------------------------------------------------------
+def lock_ready_groups(
+    session: Session,
+    *,
+    min_version: int | None,
+    order: Literal["oldest", "freshest"],
+    after: tuple[int, int] | None,
+    limit: int,
+) -> list[Row[Any]]:
+    """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
+
+    ``after`` = (policy_version, pk) of the last row of the previous chunk (keyset pagination);
+    'oldest' is ingest order (pk), which also puts redelivered groups first; 'freshest' is
+    policy_version descending, then pk.
+    """
+    stmt = select(Group.pk, Group.policy_version).where(Group.status == "ready")
+    if min_version is not None:
+        stmt = stmt.where(Group.policy_version >= min_version)
+    if order == "oldest":
+        stmt = stmt.order_by(Group.pk)
+        if after is not None:
+            stmt = stmt.where(Group.pk > after[1])
+    else:
+        stmt = stmt.order_by(Group.policy_version.desc(), Group.pk)
+        if after is not None:
+            version, pk = after
+            stmt = stmt.where(
+                or_(Group.policy_version < version, and_(Group.policy_version == version, Group.pk > pk))
+            )
+    return list(session.execute(stmt.limit(limit).with_for_update(skip_locked=True)).all())
+
+
+def deliverable_sizes(session: Session, group_pks: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """group pk -> (deliverable trajectories, their token ids); groups with none are absent."""
+    if not group_pks:
+        return {}
+    stmt = (
+        select(Trajectory.group_pk, func.count(), func.coalesce(func.sum(Trajectory.seq_len), 0))
+        .where(Trajectory.group_pk.in_(group_pks), _DELIVERABLE)
+        .group_by(Trajectory.group_pk)
+    )
+    return {pk: (int(n), int(tokens)) for pk, n, tokens in session.execute(stmt)}
+
+
+def mark_leased(session: Session, group_pks: Sequence[int], lease_id: str) -> None:
+    stmt = (
+        update(Group)
+        .where(Group.pk.in_(group_pks))
+        .values(status="leased", lease_id=lease_id)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(stmt)
+
+
+def lock_request_id(session: Session, request_id: str) -> None:
+    """Serialise lease requests that share a request_id (transaction-scoped advisory lock)."""
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:rid, 7))"), {"rid": request_id})
+
+
+def insert_lease(session: Session, row: dict[str, Any], lease_seconds: float) -> Row[Any]:
+    """Insert a lease expiring ``lease_seconds`` from now (database clock); returns its times."""
+    expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
+    stmt = insert(Lease).values(**row, expires_at=expires).returning(Lease.created_at, Lease.expires_at)
+    return session.execute(stmt).one()
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def get_lease(session: Session, lease_id: str, *, for_update: bool = False) -> Lease | None:
+    stmt = select(Lease).where(Lease.id == lease_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def lease_by_request_id(session: Session, request_id: str) -> Lease | None:
+    return session.execute(select(Lease).where(Lease.request_id == request_id)).scalar_one_or_none()
+
+
+def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
+    if not group_pks:
+        return {}
+    return dict(session.execute(select(Group.pk, Group.id).where(Group.pk.in_(group_pks))).tuples().all())
+
+
+def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Row[Any]]:
+    """One row per deliverable trajectory of these groups, with its group's ids; in group-pk, idx order."""
+    stmt = (
+        select(
+            Group.pk,
+            Group.id,
+            Group.prompt_id,
+            Group.policy_version,
+            Trajectory.idx,
+            Trajectory.token_ids,
+            Trajectory.loss_mask,
+            Trajectory.logprobs,
+            Trajectory.advantage,
+            Trajectory.total_reward,
+        )
+        .join(Group, Group.pk == Trajectory.group_pk)
+        .where(Trajectory.group_pk.in_(group_pks), _DELIVERABLE)
+        .order_by(Trajectory.group_pk, Trajectory.idx)
+    )
+    return list(session.execute(stmt).all())
+
+
+# -- acking --------------------------------------------------------------------------------------------
+def count_held(session: Session, lease_id: str) -> int:
+    """Groups that this lease still holds (lease_id fenced, status 'leased')."""
+    stmt = select(func.count()).where(Group.lease_id == lease_id, Group.status == "leased")
+    return int(session.execute(stmt).scalar_one())
+
+
+def consume_groups(session: Session, lease_id: str, current_version: int) -> int:
+    """Held groups -> 'consumed', with consumed_at and staleness = current version - group version."""
+    stmt = (
+        update(Group)
+        .where(Group.lease_id == lease_id, Group.status == "leased")
+        .values(
+            status="consumed",
+            consumed_at=func.clock_timestamp(),
+            staleness=current_version - Group.policy_version,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).rowcount or 0

@@ -1,0 +1,65 @@
+"""Batch delivery: POST /v1/batches/lease (JSON or Arrow IPC), /{batch_id}/ack, /{batch_id}/nack, GET /{batch_id}.
+
+The session is function-scoped: its transaction commits before the answer is sent, so a trainer never
+holds a batch (or an ack) that was not stored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from service.arrow import BatchColumns, encode_arrow, encode_json
+from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut, LeaseIn, LeaseState
+from service.deps import SettingsDep, get_session
+from service.services import leases
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+TxSession = Annotated[Session, Depends(get_session, scope="function")]
+BatchId = Annotated[str, Path(min_length=1, max_length=256)]
+
+_LEASE_RESPONSES: dict[int | str, dict] = {
+    200: {
+        "model": BatchOut,
+        "description": f"a batch, as JSON or (Accept: {ARROW_MEDIA_TYPE}) an Arrow IPC stream, one row per trajectory",
+        "content": {ARROW_MEDIA_TYPE: {}},
+    },
+    204: {"description": "nothing became ready within wait_seconds"},
+    409: {"description": "request_id belongs to a lease that is no longer active, or to another trainer"},
+}
+
+
+def _render(batch: BatchColumns, accept: str) -> Response:
+    headers = {"X-Batch-Id": batch.batch_id, "X-Expires-At": batch.expires_at}
+    if ARROW_MEDIA_TYPE in accept:
+        return Response(encode_arrow(batch), media_type=ARROW_MEDIA_TYPE, headers=headers)
+    return Response(encode_json(batch), media_type="application/json", headers=headers)
+
+
+@router.post("/lease", response_class=Response, responses=_LEASE_RESPONSES)
+async def lease_batch(body: LeaseIn, request: Request, session: TxSession, settings: SettingsDep) -> Response:
+    batch = await leases.lease(
+        session, body, default_lease_seconds=settings.lease_seconds_default, disconnected=request.is_disconnected
+    )
+    if batch is None:
+        return Response(status_code=204)
+    return await run_in_threadpool(_render, batch, request.headers.get("accept", ""))
+
+
+@router.post("/{batch_id}/ack", response_model=LeaseState, responses={404: {}, 409: {"description": "fenced"}})
+def ack_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+    return leases.ack(session, batch_id)
+
+
+@router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}})
+def nack_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+    return leases.nack(session, batch_id)
+
+
+@router.get("/{batch_id}", response_model=LeaseState, responses={404: {}})
+def get_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+    return leases.state(session, batch_id)

@@ -1,0 +1,295 @@
+"""Batch delivery: lease ready groups, ack (fenced by the lease id), nack, expire, and show a lease.
+
+- A lease claims whole groups with ``FOR UPDATE SKIP LOCKED`` in delivery order ('oldest' = ingest
+  order, 'freshest' = newest policy version first) until the budget (groups, trajectories or tokens)
+  is full; only trajectories whose action is keep / penalize (or not yet set) are delivered.
+- Every lease attempt first reaps expired leases (their groups go back to 'ready'); the background
+  worker calls ``reap_expired`` too.
+- A retried lease request (same ``request_id``) returns the same batch while the lease is active.
+- ``wait_seconds`` long-polls: each attempt is short and, when it finds nothing, its transaction is
+  rolled back (nothing was stored), so a waiting request holds no lock, snapshot or connection.
+- An ack consumes the groups only while every one of them is still held by this lease; otherwise 409
+  and nothing changes, so a group is consumed by exactly one acked lease.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from service.arrays import TOKEN_DTYPE
+from service.arrow import BatchColumns
+from service.delivery_schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState
+from service.errors import Conflict, LeaseConflict, NotFound
+from service.models import Lease
+from service.repositories import leases as lease_repo
+from service.services.policy import current_version
+
+POLL_FIRST_S = 0.05
+POLL_MAX_S = 0.5
+MAX_CHUNK = 1024
+# first guess of budget units per group (trajectories, tokens) before any group was seen
+_FIRST_GUESS = {"max_groups": 1, "max_trajectories": 8, "max_tokens": 8 * 1024}
+Verdict = Literal["taken", "skipped", "full"]
+
+
+@dataclass
+class Claim:
+    """Groups taken so far, in delivery order, and what they add up to."""
+
+    kind: str
+    limit: int
+    pks: list[int] = field(default_factory=list)
+    trajectories: int = 0
+    tokens: int = 0
+    skipped: int = 0
+
+    def used(self) -> int:
+        return {"max_groups": len(self.pks), "max_trajectories": self.trajectories}.get(self.kind, self.tokens)
+
+    def offer(self, pk: int, n: int, tokens: int) -> Verdict:
+        """Take a group of ``n`` deliverable trajectories / ``tokens`` token ids if it fits.
+
+        A group with nothing deliverable is skipped; so is a first group that alone exceeds the budget
+        (it must not block the queue for this trainer). Any later group that does not fit ends the batch.
+        """
+        cost = {"max_groups": 1, "max_trajectories": n}.get(self.kind, tokens)
+        if n == 0:
+            self.skipped += 1
+            return "skipped"
+        if self.used() + cost > self.limit or self.tokens + tokens > MAX_LEASE_TOKENS:
+            if not self.pks:
+                self.skipped += 1
+                return "skipped"
+            return "full"
+        self.pks.append(pk)
+        self.trajectories += n
+        self.tokens += tokens
+        return "full" if self.used() >= self.limit else "taken"
+
+    def next_chunk(self) -> int:
+        """How many groups to lock next: enough to fill the rest at the average seen so far, plus one."""
+        remaining = self.limit - self.used()
+        if self.kind == "max_groups":
+            return max(1, min(MAX_CHUNK, remaining))
+        per_group = self.used() / len(self.pks) if self.pks else _FIRST_GUESS[self.kind]
+        return max(1, min(MAX_CHUNK, math.ceil(remaining / max(per_group, 1.0)) + 1))
+
+
+def claim_groups(session: Session, body: LeaseIn, min_version: int | None) -> Claim:
+    """Lock ready groups chunk by chunk (keyset on the delivery order) until the budget is full."""
+    kind, limit = body.sizing()
+    claim = Claim(kind=kind, limit=limit)
+    after: tuple[int, int] | None = None
+    while True:
+        size = claim.next_chunk()
+        rows = lease_repo.lock_ready_groups(
+            session, min_version=min_version, order=body.order, after=after, limit=size
+        )
+        sizes = lease_repo.deliverable_sizes(session, [r.pk for r in rows])
+        for row in rows:
+            if claim.offer(row.pk, *sizes.get(row.pk, (0, 0))) == "full":
+                return claim
+        if len(rows) < size:
+            return claim
+        after = (rows[-1].policy_version, rows[-1].pk)
+
+
+def reap_expired(session: Session) -> int:
+    """Expire active leases past their deadline and return their groups to 'ready'; returns leases expired.
+
+    Leases another transaction holds (an ack in flight, another reaper) are skipped, never waited on.
+    """
+    ids = lease_repo.lock_expired_leases(session)
+    lease_repo.release_groups(session, ids)
+    lease_repo.end_leases(session, ids, "expired")
+    return len(ids)
+
+
+def _stats(body: LeaseIn, policy_version: int, columns: dict[str, list[Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "groups": len(set(columns["group_id"])),
+        "trajectories": len(columns["index"]),
+        "tokens": sum(0 if t is None else len(t) // TOKEN_DTYPE.itemsize for t in columns["token_ids"]),
+        "policy_version": policy_version,
+        "order": body.order,
+        **extra,
+    }
+
+
+def _columns(
+    session: Session, lease: Lease, body: LeaseIn, *, replayed: bool, skipped: int = 0
+) -> BatchColumns:
+    """The lease's groups, in lease order, as per-trajectory columns."""
+    position = {pk: i for i, pk in enumerate(lease.group_pks)}
+    rows = sorted(lease_repo.batch_rows(session, lease.group_pks), key=lambda r: (position[r.pk], r.idx))
+    names = ("group_id", "prompt_id", "policy_version", "index", "token_ids", "loss_mask", "logprobs")
+    names += ("advantage", "total_reward")
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for r in rows:
+        values = (r.id, r.prompt_id, r.policy_version, r.idx, r.token_ids, r.loss_mask, r.logprobs)
+        for name, value in zip(names, (*values, r.advantage, r.total_reward), strict=True):
+            columns[name].append(value)
+    stats = _stats(body, lease.policy_version or 0, columns, replayed=replayed, skipped=skipped)
+    return BatchColumns(
+        batch_id=lease.id,
+        trainer_id=lease.trainer_id,
+        expires_at=lease.expires_at.isoformat(),
+        stats=stats,
+        **columns,
+    )
+
+
+def _replay(session: Session, lease: Lease, body: LeaseIn) -> BatchColumns:
+    """A retried request_id: the same batch while its lease is active, else 409."""
+    if lease.trainer_id != body.trainer_id:
+        raise Conflict(f"request_id: already used by trainer {lease.trainer_id!r}", detail={"batch_id": lease.id})
+    if lease.status != "active":
+        raise LeaseConflict(
+            f"request_id: its lease {lease.id} is already {lease.status}",
+            detail={"batch_id": lease.id, "status": lease.status},
+        )
+    return _columns(session, lease, body, replayed=True)
+
+
+def lease_once(session: Session, body: LeaseIn, lease_seconds: float) -> BatchColumns | None:
+    """One attempt: reap, replay a known request_id, or claim and record a new lease; None when empty."""
+    reap_expired(session)
+    if body.request_id is not None:
+        lease_repo.lock_request_id(session, body.request_id)
+        existing = lease_repo.lease_by_request_id(session, body.request_id)
+        if existing is not None:
+            return _replay(session, existing, body)
+    policy_version = current_version(session)
+    min_version = None if body.max_staleness is None else policy_version - body.max_staleness
+    claim = claim_groups(session, body, min_version)
+    if not claim.pks:
+        return None
+    lease_id = uuid.uuid4().hex
+    lease_repo.mark_leased(session, claim.pks, lease_id)
+    row = {
+        "id": lease_id,
+        "trainer_id": body.trainer_id,
+        "request_id": body.request_id,
+        "status": "active",
+        "group_pks": claim.pks,
+        "n_groups": len(claim.pks),
+        "n_trajectories": claim.trajectories,
+        "n_tokens": claim.tokens,
+        "policy_version": policy_version,
+    }
+    times = lease_repo.insert_lease(session, row, lease_seconds)
+    lease = Lease(**row, created_at=times.created_at, expires_at=times.expires_at)
+    return _columns(session, lease, body, replayed=False, skipped=claim.skipped)
+
+
+async def lease(
+    session: Session,
+    body: LeaseIn,
+    *,
+    default_lease_seconds: float,
+    disconnected: Callable[[], Awaitable[bool]],
+) -> BatchColumns | None:
+    """Lease a batch, long-polling up to ``wait_seconds``; None (-> 204) when nothing became ready.
+
+    Between empty attempts the transaction is rolled back (it stored nothing) and the request sleeps
+    without holding a thread; a client that went away stops the polling so no lease is made for it.
+    """
+    lease_seconds = body.lease_seconds or default_lease_seconds
+    deadline = time.monotonic() + body.wait_seconds
+    delay = POLL_FIRST_S
+    while True:
+        batch = await run_in_threadpool(lease_once, session, body, lease_seconds)
+        if batch is not None:
+            return batch
+        await run_in_threadpool(session.rollback)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        await anyio.sleep(min(delay, remaining))
+        delay = min(delay * 2, POLL_MAX_S)
+        if await disconnected():
+            return None
+
+
+def _state(session: Session, lease: Lease) -> LeaseState:
+    ids = lease_repo.group_ids(session, lease.group_pks)
+    overdue = lease.status == "active" and lease.expires_at < lease_repo.db_now(session)
+    return LeaseState(
+        batch_id=lease.id,
+        trainer_id=lease.trainer_id,
+        request_id=lease.request_id,
+        status=lease.status,  # type: ignore[arg-type]
+        deadline_passed=overdue,
+        groups=[ids[pk] for pk in lease.group_pks if pk in ids],
+        n_groups=lease.n_groups,
+        n_trajectories=lease.n_trajectories,
+        n_tokens=lease.n_tokens,
+        policy_version=lease.policy_version,
+        created_at=lease.created_at.isoformat(),
+        expires_at=lease.expires_at.isoformat(),
+        ended_at=None if lease.ended_at is None else lease.ended_at.isoformat(),
+    )
+
+
+def _locked(session: Session, batch_id: str) -> Lease:
+    lease = lease_repo.get_lease(session, batch_id, for_update=True)
+    if lease is None:
+        raise NotFound(f"batch_id: no lease {batch_id!r}")
+    return lease
+
+
+def ack(session: Session, batch_id: str) -> LeaseState:
+    """Consume the lease's groups (recording staleness); idempotent once acked.
+
+    409 when the lease was nacked or expired, or when any of its groups is no longer held by it.
+    """
+    lease = _locked(session, batch_id)
+    if lease.status == "acked":
+        return _state(session, lease)
+    if lease.status != "active":
+        raise LeaseConflict(
+            f"batch_id: lease {batch_id} is {lease.status}; its groups went back to the queue, nothing was consumed",
+            detail={"batch_id": batch_id, "status": lease.status},
+        )
+    held = lease_repo.count_held(session, batch_id)
+    if held != lease.n_groups:
+        raise LeaseConflict(
+            f"batch_id: lease {batch_id} holds {held} of its {lease.n_groups} groups; nothing was consumed",
+            detail={"batch_id": batch_id, "held": held},
+        )
+    lease_repo.consume_groups(session, batch_id, current_version(session))
+    lease_repo.end_leases(session, [batch_id], "acked")
+    session.refresh(lease)
+    return _state(session, lease)
+
+
+def nack(session: Session, batch_id: str) -> LeaseState:
+    """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired."""
+    lease = _locked(session, batch_id)
+    if lease.status == "nacked":
+        return _state(session, lease)
+    if lease.status != "active":
+        raise LeaseConflict(
+            f"batch_id: lease {batch_id} is {lease.status}; nothing to return",
+            detail={"batch_id": batch_id, "status": lease.status},
+        )
+    lease_repo.release_groups(session, [batch_id])
+    lease_repo.end_leases(session, [batch_id], "nacked")
+    session.refresh(lease)
+    return _state(session, lease)
+
+
+def state(session: Session, batch_id: str) -> LeaseState:
+    lease = lease_repo.get_lease(session, batch_id)
+    if lease is None:
+        raise NotFound(f"batch_id: no lease {batch_id!r}")
+    return _state(session, lease)

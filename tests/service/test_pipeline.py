@@ -1,0 +1,142 @@
+"""The score / curate worker on a real PostgreSQL: rewards stored per component, decisions logged,
+advantages written, refill and resample requests created, two workers never score a group twice."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import func, select, text
+
+from reward_models.scoring import Scorer
+from service.db import get_engine, make_sessionmaker
+from service.models import Decision, Group, Reward, SamplingRequest
+from service.workers.pipeline import drain, run_once
+from tests.helpers import make_group
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    with Scorer(processes=1, timeout_s=20) as s:
+        yield s
+
+
+@pytest.fixture
+def api(fresh_db):
+    """TestClient over a fresh database whose requests really commit (the worker reads them)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    with TestClient(create_app(database_url=fresh_db)) as c:
+        c.factory = make_sessionmaker(get_engine(fresh_db))
+        yield c
+
+
+def _spec(api, **extra):
+    body = {"name": "math", "components": [
+        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.1, "params": {"pattern": r"\\boxed\{"}},
+    ]}
+    body.update(extra)
+    r = api.post("/v1/reward-specs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+class TestScoreAndCurate:
+    def test_mixed_group_becomes_ready_with_grpo_advantages(self, api, scorer):
+        _spec(api)
+        assert api.put("/v1/datasets/toy", json={"reward_spec": "math"}).status_code == 200
+        api.post("/v1/groups", json=make_group("mix", answers=["42", "41", "42", "7"]))
+        result = drain(api.factory, scorer)
+        assert (result.scored, result.ready) == (1, 1)
+        g = api.get("/v1/groups/mix").json()
+        assert g["status"] == "ready" and g["reward_spec"] == "math@1" and g["curation_policy"] == "default@1"
+        outcomes = [t["outcome"] for t in g["trajectories"]]
+        assert outcomes == [1.0, 0.0, 1.0, 0.0]
+        assert [t["rewards"]["correct"]["value"] for t in g["trajectories"]] == outcomes
+        totals = [t["total_reward"] for t in g["trajectories"]]
+        assert totals == pytest.approx([1.1, 0.1, 1.1, 0.1])
+        # population-std GRPO on totals: mean 0.6, std 0.5 -> +-1
+        assert [t["advantage"] for t in g["trajectories"]] == pytest.approx([1, -1, 1, -1], abs=1e-4)
+        assert {t["action"] for t in g["trajectories"]} == {"keep"}
+
+    def test_all_correct_group_is_dropped_zero_variance_and_refill_requested(self, api, scorer):
+        api.post("/v1/groups", json=make_group("solved"))  # default spec: math outcome, all 42
+        drain(api.factory, scorer)
+        g = api.get("/v1/groups/solved").json()
+        assert g["status"] == "dropped" and g["drop_reason"] == "zero_variance"
+        assert any(d["index"] is None and d["rule"] == "zero_variance" for d in g["decisions"])
+        with api.factory() as s:
+            req = s.execute(select(SamplingRequest)).scalar_one()
+            assert (req.reason, req.prompt_id, req.dataset) == ("refill", None, "toy")
+            assert s.execute(text("SELECT pass_rate, n_groups FROM prompts")).one() == (1.0, 1)
+
+    def test_truncated_member_masked_and_logged(self, api, scorer):
+        group = make_group("trunc", answers=["42", "41", "42", "1"])
+        group["trajectories"][3]["finish_reason"] = "length"
+        api.post("/v1/groups", json=group)
+        drain(api.factory, scorer)
+        g = api.get("/v1/groups/trunc").json()
+        t3 = g["trajectories"][3]
+        assert g["status"] == "ready"
+        assert (t3["action"], t3["advantage"], t3["reason"]) == ("mask", 0.0, "finish_reason:length")
+        assert any(d["index"] == 3 and d["action"] == "mask" for d in g["decisions"])
+
+    def test_infrastructure_failure_is_dropped_not_negative(self, api, scorer):
+        group = make_group("infra", answers=["42", "41", "42", "41"])
+        group["trajectories"][1]["finish_reason"] = "env_error"
+        api.post("/v1/groups", json=group)
+        drain(api.factory, scorer)
+        t1 = api.get("/v1/groups/infra").json()["trajectories"][1]
+        assert t1["action"] == "drop" and t1["advantage"] == 0.0
+
+
+class TestFailures:
+    def test_component_error_retries_then_reward_error(self, api, scorer):
+        # a code verifier with no tests in the reference cannot decide -> error, never 0
+        api.post("/v1/reward-specs", json={"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]})
+        api.put("/v1/datasets/code", json={"reward_spec": "code"})
+        api.post("/v1/groups", json=make_group("noref", dataset="code", prompt_id="cp", reference={}))
+        with api.factory.begin() as s:
+            s.execute(text("UPDATE groups SET score_attempts = 2"))
+        run_once(api.factory, scorer, max_attempts=3)
+        g = api.get("/v1/groups/noref").json()
+        assert g["status"] == "reward_error" and g["score_error"]
+        assert all(t["total_reward"] is None for t in g["trajectories"])
+        assert all(t["rewards"]["tests"]["error"] and t["rewards"]["tests"]["value"] is None for t in g["trajectories"])
+
+    def test_first_error_schedules_a_retry(self, api, scorer):
+        api.post("/v1/reward-specs", json={"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]})
+        api.put("/v1/datasets/code", json={"reward_spec": "code"})
+        api.post("/v1/groups", json=make_group("retry", dataset="code", prompt_id="cp2", reference={}))
+        r = run_once(api.factory, scorer, max_attempts=3)
+        assert r.retried == 1
+        with api.factory() as s:
+            g = s.execute(select(Group)).scalar_one()
+            assert g.status == "received" and g.score_attempts == 1 and g.retry_at is not None
+
+
+def test_two_workers_never_score_a_group_twice(api, scorer):
+    for i in range(24):
+        api.post("/v1/groups", json=make_group(f"par-{i}", prompt_id=f"pp-{i}", answers=["42", "41", "42", "3"]))
+    barrier = threading.Barrier(2)
+    results = []
+
+    def work():
+        with Scorer(processes=1) as own:
+            barrier.wait()
+            results.append(drain(api.factory, own, batch=4))
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.scored for r in results) == 24
+    with api.factory() as s:
+        # every (trajectory, component) was written exactly once: no duplicate scoring
+        assert s.scalar(select(func.count()).select_from(Reward)) == 24 * 4
+        assert s.scalar(select(func.count()).where(Group.status == "ready")) == 24
+        assert s.scalar(select(func.count()).select_from(Decision)) == 0
