@@ -20,8 +20,15 @@ from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryS
 
 TARGET_GROUPS_PER_S = 50_000
 # A plausible mix for a math / agent run: mostly answered, some budget cut-offs, few infra failures.
-FINISH_MIX = {"stop": 0.82, "length": 0.08, "max_turns": 0.03, "tool_error": 0.03, "env_error": 0.01,
-              "timeout": 0.02, "aborted": 0.01}
+FINISH_MIX = {
+    "stop": 0.82,
+    "length": 0.08,
+    "max_turns": 0.03,
+    "tool_error": 0.03,
+    "env_error": 0.01,
+    "timeout": 0.02,
+    "aborted": 0.01,
+}
 
 
 def synthetic_groups(n_groups: int, size: int, seed: int = 0) -> list[GroupScore]:
@@ -39,12 +46,17 @@ def synthetic_groups(n_groups: int, size: int, seed: int = 0) -> list[GroupScore
             total = None if rng.random() < 0.01 else outcome + fmt
             finish = rng.choices(reasons, weights)[0]
             tokens = 1024 if finish == "length" else rng.randint(50, 1000)
-            trajectories.append(TrajectoryScore(i, finish, total, {"math": outcome, "format": fmt}, outcome, tokens))
-        groups.append(GroupScore(f"g{g}", rng.randint(0, 10), trajectories, max_tokens=1024))
+            trajectories.append(
+                TrajectoryScore(i, finish, total, {"math": outcome, "format": fmt}, outcome, tokens)
+            )
+        version = 10 - min(int(rng.expovariate(1.0)), 10)  # mostly fresh, a few past max_staleness
+        groups.append(GroupScore(f"g{g}", version, trajectories, max_tokens=1024))
     return groups
 
 
-def _rate(run: Callable[[], list[GroupDecision]], n_groups: int, repeats: int) -> tuple[float, list[GroupDecision]]:
+def _rate(
+    run: Callable[[], list[GroupDecision]], n_groups: int, repeats: int
+) -> tuple[float, list[GroupDecision]]:
     """Best-of-`repeats` groups per second of `run`, and its last result."""
     best = math.inf
     result: list[GroupDecision] = []

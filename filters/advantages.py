@@ -7,7 +7,9 @@
 
 Conventions: a group of one gets advantage 0 from every estimator (grpo / dr_grpo: r - mean = 0;
 rloo has no leave-one-out baseline). With `std="unbiased"` (ddof 1) a group of one also gets 0.
-When std + eps == 0 (all equal and eps = 0) grpo gives 0, not NaN. NaN rewards raise ValueError.
+grpo treats a spread at float rounding level (std <= 1e-12 * max|r|) as none and gives 0, so an
+all-equal group gives 0 (not NaN, not +-1 from dividing rounding noise) even with eps = 0.
+NaN rewards raise ValueError.
 
 `baseline_only` marks members that enter the baseline statistics (mean, std, leave-one-out means)
 but receive advantage 0: masked (truncated) trajectories, see `filters.curate`.
@@ -20,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from filters.types import STD_KINDS, AdvantageConfig, StdKind, check_choice
+
+ROUNDING_SPREAD = 1e-12  # std <= this * max|r| is float rounding, not spread
 
 GroupEstimator = Callable[[np.ndarray, AdvantageConfig], np.ndarray]
 BatchedEstimator = Callable[[np.ndarray, np.ndarray, AdvantageConfig], np.ndarray]
@@ -35,9 +39,7 @@ def _as_rewards(rewards: np.ndarray) -> np.ndarray:
     return r
 
 
-def grpo_advantages(
-    rewards: np.ndarray, *, std: StdKind = "population", eps: float = 1e-6
-) -> np.ndarray:
+def grpo_advantages(rewards: np.ndarray, *, std: StdKind = "population", eps: float = 1e-6) -> np.ndarray:
     """GRPO outcome-supervision advantages (Shao et al. 2024): rewards (G,) -> (G,).
 
     (r - mean) / (std + eps), std population (ddof 0, default) or unbiased (ddof 1).
@@ -47,11 +49,10 @@ def grpo_advantages(
     ddof = 0 if std == "population" else 1
     if r.size <= ddof:
         return np.zeros_like(r)
-    centred = r - r.mean()
-    denom = r.std(ddof=ddof) + eps
-    if denom == 0:
+    std_r = r.std(ddof=ddof)
+    if std_r <= ROUNDING_SPREAD * np.abs(r).max():
         return np.zeros_like(r)
-    return centred / denom
+    return (r - r.mean()) / (std_r + eps)
 
 
 def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
@@ -107,10 +108,10 @@ def _batched_grpo(r: np.ndarray, valid: np.ndarray, cfg: AdvantageConfig) -> np.
     n = valid.sum(axis=1)
     ddof = 0 if cfg.std == "population" else 1
     centred = np.where(valid, r - _masked_mean(r, valid, n), 0.0)
-    var = (centred**2).sum(axis=1) / np.maximum(n - ddof, 1)
-    denom = (np.sqrt(var) + cfg.eps)[:, None]
-    ok = (n > ddof)[:, None] & (denom > 0)
-    return np.where(ok, centred / np.where(denom > 0, denom, 1.0), 0.0)
+    std = np.sqrt((centred**2).sum(axis=1) / np.maximum(n - ddof, 1))
+    spread = std > ROUNDING_SPREAD * np.where(valid, np.abs(r), 0.0).max(axis=1, initial=0.0)
+    ok = (n > ddof) & spread
+    return np.where(ok[:, None], centred / np.where(ok, std + cfg.eps, 1.0)[:, None], 0.0)
 
 
 def _batched_dr_grpo(r: np.ndarray, valid: np.ndarray, cfg: AdvantageConfig) -> np.ndarray:

@@ -7,7 +7,9 @@ between is numpy. The rules themselves are documented in `filters.curate`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,12 +28,15 @@ from filters.types import (
     CurationPolicy,
     GroupDecision,
     GroupScore,
+    GroupStatus,
     TrajectoryDecision,
     check_choice,
     finish_reason_reason,
 )
 
-KEEP, DROP, MASK, PENALIZE, RESAMPLE = (ACTIONS.index(a) for a in ("keep", "drop", "mask", "penalize", "resample"))
+KEEP, DROP, MASK, PENALIZE, RESAMPLE = (
+    ACTIONS.index(a) for a in ("keep", "drop", "mask", "penalize", "resample")
+)
 REASONS: tuple[str, ...] = tuple(
     dict.fromkeys(
         [REASON_OK, REASON_ZERO_VARIANCE, *DROP_REASONS, *(finish_reason_reason(f) for f in FINISH_REASONS)]
@@ -94,9 +99,9 @@ class _Inputs:
     total_missing: np.ndarray
     outcome: np.ndarray
     outcome_missing: np.ndarray
-    component: np.ndarray | None
-    component_missing: np.ndarray | None
-    component_present: np.ndarray | None
+    component: (
+        tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    )  # (values, missing, present) of a component metric
     num_tokens: np.ndarray
     max_tokens: np.ndarray  # (B,), 0 when unknown
     policy_version: np.ndarray  # (B,)
@@ -111,7 +116,7 @@ def _fr_codes(flat: list, policy: CurationPolicy) -> np.ndarray:
         raise
 
 
-def _component(flat: list, metric: str, lay: _Layout) -> tuple[np.ndarray, ...]:
+def _component(flat: list, metric: str, lay: _Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Padded (values, missing, present) of a component metric."""
     absent = object()
     raw = [t.components.get(metric, absent) for t in flat]
@@ -126,7 +131,7 @@ def _read(groups: Sequence[GroupScore], policy: CurationPolicy, lay: _Layout) ->
     total, total_missing = _floats([t.total for t in flat], "total")
     outcome, outcome_missing = _floats([t.outcome for t in flat], "outcome")
     metric = policy.zero_variance.metric
-    comp = _component(flat, metric, lay) if metric not in ("outcome", "total") else (None, None, None)
+    comp = _component(flat, metric, lay) if metric not in ("outcome", "total") else None
     num_tokens = np.array([t.num_tokens for t in flat], dtype=np.int64)
     return _Inputs(
         valid=lay.pad(np.ones(len(flat), dtype=bool), False),
@@ -135,9 +140,7 @@ def _read(groups: Sequence[GroupScore], policy: CurationPolicy, lay: _Layout) ->
         total_missing=lay.pad(total_missing, True),
         outcome=lay.pad(outcome, np.nan),
         outcome_missing=lay.pad(outcome_missing, True),
-        component=comp[0],
-        component_missing=comp[1],
-        component_present=comp[2],
+        component=comp,
         num_tokens=lay.pad(num_tokens, 0),
         max_tokens=np.array([g.max_tokens or 0 for g in groups], dtype=np.int64),
         policy_version=np.array([g.policy_version for g in groups], dtype=np.int64),
@@ -177,7 +180,8 @@ class _Members:
     base: np.ndarray  # baseline members
     used: np.ndarray  # reward used for advantages (valid where base)
     metric: np.ndarray  # zero-variance metric (valid where base)
-    outcome: np.ndarray  # outcome, or total for groups without an outcome (valid where base)
+    outcome: np.ndarray  # outcome, or total for groups without an outcome (valid where has_out)
+    has_out: np.ndarray  # baseline members with a known outcome (all of them without an outcome)
 
 
 def _check_present(groups: Sequence[GroupScore], cand: np.ndarray, present: np.ndarray, metric: str) -> None:
@@ -186,7 +190,7 @@ def _check_present(groups: Sequence[GroupScore], cand: np.ndarray, present: np.n
     if bad.size:
         g = groups[int(bad[0])]
         cols = np.flatnonzero(cand[bad[0], : len(g.trajectories)])
-        check_component_present(g, [g.trajectories[c] for c in cols], metric)
+        check_component_present(g, [g.trajectories[int(c)] for c in cols], metric)
 
 
 def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy: CurationPolicy) -> _Members:
@@ -199,8 +203,8 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
     needs_outcome = has_outcome & (zv.metric == "outcome" or zv.pass_rate_band is not None)
     missing = x.total_missing | (needs_outcome & x.outcome_missing)
     if x.component is not None:
-        _check_present(groups, cand, x.component_present, zv.metric)
-        missing = missing | x.component_missing
+        _check_present(groups, cand, x.component[2], zv.metric)
+        missing = missing | x.component[1]
     rerr = cand & missing
     base = cand & ~rerr
     used = x.total + _penalties(x, base & (act == PENALIZE), policy)
@@ -209,9 +213,11 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
     elif zv.metric == "total":
         metric = used
     else:
-        metric = x.component
+        assert x.component is not None  # read whenever the metric is a component
+        metric = x.component[0]
     outcome = np.where(has_outcome, x.outcome, x.total)
-    return _Members(act, rerr, base, used, metric, outcome)
+    has_out = base & ~(has_outcome & x.outcome_missing)
+    return _Members(act, rerr, base, used, metric, outcome, has_out)
 
 
 def _masked_mean_std(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,14 +230,23 @@ def _masked_mean_std(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _group_reasons(
-    m: _Members, n: np.ndarray, std: np.ndarray, outcome_mean: np.ndarray, stale: np.ndarray, policy: CurationPolicy
+    m: _Members,
+    n: np.ndarray,
+    std: np.ndarray,
+    outcomes: tuple[np.ndarray, np.ndarray],
+    stale: np.ndarray,
+    policy: CurationPolicy,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Step 5: (B,) reason codes (_READY when ready) and (B,) zero-signal flags; later writes win."""
+    """Step 5: (B,) reason codes (_READY when ready) and (B,) zero-signal flags; later writes win.
+
+    outcomes: (count, mean) (B,) of the known baseline outcomes.
+    """
     zv = policy.zero_variance
     reason = np.full(n.shape, _READY)
     if zv.pass_rate_band is not None:
         low, high = zv.pass_rate_band
-        reason[(n > 0) & ((outcome_mean < low) | (outcome_mean > high))] = _R["pass_rate_band"]
+        n_out, mean = outcomes
+        reason[(n_out > 0) & ((mean < low) | (mean > high))] = _R["pass_rate_band"]
     zero_signal = (n > 0) & (std <= zv.eps)
     if zv.action == "drop":
         reason[zero_signal] = _R["zero_variance"]
@@ -266,19 +281,44 @@ def _optional(values: np.ndarray, present: np.ndarray) -> list[float | None]:
     return out.tolist()
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector, restoring its previous state after.
+
+    Building ~10^5-10^6 decision objects otherwise triggers full collections that rescan every live
+    object of the process (the input groups included), about half the run time. The objects built
+    here hold no reference cycles, so nothing is left for the collector to find.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def curate_groups_batched(
     groups: Sequence[GroupScore], policy: CurationPolicy, current_policy_version: int | None
 ) -> list[GroupDecision]:
     """Vectorised `curate_group` over B groups under one policy; same decisions, in input order."""
     if not groups:
         return []
+    with _cyclic_gc_paused():
+        return _curate(groups, policy, current_policy_version)
+
+
+def _curate(
+    groups: Sequence[GroupScore], policy: CurationPolicy, current_policy_version: int | None
+) -> list[GroupDecision]:
+    """The body of `curate_groups_batched`, for a non-empty batch."""
     lay = _layout(groups)
     x = _read(groups, policy, lay)
     stale = _stale(x, policy, current_policy_version)
     m = _members(groups, x, stale, policy)
     n, _, std = _masked_mean_std(m.metric, m.base)
-    _, outcome_mean, _ = _masked_mean_std(m.outcome, m.base)
-    reason, zero_signal = _group_reasons(m, n, std, outcome_mean, stale, policy)
+    n_out, outcome_mean, _ = _masked_mean_std(m.outcome, m.has_out)
+    reason, zero_signal = _group_reasons(m, n, std, (n_out, outcome_mean), stale, policy)
     adv = batched_advantages(np.where(m.base, m.used, 0.0), m.base, policy.advantage, m.act == MASK)
     adv[(reason != _READY) | zero_signal] = 0.0
     act, why = _trajectory_codes(x, m, reason, zero_signal, stale)
@@ -293,7 +333,8 @@ def curate_groups_batched(
             _optional(lay.flat(m.used), lay.flat(m.base)),
         )
     )
-    return _assemble(groups, lay, decisions, flat_act, reason, n, std, outcome_mean, policy)
+    stds, means = _optional(std, n > 0), _optional(outcome_mean, n_out > 0)
+    return _assemble(groups, lay, decisions, flat_act, reason, stds, means, policy)
 
 
 def _assemble(
@@ -302,9 +343,8 @@ def _assemble(
     decisions: list[TrajectoryDecision],
     flat_act: np.ndarray,
     reason: np.ndarray,
-    n: np.ndarray,
-    std: np.ndarray,
-    outcome_mean: np.ndarray,
+    stds: list[float | None],
+    means: list[float | None],
     policy: CurationPolicy,
 ) -> list[GroupDecision]:
     """Per-group decisions from the flat trajectory decisions."""
@@ -313,8 +353,6 @@ def _assemble(
     for pos in np.flatnonzero(resampled).tolist():
         resample.setdefault(int(lay.row[pos]), ())
         resample[int(lay.row[pos])] += (decisions[pos].index,)
-    stds = _optional(std, n > 0)
-    means = _optional(outcome_mean, n > 0)
     drop = [None if r == _READY else REASONS[r] for r in reason.tolist()]
     ends = np.cumsum(lay.sizes).tolist()
     out = []
@@ -322,9 +360,11 @@ def _assemble(
     for b, g in enumerate(groups):
         rs = resample.get(b, ())
         budget = resample_budget(g.max_tokens, policy.resample_budget_multiplier) if rs else None
-        status = "ready" if drop[b] is None else "dropped"
+        status: GroupStatus = "ready" if drop[b] is None else "dropped"
         out.append(
-            GroupDecision(g.group_id, status, drop[b], tuple(decisions[start : ends[b]]), stds[b], rs, budget, means[b])
+            GroupDecision(
+                g.group_id, status, drop[b], tuple(decisions[start : ends[b]]), stds[b], rs, budget, means[b]
+            )
         )
         start = ends[b]
     return out

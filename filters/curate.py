@@ -24,8 +24,8 @@ groups (numpy, padded (B, G)) and returns the same decisions. Steps, in order:
 Metric: "outcome" uses the outcome values; a group none of whose candidates has an outcome falls back
 to "total". "total" means the reward used for advantages (penalty included), since zero variance is
 about advantage signal. A component name uses that component's raw value. `outcome_mean` (the pass
-rate, also what pass_rate_band checks) is the mean outcome over the baseline, or the mean raw total
-when the group has no outcome.
+rate, also what pass_rate_band checks) is the mean outcome over the baseline members that have one,
+or the mean raw total when the group has no outcome.
 In a dropped group, baseline members become "drop" with the group's reason; members dropped earlier
 keep their own reason. Resampled members keep "resample" whatever the group status (the prompt needs
 a larger budget either way), except in stale groups where every member is dropped "stale".
@@ -57,6 +57,7 @@ from filters.types import (
     CurationPolicy,
     GroupDecision,
     GroupScore,
+    GroupStatus,
     TrajectoryDecision,
     TrajectoryScore,
     finish_reason_reason,
@@ -72,7 +73,9 @@ def _metric_value(t: TrajectoryScore, metric: str, used: float) -> float | None:
     return t.components.get(metric)
 
 
-def _resolve_metric(group: GroupScore, candidates: list[TrajectoryScore], policy: CurationPolicy) -> tuple[str, bool]:
+def _resolve_metric(
+    group: GroupScore, candidates: list[TrajectoryScore], policy: CurationPolicy
+) -> tuple[str, bool]:
     """(metric actually used, whether the group has an outcome) for the baseline candidates."""
     has_outcome = any(t.outcome is not None for t in candidates)
     metric = policy.zero_variance.metric
@@ -138,13 +141,18 @@ def _baseline(
 def _stats(
     group: GroupScore, used: dict[int, float], metric: str, has_outcome: bool
 ) -> tuple[float | None, float | None]:
-    """(population std of the metric, outcome mean) over the baseline members; None when empty."""
+    """(population std of the metric, outcome mean) over the baseline members; None when empty.
+
+    The outcome mean skips members without an outcome (possible when the policy does not need it).
+    """
     if not used:
         return None, None
     trajs = group.trajectories
     values = [_metric_value(trajs[i], metric, u) for i, u in used.items()]
     outcomes = [trajs[i].outcome if has_outcome else trajs[i].total for i in used]
-    return float(np.std(np.array(values, dtype=np.float64))), float(np.mean(outcomes))
+    known = [o for o in outcomes if o is not None]
+    mean = float(np.mean(known)) if known else None
+    return float(np.std(np.array(values, dtype=np.float64))), mean
 
 
 def curate_group(
@@ -185,7 +193,7 @@ def curate_group(
         decisions.append(TrajectoryDecision(t.index, action, reason, advantages.get(i, 0.0), used.get(i)))
     resample = tuple(t.index for t, a in zip(trajs, actions, strict=True) if a == "resample")
     budget = resample_budget(group.max_tokens, policy.resample_budget_multiplier) if resample else None
-    status = "ready" if drop_reason is None else "dropped"
+    status: GroupStatus = "ready" if drop_reason is None else "dropped"
     return GroupDecision(
         group.group_id, status, drop_reason, tuple(decisions), metric_std, resample, budget, outcome_mean
     )

@@ -38,9 +38,7 @@ def soft_overlong_penalty(num_tokens: int, max_tokens: int, buffer: int) -> floa
     return (expected - num_tokens) / buffer
 
 
-def soft_overlong_penalties(
-    num_tokens: np.ndarray, max_tokens: np.ndarray, buffer: np.ndarray
-) -> np.ndarray:
+def soft_overlong_penalties(num_tokens: np.ndarray, max_tokens: np.ndarray, buffer: np.ndarray) -> np.ndarray:
     """Vectorised `soft_overlong_penalty`: num_tokens, max_tokens, buffer (N,) ints -> (N,) floats.
 
     Every max_tokens must be > 0.

@@ -5,7 +5,7 @@ field it is about (pydantic's `loc`).
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -104,7 +104,7 @@ class CurationPolicySpec(BaseModel):
         zv = self.zero_variance
         return CurationPolicy(
             zero_variance=ZeroVariance(zv.metric, zv.eps, zv.action, zv.pass_rate_band),
-            finish_reason_actions=dict(self.finish_reason_actions),
+            finish_reason_actions={str(k): v for k, v in self.finish_reason_actions.items()},
             max_staleness=self.max_staleness,
             min_group_size=self.min_group_size,
             advantage=AdvantageConfig(**self.advantage.model_dump()),
@@ -124,7 +124,7 @@ class CurationPolicySpec(BaseModel):
             zero_variance=ZeroVarianceSpec(
                 metric=zv.metric, eps=zv.eps, action=zv.action, pass_rate_band=zv.pass_rate_band
             ),
-            finish_reason_actions=dict(policy.finish_reason_actions),
+            finish_reason_actions=cast(dict[FinishReason, Action], dict(policy.finish_reason_actions)),
             max_staleness=policy.max_staleness,
             min_group_size=policy.min_group_size,
             advantage=AdvantageSpec(

@@ -66,9 +66,7 @@ def check_finite(group: GroupScore, metric: str) -> None:
                 )
 
 
-def check_component_present(
-    group: GroupScore, candidates: list[TrajectoryScore], metric: str
-) -> None:
+def check_component_present(group: GroupScore, candidates: list[TrajectoryScore], metric: str) -> None:
     """A component metric must exist in at least one baseline candidate, else ValueError."""
     if candidates and not any(metric in t.components for t in candidates):
         names = sorted({name for t in group.trajectories for name in t.components})

@@ -27,9 +27,7 @@ CONFIGS = [
     AdvantageConfig("dr_grpo"),
     AdvantageConfig("rloo"),
 ]
-rewards_st = st.lists(
-    st.floats(min_value=-100, max_value=100, allow_nan=False), min_size=1, max_size=16
-)
+rewards_st = st.lists(st.floats(min_value=-100, max_value=100, allow_nan=False), min_size=1, max_size=16)
 
 
 def loop_reference(rewards: list[float], cfg: AdvantageConfig) -> list[float]:
@@ -100,7 +98,9 @@ class TestEdgeCases:
             batched_advantages(np.array([[1.0, np.nan]]), np.array([[True, True]]), AdvantageConfig())
 
     def test_batched_nan_in_padding_is_ignored(self) -> None:
-        adv = batched_advantages(np.array([[1.0, 0.0, np.nan]]), np.array([[True, True, False]]), AdvantageConfig())
+        adv = batched_advantages(
+            np.array([[1.0, 0.0, np.nan]]), np.array([[True, True, False]]), AdvantageConfig()
+        )
         np.testing.assert_allclose(adv, [[1.0, -1.0, 0.0]], atol=1e-5)
 
     def test_unknown_names_raise_listing_valid(self) -> None:
@@ -123,7 +123,9 @@ class TestEdgeCases:
     "rewards", [WORKED, [1.0, 0.0, 0.0, 1.0], [0.5], [3.0, 3.0], [-2.0, 5.0, 1.0, 1.0, 0.0, 7.5, -1.0, 2.0]]
 )
 def test_vectorised_matches_loop_reference(cfg: AdvantageConfig, rewards: list[float]) -> None:
-    np.testing.assert_allclose(compute_advantages(np.array(rewards), cfg), loop_reference(rewards, cfg), atol=1e-9)
+    np.testing.assert_allclose(
+        compute_advantages(np.array(rewards), cfg), loop_reference(rewards, cfg), atol=1e-9
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -171,7 +173,9 @@ def test_shift_invariance(rewards: list[float], shift: float, cfg: AdvantageConf
 def test_grpo_scale_invariance(rewards: list[float], scale: float) -> None:
     r = np.array(rewards)
     cfg = AdvantageConfig("grpo", eps=0.0)
-    np.testing.assert_allclose(compute_advantages(r * scale, cfg), compute_advantages(r, cfg), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        compute_advantages(r * scale, cfg), compute_advantages(r, cfg), rtol=1e-6, atol=1e-6
+    )
 
 
 @settings(max_examples=100, deadline=None)

@@ -58,11 +58,20 @@ def policies(draw: st.DrawFn) -> CurationPolicy:
             action=draw(st.sampled_from(["drop", "keep"])),
             pass_rate_band=band,
         ),
-        finish_reason_actions=draw(st.dictionaries(st.sampled_from(FINISH_REASONS), st.sampled_from(ACTIONS))),
+        finish_reason_actions=draw(
+            st.dictionaries(st.sampled_from(FINISH_REASONS), st.sampled_from(ACTIONS))
+        ),
         max_staleness=draw(st.sampled_from([None, 0, 2, 5])),
         min_group_size=draw(st.integers(1, 4)),
         advantage=draw(
-            st.sampled_from([AdvantageConfig(), AdvantageConfig("grpo", "unbiased"), AdvantageConfig("dr_grpo"), AdvantageConfig("rloo")])
+            st.sampled_from(
+                [
+                    AdvantageConfig(),
+                    AdvantageConfig("grpo", "unbiased"),
+                    AdvantageConfig("dr_grpo"),
+                    AdvantageConfig("rloo"),
+                ]
+            )
         ),
         overlong_buffer=draw(st.sampled_from([0.0, 0.2, 100.0])),
         reward_error=draw(st.sampled_from(["drop", "drop_group"])),
@@ -87,7 +96,9 @@ def assert_same(fast: GroupDecision, ref: GroupDecision) -> None:
         assert type(f.advantage) is float
 
 
-def reference(batch: list[GroupScore], policy: CurationPolicy, current: int | None) -> list[GroupDecision] | None:
+def reference(
+    batch: list[GroupScore], policy: CurationPolicy, current: int | None
+) -> list[GroupDecision] | None:
     """Per-group reference; None when any group is rejected with ValueError."""
     try:
         return [curate_group(g, policy, current) for g in batch]
@@ -101,7 +112,9 @@ def reference(batch: list[GroupScore], policy: CurationPolicy, current: int | No
     policy=policies(),
     current=st.sampled_from([None, 5, 10]),
 )
-def test_vectorised_matches_reference(batch: tuple[GroupScore, ...], policy: CurationPolicy, current: int | None) -> None:
+def test_vectorised_matches_reference(
+    batch: tuple[GroupScore, ...], policy: CurationPolicy, current: int | None
+) -> None:
     expected = reference(list(batch), policy, current)
     if expected is None:
         with pytest.raises(ValueError):

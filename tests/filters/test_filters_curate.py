@@ -86,7 +86,9 @@ class TestZeroVariance:
         assert d.metric_std == 0.0 and d.outcome_mean == outcome
 
     def test_binary_mixed_is_ready(self) -> None:
-        d = curate_group(make_group([1.0, 0.0, 0.0, 1.0], outcomes=[1.0, 0.0, 0.0, 1.0]), CurationPolicy(), None)
+        d = curate_group(
+            make_group([1.0, 0.0, 0.0, 1.0], outcomes=[1.0, 0.0, 0.0, 1.0]), CurationPolicy(), None
+        )
         assert d.status == "ready"
         np.testing.assert_allclose(advantages(d), [1, -1, -1, 1], atol=1e-5)
         assert d.outcome_mean == 0.5
@@ -121,8 +123,13 @@ class TestZeroVariance:
 
     def test_eps_is_the_threshold(self) -> None:
         group = make_group([1.0, 0.9], outcomes=None)
-        assert curate_group(group, CurationPolicy(zero_variance=ZeroVariance(eps=0.06)), None).status == "dropped"
-        assert curate_group(group, CurationPolicy(zero_variance=ZeroVariance(eps=0.04)), None).status == "ready"
+        assert (
+            curate_group(group, CurationPolicy(zero_variance=ZeroVariance(eps=0.06)), None).status
+            == "dropped"
+        )
+        assert (
+            curate_group(group, CurationPolicy(zero_variance=ZeroVariance(eps=0.04)), None).status == "ready"
+        )
 
     def test_unknown_component_metric_raises_listing_valid(self) -> None:
         group = make_group([1.0, 0.0], components=[{"format": 1.0}, {"format": 0.0}])
@@ -185,7 +192,9 @@ def test_default_finish_reason_actions() -> None:
 
 
 def test_infrastructure_failures_are_never_negatives() -> None:
-    group = make_group([1.0, 1.0, 0.0], finish_reasons=["stop", "stop", "tool_error"], outcomes=[1.0, 1.0, 0.0])
+    group = make_group(
+        [1.0, 1.0, 0.0], finish_reasons=["stop", "stop", "tool_error"], outcomes=[1.0, 1.0, 0.0]
+    )
     d = curate_group(group, CurationPolicy(), None)
     assert d.drop_reason == "zero_variance"  # the failed call does not make a [1, 1, 0] group
 
@@ -246,7 +255,9 @@ class TestGroupSize:
         assert d.status == "ready"
         assert actions(d) == ["keep", "keep", "mask", "mask"]
         # the masked zeros stay in the baseline: mean 0.25, population std sqrt(3)/4
-        np.testing.assert_allclose(advantages(d), [0.75 / (3**0.5 / 4), -0.25 / (3**0.5 / 4), 0, 0], rtol=1e-5)
+        np.testing.assert_allclose(
+            advantages(d), [0.75 / (3**0.5 / 4), -0.25 / (3**0.5 / 4), 0, 0], rtol=1e-5
+        )
 
     def test_all_masked_has_no_trainable_members(self) -> None:
         d = curate_group(make_group([1.0, 0.0], finish_reasons=["length", "length"]), CurationPolicy(), None)
@@ -254,7 +265,12 @@ class TestGroupSize:
 
     def test_empty_group(self) -> None:
         d = curate_group(make_group([]), CurationPolicy(min_group_size=1), None)
-        assert (d.status, d.drop_reason, d.metric_std, d.outcome_mean) == ("dropped", "below_min_group_size", None, None)
+        assert (d.status, d.drop_reason, d.metric_std, d.outcome_mean) == (
+            "dropped",
+            "below_min_group_size",
+            None,
+            None,
+        )
 
     def test_group_of_one(self) -> None:
         d = curate_group(make_group([1.0]), CurationPolicy(min_group_size=1), None)
@@ -274,15 +290,21 @@ class TestStaleness:
         d = curate_group(group, policy, current)
         if stale:
             assert (d.status, d.drop_reason, d.metric_std, d.resample) == ("dropped", "stale", None, ())
-            assert [(t.action, t.reason, t.reward_used) for t in d.trajectories] == [("drop", "stale", None)] * 3
+            assert [(t.action, t.reason, t.reward_used) for t in d.trajectories] == [
+                ("drop", "stale", None)
+            ] * 3
         else:
             assert d.status == "ready" and d.resample == (2,)
 
 
 class TestPenalizeAndResample:
     def test_soft_penalty_and_fixed_penalty(self) -> None:
-        policy = CurationPolicy(finish_reason_actions={"length": "penalize"}, overlong_buffer=100, penalty=-2.0)
-        group = make_group([1.0, 1.0, 1.0], finish_reasons=["stop", "length", "length"], num_tokens=[10, 950, 0])
+        policy = CurationPolicy(
+            finish_reason_actions={"length": "penalize"}, overlong_buffer=100, penalty=-2.0
+        )
+        group = make_group(
+            [1.0, 1.0, 1.0], finish_reasons=["stop", "length", "length"], num_tokens=[10, 950, 0]
+        )
         soft = curate_group(dataclasses.replace(group, max_tokens=1000), policy, None)
         assert [t.reward_used for t in soft.trajectories] == [1.0, 0.5, -1.0]  # 950: 50 into a 100 buffer
         fixed = curate_group(group, policy, None)  # max_tokens unknown

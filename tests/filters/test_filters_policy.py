@@ -73,7 +73,12 @@ class TestCurationPolicySpec:
         spec = CurationPolicySpec.model_validate(
             {
                 "name": "math-v1",
-                "zero_variance": {"metric": "total", "eps": 1e-4, "action": "keep", "pass_rate_band": [0.1, 0.9]},
+                "zero_variance": {
+                    "metric": "total",
+                    "eps": 1e-4,
+                    "action": "keep",
+                    "pass_rate_band": [0.1, 0.9],
+                },
                 "finish_reason_actions": {"length": "penalize"},
                 "max_staleness": 2,
                 "min_group_size": 4,
@@ -103,8 +108,14 @@ class TestCurationPolicySpec:
             ({"name": "a@1"}, ("name",)),
             ({"name": "p", "zero_variance": {"action": "mask"}}, ("zero_variance", "action")),
             ({"name": "p", "zero_variance": {"eps": -1}}, ("zero_variance", "eps")),
-            ({"name": "p", "zero_variance": {"pass_rate_band": [0.9, 0.1]}}, ("zero_variance", "pass_rate_band")),
-            ({"name": "p", "finish_reason_actions": {"oom": "drop"}}, ("finish_reason_actions", "oom", "[key]")),
+            (
+                {"name": "p", "zero_variance": {"pass_rate_band": [0.9, 0.1]}},
+                ("zero_variance", "pass_rate_band"),
+            ),
+            (
+                {"name": "p", "finish_reason_actions": {"oom": "drop"}},
+                ("finish_reason_actions", "oom", "[key]"),
+            ),
             ({"name": "p", "finish_reason_actions": {"length": "x"}}, ("finish_reason_actions", "length")),
             ({"name": "p", "advantage": {"estimator": "ppo"}}, ("advantage", "estimator")),
             ({"name": "p", "advantage": {"eps": float("nan")}}, ("advantage", "eps")),
