@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select, text
+from sqlalchemy import bindparam, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.models import Decision, Group, PolicyState, Prompt, Reward, SamplingRequest
+from service.models import Decision, Group, Prompt, Reward, SamplingRequest
 
 
 def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
@@ -29,10 +29,6 @@ def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
 
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
     return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
-
-
-def current_policy_version(session: Session) -> int:
-    return session.execute(select(func.coalesce(func.max(PolicyState.version), 0))).scalar_one()
 
 
 _UPSERT_REWARD = insert(Reward.__table__)

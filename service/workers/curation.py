@@ -16,6 +16,7 @@ from filters import curate_groups
 from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
 from service.models import Group
 from service.repositories import pipeline as repo
+from service.repositories import policy as policy_repo
 from service.services import specs
 
 _PLAIN_METRICS = ("outcome", "total")
@@ -107,7 +108,7 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
     if not groups:
         return {}
     prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
-    current = repo.current_policy_version(session)
+    current = policy_repo.current_version(session)
     cache: dict = {}
     by_policy: dict[int, tuple[specs.Versioned, CurationPolicy, list[Group]]] = {}
     for g in groups:
