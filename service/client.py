@@ -1,10 +1,30 @@
-"""Typed HTTP client (httpx) for every endpoint: used by producers, trainers, tests and the demo."""
+"""Typed HTTP client (httpx) for every endpoint: used by producers, trainers, tests and the demo.
+
+Trainers lease batches with ``lease`` / ``ack`` / ``nack``, or let ``batches`` drive the loop::
+
+    with client.batches("trainer-0", max_trajectories=512, wait_seconds=10) as stream:
+        for batch in stream:          # leases (retrying transient errors with the same request_id)
+            train_step(batch)         # the block succeeded -> acked when the next batch is asked for
+                                      # an exception -> nacked, so the groups are delivered again
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar
 
 import httpx
+import orjson
+
+log = logging.getLogger(__name__)
+
+ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+BatchFormat = Literal["json", "arrow"]
+BATCH_FORMATS: tuple[str, ...] = ("json", "arrow")
+T = TypeVar("T")
 
 
 class CuratorError(Exception):
@@ -17,9 +37,24 @@ class CuratorError(Exception):
         self.detail = detail
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: the connection failed / timed out, or the service answered 5xx."""
+    if isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, CuratorError) and exc.status_code >= 500
+
+
+def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
+    """An Arrow IPC lease answer -> the JSON answer's shape (``as_numpy``: numpy views instead of lists)."""
+    from service.arrow import decode_arrow as _decode  # pyarrow only for trainers that use Arrow
+
+    return _decode(data, as_numpy=as_numpy)
+
+
 class CuratorClient:
     def __init__(self, base_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -36,14 +71,16 @@ class CuratorClient:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             try:
-                body = response.json()
-                raise CuratorError(response.status_code, body.get("error", response.text), body.get("detail"))
-            except ValueError:
-                raise CuratorError(response.status_code, response.text) from None
+                body = orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                body = None
+            if not isinstance(body, dict):
+                raise CuratorError(response.status_code, response.text)
+            raise CuratorError(response.status_code, str(body.get("error", response.text)), body.get("detail"))
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._request(method, path, **kwargs).json()
+        return orjson.loads(self._request(method, path, **kwargs).content)
 
     # -- ingest -----------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -64,3 +101,212 @@ class CuratorClient:
     def list_groups(self, **filters: Any) -> dict[str, Any]:
         params = {k: v for k, v in filters.items() if v is not None}
         return self._json("GET", "/v1/groups", params=params)
+
+    # -- batches ----------------------------------------------------------------------------------------
+    def lease(
+        self,
+        trainer_id: str,
+        *,
+        max_groups: int | None = None,
+        max_trajectories: int | None = None,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        lease_seconds: float = 300,
+        wait_seconds: float = 0,
+        request_id: str | None = None,
+        format: BatchFormat = "json",
+        order: Literal["oldest", "freshest"] | None = None,
+        as_numpy: bool = False,
+    ) -> dict[str, Any] | None:
+        """Lease a batch: ``{"batch_id", "expires_at", "groups": [...], "stats"}``, or None (204) when
+        nothing was ready within ``wait_seconds``. Give exactly one of the three ``max_*`` sizes.
+
+        ``format="arrow"`` moves the batch as Arrow IPC and decodes it to the same shape
+        (``as_numpy=True``: numpy views instead of lists).
+        """
+        if format not in BATCH_FORMATS:
+            raise ValueError(f"format: unknown {format!r}; valid: {', '.join(BATCH_FORMATS)}")
+        body = {
+            "trainer_id": trainer_id,
+            "max_groups": max_groups,
+            "max_trajectories": max_trajectories,
+            "max_tokens": max_tokens,
+            "max_staleness": max_staleness,
+            "lease_seconds": lease_seconds,
+            "wait_seconds": wait_seconds,
+            "request_id": request_id,
+            "order": order,
+        }
+        accept = ARROW_MEDIA_TYPE if format == "arrow" else "application/json"
+        response = self._request(
+            "POST",
+            "/v1/batches/lease",
+            content=orjson.dumps({k: v for k, v in body.items() if v is not None}),
+            headers={"Accept": accept, "Content-Type": "application/json"},
+            timeout=self.timeout + wait_seconds,
+        )
+        if response.status_code == 204:
+            return None
+        if format == "arrow":
+            return decode_arrow(response.content, as_numpy=as_numpy)
+        return orjson.loads(response.content)
+
+    def ack(self, batch_id: str) -> dict[str, Any]:
+        """Consume the batch's groups; 409 (CuratorError) when the lease expired and was taken over."""
+        return self._json("POST", f"/v1/batches/{batch_id}/ack")
+
+    def nack(self, batch_id: str) -> dict[str, Any]:
+        """Give the batch's groups back to the queue."""
+        return self._json("POST", f"/v1/batches/{batch_id}/nack")
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/batches/{batch_id}")
+
+    def batches(
+        self,
+        trainer_id: str,
+        *,
+        max_batches: int | None = None,
+        stop_when_empty: bool = False,
+        retries: int = 8,
+        backoff_s: float = 0.2,
+        idle_s: float = 1.0,
+        **lease_kwargs: Any,
+    ) -> BatchStream:
+        """Leased batches as an iterator (and context manager): see ``BatchStream``."""
+        return BatchStream(
+            self,
+            trainer_id,
+            max_batches=max_batches,
+            stop_when_empty=stop_when_empty,
+            retries=retries,
+            backoff_s=backoff_s,
+            idle_s=idle_s,
+            lease_kwargs=lease_kwargs,
+        )
+
+    # -- policy -----------------------------------------------------------------------------------------
+    def publish_policy(self, version: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._json("POST", "/v1/policy", content=orjson.dumps({"version": version, "metrics": metrics or {}}))
+
+    def get_policy(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/policy")
+
+    def policy_history(self, limit: int = 100) -> dict[str, Any]:
+        return self._json("GET", "/v1/policy/history", params={"limit": limit})
+
+
+def retry(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:
+    """Call ``fn``, retrying transient errors ``retries`` times with exponential backoff (capped at 5 s)."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except (httpx.TransportError, CuratorError) as exc:
+            if not is_transient(exc) or attempt == retries:
+                raise
+            delay = min(backoff_s * 2**attempt, 5.0)
+            log.warning("%s failed (%s); retry %d/%d in %.1f s", what, exc, attempt + 1, retries, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class BatchStream:
+    """Lease -> yield -> ack, until ``max_batches`` batches or (``stop_when_empty``) an empty lease.
+
+    - A lease is retried on transient errors with the SAME request_id, so a batch the service made
+      but whose answer was lost comes back instead of a second one.
+    - The previous batch is acked when the caller asks for the next (its block succeeded) or when the
+      stream ends. Ack and nack are idempotent, so they are retried too.
+    - Under ``with``: leaving the block with an exception nacks the outstanding batch, leaving it
+      normally (``break`` included) acks it. Without ``with``, a loop left early (``break`` or an
+      exception; the two cannot be told apart) nacks it: the groups are delivered again, never lost.
+    - An ack refused with 409 (the lease expired and was re-leased) is logged and its batch id kept
+      in ``refused``: another lease consumes those groups.
+    """
+
+    def __init__(
+        self,
+        client: CuratorClient,
+        trainer_id: str,
+        *,
+        max_batches: int | None,
+        stop_when_empty: bool,
+        retries: int,
+        backoff_s: float,
+        idle_s: float,
+        lease_kwargs: dict[str, Any],
+    ) -> None:
+        if "request_id" in lease_kwargs:
+            raise ValueError("request_id: chosen by the stream for each batch; do not pass one")
+        self.client, self.trainer_id = client, trainer_id
+        self.max_batches, self.stop_when_empty = max_batches, stop_when_empty
+        self.retries, self.backoff_s, self.idle_s = retries, backoff_s, idle_s
+        self.lease_kwargs = lease_kwargs
+        self.acked: list[str] = []
+        self.nacked: list[str] = []
+        self.refused: list[str] = []
+        self._outstanding: str | None = None
+        self._managed = False
+
+    def __enter__(self) -> BatchStream:
+        self._managed = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._settle(ok=exc_type is None)
+        self._managed = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._run()
+
+    def _run(self) -> Iterator[dict[str, Any]]:
+        n = 0
+        try:
+            while self.max_batches is None or n < self.max_batches:
+                batch = self._lease()
+                if batch is None:
+                    if self.stop_when_empty:
+                        return
+                    if not self.lease_kwargs.get("wait_seconds"):
+                        time.sleep(self.idle_s)  # no long poll asked for: do not spin
+                    continue
+                self._outstanding = batch["batch_id"]
+                yield batch
+                self._settle(ok=True)
+                n += 1
+        finally:
+            if not self._managed:
+                self._settle(ok=False)
+
+    def _lease(self) -> dict[str, Any] | None:
+        request_id = uuid.uuid4().hex
+
+        def attempt() -> dict[str, Any] | None:
+            nonlocal request_id
+            try:
+                return self.client.lease(self.trainer_id, request_id=request_id, **self.lease_kwargs)
+            except CuratorError as exc:
+                if exc.status_code != 409:
+                    raise
+                # a retried request_id whose lease already ended (it expired while we were away): start afresh
+                request_id = uuid.uuid4().hex
+                return self.client.lease(self.trainer_id, request_id=request_id, **self.lease_kwargs)
+
+        return retry(attempt, retries=self.retries, backoff_s=self.backoff_s, what="lease")
+
+    def _settle(self, *, ok: bool) -> None:
+        """Ack (ok) or nack the outstanding batch, if any."""
+        batch_id, self._outstanding = self._outstanding, None
+        if batch_id is None:
+            return
+        call = self.client.ack if ok else self.client.nack
+        try:
+            retry(lambda: call(batch_id), retries=self.retries, backoff_s=self.backoff_s, what="ack" if ok else "nack")
+        except CuratorError as exc:
+            if exc.status_code != 409:
+                raise
+            log.warning("%s of batch %s refused: %s", "ack" if ok else "nack", batch_id, exc.message)
+            if ok:
+                self.refused.append(batch_id)
+            return
+        (self.acked if ok else self.nacked).append(batch_id)

@@ -140,3 +140,42 @@ def test_two_workers_never_score_a_group_twice(api, scorer):
         assert s.scalar(select(func.count()).select_from(Reward)) == 24 * 4
         assert s.scalar(select(func.count()).where(Group.status == "ready")) == 24
         assert s.scalar(select(func.count()).select_from(Decision)) == 0
+
+
+class TestRescoreAndRecurate:
+    def test_rescore_keeps_both_versions(self, api, scorer):
+        _spec(api)
+        api.put("/v1/datasets/toy", json={"reward_spec": "math"})
+        api.post("/v1/groups", json=make_group("rs", answers=["42", "41", "42", "7"]))
+        drain(api.factory, scorer)
+        v2 = _spec(api, components=[{"name": "correct", "kind": "verifier.exact_match", "outcome": True}])
+        assert v2 == {"name": "math", "version": 2}
+        r = api.post("/v1/rescore", json={"reward_spec": "math@2", "dataset": "toy"})
+        assert r.json() == {"groups": 1, "reward_spec": "math@2"}
+        assert api.get("/v1/groups/rs").json()["status"] == "received"
+        drain(api.factory, scorer)
+        now = api.get("/v1/groups/rs").json()
+        assert now["reward_spec"] == "math@2" and set(now["trajectories"][0]["rewards"]) == {"correct"}
+        old = api.get("/v1/groups/rs", params={"spec_version": 1}).json()
+        assert set(old["trajectories"][0]["rewards"]) == {"correct", "fmt"}
+        with api.factory() as s:
+            versions = s.execute(select(Reward.spec_version, func.count()).group_by(Reward.spec_version)).all()
+        assert sorted(versions) == [(1, 8), (2, 4)]
+
+    def test_recurate_under_new_policy_keeps_old_decisions(self, api, scorer):
+        group = make_group("rc", answers=["42", "41", "42", "1"])
+        group["trajectories"][3]["finish_reason"] = "length"
+        api.post("/v1/groups", json=group)
+        drain(api.factory, scorer)
+        assert api.get("/v1/groups/rc").json()["trajectories"][3]["action"] == "mask"
+        api.post("/v1/curation-policies", json={"name": "strict", "finish_reason_actions": {"length": "drop"}})
+        assert api.post("/v1/recurate", json={"curation_policy": "strict", "group_ids": ["rc"]}).json()["groups"] == 1
+        drain(api.factory, scorer)
+        g = api.get("/v1/groups/rc").json()
+        assert g["curation_policy"] == "strict@1" and g["trajectories"][3]["action"] == "drop"
+        logged = {(d["index"], d["action"], d["policy"]) for d in g["decisions"]}
+        assert {(3, "mask", "default@1"), (3, "drop", "strict@1")} <= logged
+
+    def test_unknown_spec_is_422_naming_the_field(self, api):
+        r = api.post("/v1/rescore", json={"reward_spec": "nope"})
+        assert r.status_code == 422 and "reward_spec" in r.json()["error"]

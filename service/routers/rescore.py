@@ -1,0 +1,41 @@
+"""POST /v1/rescore and /v1/recurate: send stored groups through scoring or curation again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.deps import SessionDep
+from service.services import rescore
+
+router = APIRouter(prefix="/v1", tags=["rescore"])
+
+
+class GroupFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dataset: str | None = None
+    group_ids: list[str] | None = Field(default=None, min_length=1, max_length=100_000)
+    policy_version: int | None = Field(default=None, ge=0)
+
+    def filters(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "group_ids": self.group_ids, "policy_version": self.policy_version}
+
+
+class RescoreIn(GroupFilter):
+    reward_spec: str = Field(min_length=1)
+
+
+class RecurateIn(GroupFilter):
+    curation_policy: str = Field(min_length=1)
+
+
+@router.post("/rescore")
+def post_rescore(body: RescoreIn, session: SessionDep) -> dict[str, Any]:
+    return rescore.rescore(session, body.reward_spec, **body.filters())
+
+
+@router.post("/recurate")
+def post_recurate(body: RecurateIn, session: SessionDep) -> dict[str, Any]:
+    return rescore.recurate(session, body.curation_policy, **body.filters())

@@ -1,0 +1,32 @@
+"""Re-scoring under a new reward-spec version and re-curation under a new policy version, without new
+rollouts. Earlier rewards stay stored under their spec version and earlier decisions stay in the log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.repositories import rescore as repo
+from service.services import specs
+
+# leased and consumed groups belong to a trainer: they are never pulled back
+RESCORABLE = ("received", "scored", "ready", "dropped", "reward_error")
+RECURATABLE = ("scored", "ready", "dropped")
+
+
+def rescore(session: Session, reward_spec: str, **filters: Any) -> dict[str, Any]:
+    v = specs.resolve_reward_spec(session, reward_spec)
+    values = {"status": "received", "reward_spec_name": v.name, "reward_spec_version": v.version,
+              "score_attempts": 0, "score_error": None, "retry_at": None, "drop_reason": None,
+              "curated_at": None, "ready_at": None}
+    pks = repo.requeue(session, values, clear_scores=True, statuses=RESCORABLE, **filters)
+    return {"groups": len(pks), "reward_spec": f"{v.name}@{v.version}"}
+
+
+def recurate(session: Session, curation_policy: str, **filters: Any) -> dict[str, Any]:
+    v = specs.resolve_curation_policy(session, curation_policy)
+    values = {"status": "scored", "curation_policy_name": v.name, "curation_policy_version": v.version,
+              "drop_reason": None, "curated_at": None, "ready_at": None}
+    pks = repo.requeue(session, values, clear_scores=False, statuses=RECURATABLE, **filters)
+    return {"groups": len(pks), "curation_policy": f"{v.name}@{v.version}"}
