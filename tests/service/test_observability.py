@@ -1,0 +1,20 @@
+"""/metrics, /v1/summary and /dashboard reflect what is stored."""
+
+from __future__ import annotations
+
+from tests.helpers import make_group
+
+
+def test_metrics_and_summary_count_groups_by_status(client):
+    for i in range(3):
+        client.post("/v1/groups", json=make_group(f"m-{i}", prompt_id=f"mp-{i}"))
+    summary = client.get("/v1/summary").json()
+    assert summary["groups"] == {"received": 3} and summary["policy_version"] == 0
+    text = client.get("/metrics").text
+    assert 'grpo_curator_groups{status="received"} 3.0' in text
+    assert "grpo_curator_policy_version 0.0" in text
+
+
+def test_dashboard_is_served(client):
+    r = client.get("/dashboard")
+    assert r.status_code == 200 and "grpo-curator" in r.text and "/v1/stats?by=policy_version" in r.text
