@@ -68,7 +68,11 @@ def _array(raw: bytes | None, dtype: np.dtype) -> np.ndarray | None:
     if raw is None:
         return None
     arr = np.frombuffer(raw, dtype=dtype)
-    return arr.astype(np.float64) if arr.dtype.kind == "f" else arr.astype(arr.dtype.newbyteorder("="), copy=False)
+    return (
+        arr.astype(np.float64)
+        if arr.dtype.kind == "f"
+        else arr.astype(arr.dtype.newbyteorder("="), copy=False)
+    )
 
 
 def encode_json(batch: BatchColumns) -> bytes:
@@ -77,7 +81,12 @@ def encode_json(batch: BatchColumns) -> bytes:
     for i, gid in enumerate(batch.group_id):
         if not groups or groups[-1]["id"] != gid:
             groups.append(
-                {"id": gid, "prompt_id": batch.prompt_id[i], "policy_version": batch.policy_version[i], "trajectories": []}
+                {
+                    "id": gid,
+                    "prompt_id": batch.prompt_id[i],
+                    "policy_version": batch.policy_version[i],
+                    "trajectories": [],
+                }
             )
         traj: dict[str, Any] = {"index": batch.index[i]}
         for name, dtype in _ARRAYS:
@@ -91,7 +100,9 @@ def encode_json(batch: BatchColumns) -> bytes:
 
 def _list_column(chunks: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.ListArray:
     """N byte strings -> list array (N,) from offsets (N+1,) and the concatenated values; None -> null."""
-    lengths = np.fromiter((0 if c is None else len(c) // dtype.itemsize for c in chunks), np.int64, len(chunks))
+    lengths = np.fromiter(
+        (0 if c is None else len(c) // dtype.itemsize for c in chunks), np.int64, len(chunks)
+    )
     offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.frombuffer(b"".join(c for c in chunks if c is not None), dtype=dtype)
@@ -110,7 +121,10 @@ def encode_arrow(batch: BatchColumns) -> bytes:
         pa.array(batch.prompt_id, type=pa.string()),
         pa.array(batch.policy_version, type=pa.int64()),
         pa.array(batch.index, type=pa.int32()),
-        *(_list_column(getattr(batch, name), dtype, schema.field(name).type.value_type) for name, dtype in _ARRAYS),
+        *(
+            _list_column(getattr(batch, name), dtype, schema.field(name).type.value_type)
+            for name, dtype in _ARRAYS
+        ),
         pa.array([_f32(v) for v in batch.advantage], type=pa.float32()),
         pa.array([_f32(v) for v in batch.total_reward], type=pa.float32()),
     ]

@@ -52,7 +52,9 @@ def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
 
 
 class CuratorClient:
-    def __init__(self, base_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
@@ -76,7 +78,9 @@ class CuratorClient:
                 body = None
             if not isinstance(body, dict):
                 raise CuratorError(response.status_code, response.text)
-            raise CuratorError(response.status_code, str(body.get("error", response.text)), body.get("detail"))
+            raise CuratorError(
+                response.status_code, str(body.get("error", response.text)), body.get("detail")
+            )
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -187,7 +191,7 @@ class CuratorClient:
 
     # -- policy -----------------------------------------------------------------------------------------
     def publish_policy(self, version: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._json("POST", "/v1/policy", content=orjson.dumps({"version": version, "metrics": metrics or {}}))
+        return self._json("POST", "/v1/policy", json={"version": version, "metrics": metrics or {}})
 
     def get_policy(self) -> dict[str, Any]:
         return self._json("GET", "/v1/policy")
@@ -301,7 +305,12 @@ class BatchStream:
             return
         call = self.client.ack if ok else self.client.nack
         try:
-            retry(lambda: call(batch_id), retries=self.retries, backoff_s=self.backoff_s, what="ack" if ok else "nack")
+            retry(
+                lambda: call(batch_id),
+                retries=self.retries,
+                backoff_s=self.backoff_s,
+                what="ack" if ok else "nack",
+            )
         except CuratorError as exc:
             if exc.status_code != 409:
                 raise

@@ -78,7 +78,9 @@ class BatchStats(BaseModel):
     policy_version: int = Field(description="the trainer's current policy version when the batch was leased")
     order: LeaseOrder
     replayed: bool = Field(description="true when a retried request_id returned an existing lease")
-    skipped: int = Field(0, description="ready groups passed over: nothing deliverable, or alone over the budget")
+    skipped: int = Field(
+        0, description="ready groups passed over: nothing deliverable, or alone over the budget"
+    )
 
 
 class BatchOut(BaseModel):

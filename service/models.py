@@ -234,3 +234,20 @@ class SamplingRequest(Base):
     taken_by: Mapped[str | None] = mapped_column(Text)
     taken_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
+
+
+class StatsCell(Base):
+    """Pre-aggregated reward statistics (service.services.stats), maintained as groups are curated.
+
+    One row per (dim, key, dataset, hour of the group's created_at): dim 'policy_version' (key = the
+    version), 'finish_reason' (key = the reason) or 'all' (key ''). ``counters`` is a flat map of additive
+    counters (sums, sums of squares, counts, sparse histogram buckets), so cells merge by adding.
+    """
+
+    __tablename__ = "stats_cells"
+    dim: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    dataset: Mapped[str] = mapped_column(Text, primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    counters: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    updated_at: Mapped[datetime] = _now()

@@ -23,22 +23,23 @@ DEFAULT_CHUNK_TOKENS = 2048
 
 
 def _chunk_logits(h: Tensor, weight: Tensor, inv_temp: float) -> Tensor:
-    """h (n, H), weight (V, H) -> fp32 logits (n, V) divided by the sampling temperature."""
-    z = torch.mm(h, weight.t()).float()  # (n, V)
+    """h (n, H), weight (V, H) -> logits (n, V), at least fp32, divided by the sampling temperature."""
+    z = _at_least_fp32(torch.mm(h, weight.t()))  # (n, V)
     if inv_temp != 1.0:
         z.mul_(inv_temp)
     return z
 
 
 class _FusedTokenLogprobs(torch.autograd.Function):
-    """hidden (N, H), weight (V, H), targets (N,) -> logp (N,), entropy (N,), both fp32."""
+    """hidden (N, H), weight (V, H), targets (N,) -> logp (N,), entropy (N,), both at least fp32."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float
     ) -> tuple[Tensor, Tensor]:
         n_tok = hidden.shape[0]
-        logp = torch.empty(n_tok, dtype=torch.float32, device=hidden.device)  # (N,)
+        stats_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        logp = torch.empty(n_tok, dtype=stats_dtype, device=hidden.device)  # (N,)
         ent = torch.empty_like(logp)  # (N,)
         lse = torch.empty_like(logp)  # (N,)
         with torch.autocast(hidden.device.type, enabled=False):
@@ -63,7 +64,8 @@ class _FusedTokenLogprobs(torch.autograd.Function):
         if g_logp is None and g_ent is None:
             return None, None, None, None, None
         grad_h = torch.empty_like(hidden) if need_h else None  # (N, H)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        w_dtype = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=w_dtype, device=weight.device) if need_w else None
         n_tok = hidden.shape[0]
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n_tok, ctx.chunk):
@@ -112,7 +114,7 @@ def token_logprobs(
     """Log-prob of each target token and entropy of the same distribution, fused with the LM head.
 
     hidden (B, T, H), weight (V, H) (the LM head, no bias), targets (B, T) long
-    -> (logp (B, T) fp32, entropy (B, T) fp32). Logits are `hidden @ weight.T / temperature`.
+    -> (logp (B, T), entropy (B, T)), fp32 (fp64 for fp64 inputs). Logits are `hidden @ weight.T / temperature`.
     Under autocast the matmuls run in the autocast dtype; softmax statistics are always fp32.
     Never materialises more than `chunk_tokens` rows of logits at once (forward or backward).
     """
@@ -133,16 +135,20 @@ def token_logprobs(
     return logp.view(b, t), ent.view(b, t)
 
 
+def _at_least_fp32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def token_logprobs_plain(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """The straightforward version: logits (B, T, V), targets (B, T) -> logp (B, T) fp32.
 
     Materialises the full fp32 log-softmax (B, T, V); kept as the baseline in tests and bench.
     """
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    logp_all = torch.log_softmax(_at_least_fp32(logits) / temperature, dim=-1)  # (B, T, V)
     return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_plain(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of softmax(logits / temperature): logits (B, T, V) -> (B, T) fp32."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    logp_all = torch.log_softmax(_at_least_fp32(logits) / temperature, dim=-1)  # (B, T, V)
     return -(logp_all.exp() * logp_all).sum(-1)

@@ -20,7 +20,8 @@ Where this departs from the GRPO paper (every departure is a `LossConfig` switch
 - Truncated importance sampling (`tis_cap`): when the sampler's log-probs (`behaviour_logp`) differ
   from the trainer's old-policy log-probs, each token's loss is weighted by
   min(exp(old_logp - behaviour_logp), C), detached (Yao et al. 2025, "Your Efficient RL Framework
-  Secretly Brings You Off-Policy RL Training").
+  Secretly Brings You Off-Policy RL Training"); with the sequence ratio the weight is sequence-level
+  too, min(exp(mean_t(old_logp - behaviour_logp)), C).
 - `entropy_coef`: optional entropy bonus (0 by default; the entropy is always reported).
 Only tokens with loss mask 1 count, in every numerator and every denominator; a sequence with no
 mask-1 token does not count as a sequence. Values at masked positions (even inf / NaN) change nothing.
@@ -183,9 +184,18 @@ def clip_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps
     return masked_mean(low, mask), masked_mean(high, mask)
 
 
-def tis_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Truncated IS weights min(pi_old / pi_sampler, C), detached, 1 at masked positions: -> (B, T)."""
-    log_w = torch.where(mask > 0, old_logp - behaviour_logp, 0.0)  # (B, T)
+def tis_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float, level: str = "token") -> Tensor:
+    """Truncated IS weights min(pi_old / pi_sampler, C), detached: (B, T) x3 -> (B, T).
+
+    token: per-token ratio, 1 at masked positions. sequence: the length-normalised sequence ratio
+    exp(mean_t(old - behaviour)) on every token of the sequence, matching GSPO's ratio.
+    """
+    m = mask > 0
+    log_w = torch.where(m, old_logp - behaviour_logp, 0.0)  # (B, T)
+    if level == "sequence":
+        log_w = (log_w.sum(dim=-1, keepdim=True) / m.sum(dim=-1, keepdim=True).clamp_min(1)).expand_as(log_w)
+    else:
+        check_choice("ratio_level", level, get_args(RatioLevel))
     return torch.exp(log_w).clamp(max=cap).detach()
 
 
@@ -214,7 +224,7 @@ def policy_loss(
     per_tok = clipped_surrogate(ratio, adv, cfg.eps_low, cfg.eps_high)  # (B, T)
     metrics: dict[str, Tensor] = {}
     if cfg.tis_cap is not None and behaviour_logp is not None:
-        w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap)  # (B, T)
+        w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap, cfg.ratio_level)  # (B, T)
         per_tok = per_tok * w
         metrics["tis_weight"] = masked_mean(w, mask)
     metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg)

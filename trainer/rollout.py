@@ -46,6 +46,7 @@ class RolloutConfig:
     max_turns: int = 1  # > 1: multi-turn episodes with the tool registry
     spool_dir: str = ".grpo-curator/spool"
     poll_seconds: float = 0.5
+    max_backlog: int | None = None  # pause while this many groups wait to be scored or trained on
     backend: str = "auto"  # auto | hf | vllm
     device: str = "cpu"
 
@@ -163,6 +164,12 @@ def post_spooled(client: Any, spool: Spool, groups: list[dict[str, Any]]) -> int
     return len(groups)
 
 
+def backlog(client: Any) -> int:
+    """Groups waiting for the worker or the trainer: producing far ahead of the trainer only makes stale data."""
+    counts = client.summary()["groups"]
+    return sum(counts.get(s, 0) for s in ("received", "scored", "ready"))
+
+
 def run(cfg: RolloutConfig, client: Any, *, max_groups: int | None = None, stop: threading.Event | None = None) -> int:
     """Produce until ``stop`` is set or ``max_groups`` groups were posted; returns the number posted."""
     stop = stop or threading.Event()
@@ -172,6 +179,9 @@ def run(cfg: RolloutConfig, client: Any, *, max_groups: int | None = None, stop:
     policy = Policy(cfg, tokenizer)
     while not stop.is_set() and (max_groups is None or posted < max_groups):
         policy.refresh()
+        if cfg.max_backlog is not None and backlog(client) >= cfg.max_backlog:
+            stop.wait(cfg.poll_seconds)
+            continue
         want = cfg.requests_per_poll if max_groups is None else min(cfg.requests_per_poll, max_groups - posted)
         requests = client.sampling_requests(n=want, producer_id=cfg.producer_id, dataset=cfg.dataset)
         if not requests:

@@ -27,4 +27,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("ix_leases_active_expires_at", table_name="leases", postgresql_where=sa.text("status = 'active'"))
+    op.drop_index(
+        "ix_leases_active_expires_at", table_name="leases", postgresql_where=sa.text("status = 'active'")
+    )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Row, and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
@@ -144,29 +145,28 @@ def lease_by_request_id(session: Session, request_id: str) -> Lease | None:
 def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
     if not group_pks:
         return {}
-    return dict(session.execute(select(Group.pk, Group.id).where(Group.pk.in_(group_pks))).tuples().all())
+    return {pk: gid for pk, gid in session.execute(select(Group.pk, Group.id).where(Group.pk.in_(group_pks)))}
 
 
-def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Row[Any]]:
-    """One row per deliverable trajectory of these groups, with its group's ids; in group-pk, idx order."""
-    stmt = (
-        select(
-            Group.pk,
-            Group.id,
-            Group.prompt_id,
-            Group.policy_version,
-            Trajectory.idx,
-            Trajectory.token_ids,
-            Trajectory.loss_mask,
-            Trajectory.logprobs,
-            Trajectory.advantage,
-            Trajectory.total_reward,
-        )
-        .join(Group, Group.pk == Trajectory.group_pk)
-        .where(Trajectory.group_pk.in_(group_pks), _DELIVERABLE)
-        .order_by(Trajectory.group_pk, Trajectory.idx)
-    )
-    return list(session.execute(stmt).all())
+_BATCH_ROWS_SQL = """
+SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs,
+       t.advantage, t.total_reward
+  FROM trajectories t JOIN groups g ON g.pk = t.group_pk
+ WHERE t.group_pk = ANY(%(pks)s) AND (t.action IS NULL OR t.action = ANY(%(actions)s))
+ ORDER BY t.group_pk, t.idx
+"""
+
+
+def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    """One row per deliverable trajectory of these groups, with its group's ids; in group-pk, idx order.
+
+    Fetched in PostgreSQL's binary format on the session's own connection (same transaction): bytea
+    arrives as raw bytes instead of hex text, which halves the cost of the largest read of a lease.
+    """
+    driver = session.connection().connection.driver_connection
+    with driver.cursor(binary=True, row_factory=namedtuple_row) as cur:  # type: ignore[union-attr]
+        cur.execute(_BATCH_ROWS_SQL, {"pks": list(group_pks), "actions": list(DELIVERABLE_ACTIONS)})
+        return cur.fetchall()
 
 
 # -- acking --------------------------------------------------------------------------------------------

@@ -43,14 +43,19 @@ def _render(batch: BatchColumns, accept: str) -> Response:
 @router.post("/lease", response_class=Response, responses=_LEASE_RESPONSES)
 async def lease_batch(body: LeaseIn, request: Request, session: TxSession, settings: SettingsDep) -> Response:
     batch = await leases.lease(
-        session, body, default_lease_seconds=settings.lease_seconds_default, disconnected=request.is_disconnected
+        session,
+        body,
+        default_lease_seconds=settings.lease_seconds_default,
+        disconnected=request.is_disconnected,
     )
     if batch is None:
         return Response(status_code=204)
     return await run_in_threadpool(_render, batch, request.headers.get("accept", ""))
 
 
-@router.post("/{batch_id}/ack", response_model=LeaseState, responses={404: {}, 409: {"description": "fenced"}})
+@router.post(
+    "/{batch_id}/ack", response_model=LeaseState, responses={404: {}, 409: {"description": "fenced"}}
+)
 def ack_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
     return leases.ack(session, batch_id)
 

@@ -20,7 +20,10 @@ TxSession = Annotated[Session, Depends(get_session, scope="function")]
     "",
     response_model=PolicyOut,
     status_code=201,
-    responses={200: {"description": "the same version and metrics again"}, 409: {"description": "not increasing"}},
+    responses={
+        200: {"description": "the same version and metrics again"},
+        409: {"description": "not increasing"},
+    },
 )
 def publish_policy(body: PolicyIn, session: TxSession, response: Response) -> PolicyOut:
     out, created = policy.publish(session, body)

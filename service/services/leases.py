@@ -53,7 +53,9 @@ class Claim:
     skipped: int = 0
 
     def used(self) -> int:
-        return {"max_groups": len(self.pks), "max_trajectories": self.trajectories}.get(self.kind, self.tokens)
+        return {"max_groups": len(self.pks), "max_trajectories": self.trajectories}.get(
+            self.kind, self.tokens
+        )
 
     def offer(self, pk: int, n: int, tokens: int) -> Verdict:
         """Take a group of ``n`` deliverable trajectories / ``tokens`` token ids if it fits.
@@ -151,7 +153,9 @@ def _columns(
 def _replay(session: Session, lease: Lease, body: LeaseIn) -> BatchColumns:
     """A retried request_id: the same batch while its lease is active, else 409."""
     if lease.trainer_id != body.trainer_id:
-        raise Conflict(f"request_id: already used by trainer {lease.trainer_id!r}", detail={"batch_id": lease.id})
+        raise Conflict(
+            f"request_id: already used by trainer {lease.trainer_id!r}", detail={"batch_id": lease.id}
+        )
     if lease.status != "active":
         raise LeaseConflict(
             f"request_id: its lease {lease.id} is already {lease.status}",

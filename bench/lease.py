@@ -1,0 +1,231 @@
+"""Lease benchmark (not a test): lease + ack of 512-trajectory batches, JSON vs Arrow, 1 and 4 trainers.
+
+Stores ``--trajectories`` trajectories of 1,024 tokens (groups of 8, bytea arrays, written with COPY as
+test setup), serves them with ``grpo-curator serve`` and lets 1, then 4, trainer processes lease and ack
+``--batch`` trajectories at a time through CuratorClient (Arrow decoded to numpy views, JSON with
+orjson). In the same run it times a raw psycopg SELECT of the same rows (the floor) and prints p50 / p99
+latency, MB/s and the ratios to the raw select.
+
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.lease --trajectories 100000
+    DATABASE_URL=... python -m bench.lease --trajectories 8000 --batches 10      # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import psycopg
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENS = 1024
+PER_GROUP = 8
+PROMPT_TOKENS = 128
+
+
+def create_db(server: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    eng = create_engine(server, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    return make_url(server).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_db(server: str, url: str) -> None:
+    eng = create_engine(server, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    eng.dispose()
+
+
+def conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def store(url: str, n_trajectories: int, seed: int = 0) -> int:
+    """Setup: ready groups of PER_GROUP trajectories x TOKENS tokens, written with binary COPY; -> groups."""
+    rng = np.random.default_rng(seed)
+    n_groups = n_trajectories // PER_GROUP
+    mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(TOKENS - PROMPT_TOKENS, np.uint8)].tobytes()
+    with psycopg.connect(conninfo(url)) as conn:
+        conn.execute("INSERT INTO prompts (id, dataset, messages, reference, metadata) VALUES ('bp', 'bench', '[]', '{}', '{}')")
+        for start in range(0, n_groups, 500):
+            ids = [f"bench-{i}" for i in range(start, min(start + 500, n_groups))]
+            pks = [
+                conn.execute(
+                    "INSERT INTO groups (id, prompt_id, dataset, policy_version, sampling, metadata, body_hash,"
+                    " n_trajectories, n_tokens, status, ready_at) VALUES (%s, 'bp', 'bench', 1, '{}', '{}', '', %s, %s,"
+                    " 'ready', now()) RETURNING pk",
+                    (gid, PER_GROUP, PER_GROUP * TOKENS),
+                ).fetchone()[0]
+                for gid in ids
+            ]
+            _copy_trajectories(conn, pks, mask, rng)
+            conn.commit()
+    return n_groups
+
+
+def _copy_trajectories(conn: psycopg.Connection, pks: list[int], mask: bytes, rng: np.random.Generator) -> None:
+    cols = "group_pk, idx, messages, final_answer, token_ids, loss_mask, logprobs, seq_len, num_tokens, num_turns,"
+    cols += " finish_reason, metadata, total_reward, advantage, action"
+    types = ["int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb"]
+    types += ["float8", "float8", "varchar"]
+    tokens = rng.integers(0, 150_000, size=(len(pks), PER_GROUP, TOKENS), dtype=np.int32)
+    logprobs = (-rng.random(size=(len(pks), PER_GROUP, TOKENS)) * 3).astype(np.float32)
+    with conn.cursor().copy(f"COPY trajectories ({cols}) FROM STDIN (FORMAT BINARY)") as cp:
+        cp.set_types(types)
+        for g, pk in enumerate(pks):
+            for j in range(PER_GROUP):
+                row = (pk, j, "[]", "", tokens[g, j].tobytes(), mask, logprobs[g, j].tobytes(), TOKENS)
+                cp.write_row((*row, TOKENS - PROMPT_TOKENS, 1, "stop", "{}", float(j % 2), (j - 3.5) / 2.3, "keep"))
+
+
+def reset(url: str) -> None:
+    """Every group ready again, no leases: each configuration starts from the same queue."""
+    with psycopg.connect(conninfo(url), autocommit=True) as conn:
+        conn.execute("UPDATE groups SET status = 'ready', lease_id = NULL, consumed_at = NULL, staleness = NULL")
+        conn.execute("DELETE FROM leases")
+        conn.execute("VACUUM ANALYZE groups")
+        conn.execute("VACUUM ANALYZE leases")
+
+
+def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue) -> None:
+    """Lease + ack ``n`` batches; reports (lease+ack seconds, lease seconds, answer bytes) per batch."""
+    import httpx
+
+    from service.client import CuratorClient
+
+    class Counting(httpx.HTTPTransport):
+        bytes = 0
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            response = super().handle_request(request)
+            if request.url.path.endswith("/lease"):
+                response.read()
+                Counting.bytes += len(response.content)
+            return response
+
+    rows = []
+    with CuratorClient(url, timeout=120, transport=Counting()) as client:
+        tid = f"bench-{os.getpid()}"
+        warm = client.lease(tid, max_trajectories=batch, format=fmt, as_numpy=fmt == "arrow")  # type: ignore[arg-type]
+        if warm is not None:  # not counted: first imports and connections of this process and its server worker
+            client.ack(warm["batch_id"])
+        for _ in range(n):
+            before = Counting.bytes
+            t0 = time.perf_counter()
+            got = client.lease(tid, max_trajectories=batch, format=fmt, as_numpy=fmt == "arrow")  # type: ignore[arg-type]
+            t1 = time.perf_counter()
+            if got is None:
+                break
+            client.ack(got["batch_id"])
+            rows.append((time.perf_counter() - t0, t1 - t0, Counting.bytes - before))
+    out.put(rows)
+
+
+def run_config(server_url: str, fmt: str, trainers: int, batch: int, n: int) -> dict[str, float]:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=trainer, args=(server_url, fmt, batch, n, out)) for _ in range(trainers)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    rows = [r for _ in procs for r in out.get(timeout=1800)]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    total = np.array([r[0] for r in rows]) * 1e3
+    lease = np.array([r[1] for r in rows]) * 1e3
+    mb = sum(r[2] for r in rows) / 1e6
+    busy = float(np.sum(total)) / 1e3 / trainers  # seconds each trainer spent in lease + ack
+    return {
+        "batches": len(rows),
+        "p50": float(np.percentile(total, 50)),
+        "p99": float(np.percentile(total, 99)),
+        "lease_p50": float(np.percentile(lease, 50)),
+        "mb_per_batch": mb / max(len(rows), 1),
+        "mbps": mb / busy if busy else 0.0,
+        "wall": wall,
+    }
+
+
+def raw_select(url: str, batch: int, n: int, binary: bool) -> dict[str, float]:
+    """The same rows with plain psycopg (no JSON, no HTTP): the floor; bytea as hex text or binary."""
+    groups = batch // PER_GROUP
+    sql = (
+        "SELECT g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs, t.advantage,"
+        " t.total_reward FROM trajectories t JOIN groups g ON g.pk = t.group_pk WHERE t.group_pk = ANY(%s)"
+        " ORDER BY t.group_pk, t.idx"
+    )
+    lat = []
+    with psycopg.connect(conninfo(url)) as conn:
+        for i in range(n):
+            pks = list(range(1 + i * groups, 1 + (i + 1) * groups))
+            t0 = time.perf_counter()
+            with conn.cursor(binary=binary) as cur:
+                rows = cur.execute(sql, (pks,)).fetchall()
+            lat.append((time.perf_counter() - t0) * 1e3)
+            assert len(rows) == batch
+    return {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trajectories", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=512, help="trajectories per lease")
+    ap.add_argument("--batches", type=int, default=40, help="leases per trainer and configuration")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    args = ap.parse_args()
+    from service.db import to_sqlalchemy_url
+    from service.migrate import upgrade
+    from tests.conftest import start_server, stop_server
+
+    server = to_sqlalchemy_url(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    url = create_db(server)
+    try:
+        upgrade(url)
+        t0 = time.perf_counter()
+        n_groups = store(url, args.trajectories)
+        print(f"stored {n_groups * PER_GROUP} trajectories x {TOKENS} tokens in {time.perf_counter() - t0:.0f} s")
+        need = 4 * args.batches * args.batch
+        if need > n_groups * PER_GROUP:
+            print(f"note: 4 trainers x {args.batches} batches need {need} trajectories; runs stop when the queue empties")
+        n_raw = min(args.batches, n_groups * PER_GROUP // args.batch)
+        raw = raw_select(url, args.batch, n_raw, binary=False)
+        raw_bin = raw_select(url, args.batch, n_raw, binary=True)
+        live = start_server(url, workers=args.workers)
+        results = {}
+        try:
+            for trainers in (1, 4):
+                for fmt in ("json", "arrow"):
+                    reset(url)
+                    results[(trainers, fmt)] = run_config(live.url, fmt, trainers, args.batch, args.batches)
+        finally:
+            stop_server(live)
+    finally:
+        drop_db(server, url)
+    print(f"raw SELECT of {args.batch} trajectories (psycopg, bytea as text): p50 {raw['p50']:.1f} ms  p99 {raw['p99']:.1f} ms")
+    print(f"raw SELECT of {args.batch} trajectories (psycopg, binary):        p50 {raw_bin['p50']:.1f} ms  "
+          f"p99 {raw_bin['p99']:.1f} ms")
+    print(f"{'trainers':>8} {'format':>6} {'batches':>7} {'MB/batch':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'lease p50':>9} {'MB/s':>6} {'p99/raw p99':>11}")
+    for (trainers, fmt), r in results.items():
+        print(f"{trainers:>8} {fmt:>6} {r['batches']:>7} {r['mb_per_batch']:>8.2f} {r['p50']:>7.1f} {r['p99']:>7.1f} "
+              f"{r['lease_p50']:>9.1f} {r['mbps']:>6.0f} {r['p99'] / raw['p99']:>11.2f}")
+    one_arrow, one_json = results[(1, "arrow")], results[(1, "json")]
+    print(f"targets (1 trainer): Arrow p99 {one_arrow['p99']:.0f} ms <= 100 and <= 3x raw ({3 * raw['p99']:.0f} ms); "
+          f"JSON p99 {one_json['p99']:.0f} ms <= 400")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""``judge.llm``: an LLM judge over any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, ...).
+
+A rubric template (``{prompt}``, ``{response}``, ``{reference}``) becomes one user message; the
+judge's answer is parsed with ``score_regex`` (default ``Score: N``, last match) and normalised
+from [min_score, max_score] to [0, 1]. Concurrency cap, requests-per-minute limit, per-request
+timeout, retries with exponential backoff on timeouts / connection errors / 429 / 5xx, and an
+in-memory LRU cache keyed by sha256(judge config + messages). Failures and unparseable answers are
+errors and are not cached. LLM-as-a-judge: Zheng et al. 2023.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import httpx
+from pydantic import Field, field_validator, model_validator
+
+from reward_models.base import (
+    ComponentError,
+    ComponentResult,
+    ParamsModel,
+    PromptInfo,
+    RewardComponent,
+    Sample,
+)
+from reward_models.text import content_text, render_messages
+
+DEFAULT_RUBRIC = (
+    "Rate the response to the prompt on a scale of 0 to 10 for correctness and helpfulness.\n\n"
+    "Prompt:\n{prompt}\n\nReference answer:\n{reference}\n\nResponse:\n{response}\n\n"
+    "Explain briefly, then end with a line 'Score: N'."
+)
+_PLACEHOLDER = re.compile(r"\{(prompt|response|reference)\}")
+_MAX_BACKOFF_S = 30.0
+_RAW_CHARS = 2000
+
+
+class LLMJudgeParams(ParamsModel):
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    rubric: str = DEFAULT_RUBRIC
+    system: str | None = None
+    score_regex: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
+    min_score: float = 0.0
+    max_score: float = 10.0
+    temperature: float = Field(default=0.0, ge=0.0)
+    max_tokens: int = Field(default=512, ge=1)
+    max_concurrency: int = Field(default=8, ge=1)
+    rpm: float | None = Field(default=None, gt=0.0)
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    max_retries: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0.0)
+    api_key_env: str | None = None
+    cache_size: int = Field(default=10_000, ge=0)
+    response: Literal["final_answer", "transcript"] = "final_answer"
+
+    @field_validator("rubric")
+    @classmethod
+    def _rubric(cls, rubric: str) -> str:
+        if "{response}" not in rubric:
+            raise ValueError("the rubric must contain {response}")
+        return rubric
+
+    @field_validator("score_regex")
+    @classmethod
+    def _regex(cls, pattern: str) -> str:
+        try:
+            groups = re.compile(pattern).groups
+        except re.error as exc:
+            raise ValueError(f"invalid regex: {exc}") from None
+        if groups < 1:
+            raise ValueError("needs a capture group for the score")
+        return pattern
+
+    @model_validator(mode="after")
+    def _range(self) -> LLMJudgeParams:
+        if not self.max_score > self.min_score:
+            raise ValueError("max_score must be > min_score")
+        return self
+
+
+def fill_rubric(rubric: str, values: dict[str, str]) -> str:
+    """Substitute ``{prompt}``, ``{response}``, ``{reference}`` in one pass (other braces stay)."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], rubric)
+
+
+def parse_score(text: str, regex: re.Pattern[str]) -> float | None:
+    """The score in the judge's answer: group 1 of the last match, or None."""
+    matches = regex.findall(text)
+    if not matches:
+        return None
+    last = matches[-1]
+    try:
+        return float(last[0] if isinstance(last, tuple) else last)
+    except ValueError:
+        return None
+
+
+def _reference_text(reference: dict) -> str:
+    answer = reference.get("answer")
+    if answer is not None:
+        return str(answer)
+    return json.dumps({k: v for k, v in reference.items() if k != "tests"}, sort_keys=True)
+
+
+def _prompt_text(messages: list[dict]) -> str:
+    return content_text(messages[0]) if len(messages) == 1 else render_messages(messages)
+
+
+class LLMJudge(RewardComponent):
+    """Normalised judge score in [0, 1] for one trajectory."""
+
+    kind = "judge.llm"
+    Params = LLMJudgeParams
+
+    def __init__(self, params: dict | None = None) -> None:
+        super().__init__(params)
+        p = self.params
+        self._regex = re.compile(p.score_regex)
+        self._url = p.base_url.rstrip("/") + "/chat/completions"
+        self._slots = threading.BoundedSemaphore(p.max_concurrency)
+        self._lock = threading.Lock()
+        self._next_request = 0.0
+        self._cache: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._client: httpx.Client | None = None
+
+    def judge_messages(self, sample: Sample, prompt: PromptInfo) -> list[dict]:
+        """The chat messages sent to the judge for one sample."""
+        p = self.params
+        response = sample.final_answer if p.response == "final_answer" else render_messages(sample.messages)
+        values = {"prompt": _prompt_text(prompt.messages), "response": response,
+                  "reference": _reference_text(prompt.reference)}
+        messages = [{"role": "system", "content": p.system}] if p.system else []
+        return [*messages, {"role": "user", "content": fill_rubric(p.rubric, values)}]
+
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        messages = self.judge_messages(sample, prompt)
+        key = self._cache_key(messages)
+        cached = self._cache_get(key)
+        if cached is not None:
+            return cached[0], {**cached[1], "cached": True}
+        content, attempts = self._complete(messages)
+        score = parse_score(content, self._regex)
+        details = {"raw": content[:_RAW_CHARS], "attempts": attempts}
+        if score is None:
+            raise ComponentError("unparseable judge answer", details)
+        p = self.params
+        if not p.min_score <= score <= p.max_score:
+            raise ComponentError(f"judge score {score} outside [{p.min_score}, {p.max_score}]", details)
+        value = (score - p.min_score) / (p.max_score - p.min_score)
+        details["judge_score"] = score
+        self._cache_put(key, value, details)
+        return value, {**details, "cached": False}
+
+    def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
+        """Judge items concurrently (at most ``max_concurrency`` requests in flight)."""
+        if len(items) <= 1:
+            return [self.score(s, p) for s, p in items]
+        with ThreadPoolExecutor(max_workers=min(self.params.max_concurrency, len(items))) as pool:
+            return list(pool.map(lambda item: self.score(*item), items))
+
+    def _cache_key(self, messages: list[dict]) -> str:
+        config = self.params.model_dump(include={"base_url", "model", "rubric", "system", "score_regex",
+                                                  "min_score", "max_score", "temperature", "max_tokens"})
+        blob = json.dumps({"config": config, "messages": messages}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _cache_get(self, key: str) -> tuple[float, dict] | None:
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        return None
+
+    def _cache_put(self, key: str, value: float, details: dict) -> None:
+        if self.params.cache_size == 0:
+            return
+        with self._lock:
+            self._cache[key] = (value, details)
+            while len(self._cache) > self.params.cache_size:
+                self._cache.popitem(last=False)
+
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                limits = httpx.Limits(max_connections=self.params.max_concurrency)
+                self._client = httpx.Client(timeout=self.params.timeout_s, limits=limits)
+            return self._client
+
+    def _wait_for_rate_limit(self) -> None:
+        """Space requests ``60 / rpm`` seconds apart (shared by all threads of this judge)."""
+        if self.params.rpm is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_request)
+            self._next_request = start + 60.0 / self.params.rpm
+        time.sleep(start - now)
+
+    def _headers(self) -> dict[str, str]:
+        env = self.params.api_key_env
+        if env is None:
+            return {}
+        if not os.environ.get(env):
+            raise ComponentError(f"environment variable {env} is not set")
+        return {"Authorization": f"Bearer {os.environ[env]}"}
+
+    def _complete(self, messages: list[dict]) -> tuple[str, int]:
+        """POST with retries; returns (answer text, attempts). Retries timeouts, connection errors,
+        429 and 5xx with backoff ``backoff_s * 2**k`` (or Retry-After); other 4xx fail at once."""
+        p = self.params
+        body = {"model": p.model, "messages": messages, "temperature": p.temperature, "max_tokens": p.max_tokens}
+        headers, last_error, delay = self._headers(), "", 0.0
+        for attempt in range(1, p.max_retries + 2):
+            time.sleep(delay)
+            self._wait_for_rate_limit()
+            response, last_error = self._post(body, headers)
+            if response is not None and response.status_code < 400:
+                return _answer_text(response), attempt
+            if response is not None and response.status_code != 429 and response.status_code < 500:
+                raise ComponentError(f"judge HTTP {response.status_code}: {response.text[:300]}")
+            delay = min(p.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
+            if response is not None:
+                delay = max(delay, _retry_after(response))
+        raise ComponentError(f"judge failed after {p.max_retries + 1} attempts: {last_error}")
+
+    def _post(self, body: dict, headers: dict[str, str]) -> tuple[httpx.Response | None, str]:
+        with self._slots:
+            try:
+                response = self._http().post(self._url, json=body, headers=headers)
+            except httpx.TimeoutException:
+                return None, f"timeout after {self.params.timeout_s:g}s"
+            except httpx.TransportError as exc:
+                return None, f"judge unreachable: {type(exc).__name__}: {exc}"
+        return response, f"HTTP {response.status_code}"
+
+
+def _answer_text(response: httpx.Response) -> str:
+    try:
+        content = response.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ComponentError(f"malformed judge response: {response.text[:300]}") from None
+    if not isinstance(content, str):
+        raise ComponentError("malformed judge response: message content is not text")
+    return content
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(float(response.headers.get("retry-after", 0.0)), _MAX_BACKOFF_S)
+    except ValueError:
+        return 0.0

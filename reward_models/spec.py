@@ -1,0 +1,92 @@
+"""Reward specs: named, weighted components with one outcome; total = weighted sum.
+
+Versioning (immutable once used) is the service's job; a spec here is the content of one version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reward_models.base import ComponentResult
+from reward_models.registry import KINDS, make_component
+
+
+class ComponentSpec(BaseModel):
+    """One named component of a spec: ``kind`` from the registry, its ``params`` and ``weight``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100)
+    kind: str
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+    outcome: bool = False
+
+
+def _check_component(index: int, spec: ComponentSpec) -> None:
+    where = f"components[{index}]"
+    if spec.kind not in KINDS:
+        raise ValueError(f"{where}.kind: unknown kind {spec.kind!r}; valid: {', '.join(sorted(KINDS))}")
+    if not math.isfinite(spec.weight):
+        raise ValueError(f"{where}.weight: must be finite, got {spec.weight}")
+    try:
+        make_component(spec.kind, spec.params)
+    except ValueError as exc:
+        raise ValueError(f"{where}.params: {exc}") from None
+
+
+class RewardSpec(BaseModel):
+    """A reward spec. If no component is marked ``outcome``, the first ``verifier.*`` one is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    components: list[ComponentSpec]
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, components: list[ComponentSpec]) -> list[ComponentSpec]:
+        if not components:
+            raise ValueError("components: at least one component is required")
+        seen: set[str] = set()
+        for index, spec in enumerate(components):
+            if spec.name in seen:
+                raise ValueError(f"components[{index}].name: duplicate name {spec.name!r}")
+            seen.add(spec.name)
+            _check_component(index, spec)
+        outcomes = [i for i, c in enumerate(components) if c.outcome]
+        if len(outcomes) > 1:
+            raise ValueError(f"components[{outcomes[1]}].outcome: at most one component is the outcome")
+        return components
+
+    def outcome_name(self) -> str | None:
+        """The outcome component: the one marked, else the first ``verifier.*``, else None."""
+        marked = [c.name for c in self.components if c.outcome]
+        if marked:
+            return marked[0]
+        return next((c.name for c in self.components if c.kind.startswith("verifier.")), None)
+
+
+@dataclass(slots=True)
+class ScoredSample:
+    """Per-component results of one sample, the weighted total (None if any component errored) and
+    the outcome component's value (None if it errored or the spec has none)."""
+
+    components: dict[str, ComponentResult]
+    total: float | None
+    outcome: float | None
+
+
+def combine(spec: RewardSpec, results: dict[str, ComponentResult]) -> ScoredSample:
+    """Weighted sum ``total = sum_k w_k * r_k`` over the spec's components; missing or errored -> None."""
+    values = [results[c.name].value if c.name in results else None for c in spec.components]
+    total: float | None = None
+    if all(v is not None for v in values):
+        total = math.fsum(c.weight * v for c, v in zip(spec.components, values, strict=True) if v is not None)
+    outcome_name = spec.outcome_name()
+    outcome = results[outcome_name].value if outcome_name in results else None
+    return ScoredSample(components=dict(results), total=total, outcome=outcome)

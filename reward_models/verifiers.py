@@ -1,0 +1,202 @@
+"""Verifier components: math equivalence (math-verify), exact match, token F1, JSON-schema validity.
+
+Outcome verifiers return 1.0 (pass) / 0.0 (fail); a missing or unparseable reference is an error.
+``verifier.math`` is ``cpu_heavy``: the Scorer runs it in a KillablePool, which enforces its time
+limit, so math-verify's own ``signal.alarm`` timeouts are switched off (they fail off the main thread).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import Field, field_validator
+
+from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.text import normalize_answer, token_f1
+
+_JSON_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+# We enforce time limits by killing worker processes; math-verify warns once when its own are off.
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+
+def reference_answers(prompt: PromptInfo) -> list[str]:
+    """``reference["answer"]`` as a list of strings (a list means "any of these")."""
+    if "answer" not in prompt.reference or prompt.reference["answer"] is None:
+        raise ComponentError("prompt reference has no 'answer'")
+    answer = prompt.reference["answer"]
+    answers = answer if isinstance(answer, list) else [answer]
+    return [str(a) for a in answers]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> tuple[Any, ...]:
+    from math_verify import parse
+
+    gold = parse(answer, parsing_timeout=None)
+    if not gold and "$" not in answer:
+        gold = parse(f"${answer}$", parsing_timeout=None)
+    return tuple(gold)
+
+
+class MathParams(ParamsModel):
+    float_rounding: int = Field(default=6, ge=0)
+    numeric_precision: int = Field(default=15, ge=1)
+    strict: bool = True
+
+
+class MathVerifier(RewardComponent):
+    """1.0 when the final answer is mathematically equivalent to any reference answer (math-verify,
+    Kydlicek et al., HuggingFace 2025); 0.0 when it is not or has no extractable answer."""
+
+    kind = "verifier.math"
+    cpu_heavy = True
+    Params = MathParams
+
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        from math_verify import parse, verify
+
+        golds = [_parse_gold(a) for a in reference_answers(prompt)]
+        if not any(golds):
+            raise ComponentError("could not parse the reference answer")
+        pred = parse(sample.final_answer, parsing_timeout=None)
+        if not pred:
+            return 0.0, {"extracted": None}
+        p = self.params
+        ok = any(
+            verify(list(g), pred, float_rounding=p.float_rounding, numeric_precision=p.numeric_precision,
+                   strict=p.strict, timeout_seconds=None)
+            for g in golds if g
+        )
+        return float(ok), {"extracted": str(pred[-1])}
+
+
+class MatchParams(ParamsModel):
+    extract_pattern: str | None = None
+    normalize: bool = True
+
+    @field_validator("extract_pattern")
+    @classmethod
+    def _pattern(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from None
+        return pattern
+
+
+def extract_answer(text: str, regex: re.Pattern[str] | None) -> str | None:
+    """The answer span: the last match's ``answer`` group (else group 1, else whole match); the
+    whole text when there is no pattern; None when the pattern does not match."""
+    if regex is None:
+        return text
+    matches = list(regex.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    if "answer" in regex.groupindex:
+        return last.group("answer")
+    return last.group(1) if regex.groups else last.group(0)
+
+
+class _QAVerifier(RewardComponent):
+    Params = MatchParams
+
+    def __init__(self, params: dict | None = None) -> None:
+        super().__init__(params)
+        pattern = self.params.extract_pattern
+        self._regex = re.compile(pattern, re.DOTALL) if pattern else None
+
+    def _prediction(self, sample: Sample) -> str | None:
+        return extract_answer(sample.final_answer, self._regex)
+
+
+class ExactMatchVerifier(_QAVerifier):
+    """1.0 when the (SQuAD-normalised) answer equals any reference answer, else 0.0."""
+
+    kind = "verifier.exact_match"
+
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        refs = reference_answers(prompt)
+        pred = self._prediction(sample)
+        if pred is None:
+            return 0.0, {"extracted": None}
+        norm = normalize_answer if self.params.normalize else str.strip
+        ok = any(norm(pred) == norm(r) for r in refs)
+        return float(ok), {"extracted": pred[:200]}
+
+
+class F1Verifier(_QAVerifier):
+    """Max token F1 over reference answers (SQuAD, Rajpurkar et al. 2016), in [0, 1]."""
+
+    kind = "verifier.f1"
+
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        refs = reference_answers(prompt)
+        pred = self._prediction(sample)
+        if pred is None:
+            return 0.0, {"extracted": None}
+        return max(token_f1(pred, r) for r in refs), {"extracted": pred[:200]}
+
+
+def check_schema(schema: Any) -> None:
+    """Raise ValueError if ``schema`` is not a valid JSON schema (for its declared draft)."""
+    if not isinstance(schema, dict):
+        raise ValueError("schema must be a JSON object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"invalid JSON schema: {exc.message}") from None
+
+
+def extract_json_text(text: str, extract: str) -> str:
+    """The JSON text to validate: the last fenced (```json) block in ``auto`` mode, else all text."""
+    if extract == "auto":
+        blocks = _JSON_FENCE.findall(text)
+        if blocks:
+            return blocks[-1]
+    return text.strip()
+
+
+class JsonSchemaParams(ParamsModel):
+    schema_: dict | None = Field(default=None, alias="schema")
+    extract: Literal["auto", "whole"] = "auto"
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, schema: dict | None) -> dict | None:
+        if schema is not None:
+            check_schema(schema)
+        return schema
+
+
+class JsonSchemaVerifier(RewardComponent):
+    """1.0 when the answer is JSON valid against ``reference["schema"]`` (else ``params.schema``)."""
+
+    kind = "verifier.json_schema"
+    Params = JsonSchemaParams
+
+    def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        schema = prompt.reference.get("schema", self.params.schema_)
+        if schema is None:
+            raise ComponentError("no schema (reference.schema or params.schema)")
+        try:
+            check_schema(schema)
+        except ValueError as exc:
+            raise ComponentError(f"reference schema: {exc}") from None
+        try:
+            document = json.loads(extract_json_text(sample.final_answer, self.params.extract))
+        except json.JSONDecodeError as exc:
+            return 0.0, {"error": f"not JSON: {exc.msg}"}
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        if error is not None:
+            return 0.0, {"error": error.message[:500], "path": list(error.absolute_path)}
+        return 1.0, {}

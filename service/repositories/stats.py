@@ -1,0 +1,102 @@
+"""Statements of the reward-statistics rollup (table ``stats_cells``) and the facts it is built from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from service.models import Group, StatsCell
+
+# one row per trajectory of a curated group; the hour bucket is taken in UTC whatever the session time zone
+_FACTS = text(
+    "SELECT g.pk, t.idx, g.dataset, g.policy_version, date_trunc('hour', g.created_at, 'UTC') AS bucket,"
+    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome, t.action, t.reason"
+    " FROM groups g JOIN trajectories t ON t.group_pk = g.pk"
+    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
+    " ORDER BY g.pk, t.idx"
+)
+
+# the components of each trajectory under the spec version its group was scored with
+_COMPONENTS = text(
+    "SELECT r.group_pk, r.idx, r.component, r.value, r.error"
+    " FROM groups g JOIN rewards r ON r.group_pk = g.pk"
+    " AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version"
+    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
+)
+
+# add counters key by key; keys that sum to 0 (up to float rounding) disappear. Rows are sorted so that two writers lock the
+# cells they share in the same order (no deadlock).
+_UPSERT = text(
+    "INSERT INTO stats_cells AS c (dim, key, dataset, bucket, counters)"
+    " SELECT * FROM unnest(CAST(:dims AS text[]), CAST(:keys AS text[]), CAST(:datasets AS text[]),"
+    " CAST(:buckets AS timestamptz[]), CAST(CAST(:counters AS text[]) AS jsonb[])) ORDER BY 1, 2, 3, 4"
+    " ON CONFLICT (dim, key, dataset, bucket) DO UPDATE SET updated_at = now(), counters = ("
+    "  SELECT coalesce(jsonb_object_agg(k, s), '{}'::jsonb) FROM ("
+    "   SELECT k, sum(v) AS s FROM ("
+    "    SELECT e.key, e.value::float8 FROM jsonb_each_text(c.counters) AS e"
+    "    UNION ALL SELECT e.key, e.value::float8 FROM jsonb_each_text(excluded.counters) AS e) AS u(k, v)"
+    "   GROUP BY k HAVING abs(sum(v)) > 1e-12) AS merged)"
+)
+
+
+def trajectory_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    """(group_pk, idx, dataset, policy_version, bucket, finish_reason, num_tokens, total, outcome, action, reason)
+    for every trajectory of the curated groups among ``group_pks``."""
+    return list(session.execute(_FACTS, {"pks": list(group_pks)})) if group_pks else []
+
+
+def component_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    """(group_pk, idx, component, value, error) of the curated groups among ``group_pks``."""
+    return list(session.execute(_COMPONENTS, {"pks": list(group_pks)})) if group_pks else []
+
+
+def add_to_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:
+    """Add ``counters`` to each cell (created when missing)."""
+    if not cells:
+        return
+    keys = sorted(cells)
+    session.execute(
+        _UPSERT,
+        {
+            "dims": [k[0] for k in keys],
+            "keys": [k[1] for k in keys],
+            "datasets": [k[2] for k in keys],
+            "buckets": [k[3] for k in keys],
+            "counters": [orjson.dumps(cells[k]).decode() for k in keys],
+        },
+    )
+
+
+def lock_cells(session: Session) -> None:
+    """Block every other writer of the rollup until this transaction ends (a rebuild)."""
+    session.execute(text("LOCK TABLE stats_cells IN EXCLUSIVE MODE"))
+
+
+def delete_cells(session: Session) -> int:
+    return session.execute(StatsCell.__table__.delete()).rowcount
+
+
+def curated_group_pks(session: Session, after_pk: int, limit: int) -> list[int]:
+    """The next ``limit`` curated group pks above ``after_pk``, ascending (for a rebuild in chunks)."""
+    stmt = (
+        select(Group.pk)
+        .where(Group.pk > after_pk, Group.curated_at.is_not(None))
+        .order_by(Group.pk)
+        .limit(limit)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def read_cells(session: Session, dim: str, dataset: str | None, since: datetime | None) -> list[Any]:
+    """(key, dataset, counters) of the cells of ``dim``, optionally one dataset's, from hour ``since`` on."""
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.counters).where(StatsCell.dim == dim)
+    if dataset is not None:
+        stmt = stmt.where(StatsCell.dataset == dataset)
+    if since is not None:
+        stmt = stmt.where(StatsCell.bucket >= since)
+    return list(session.execute(stmt))

@@ -1,0 +1,89 @@
+"""GET /v1/stats (reward statistics from the pre-aggregated rollup) and POST /v1/stats/rebuild."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from service.deps import get_session
+from service.services import stats
+from service.services.stats import StatsBy
+
+router = APIRouter(prefix="/v1/stats", tags=["stats"])
+
+TxSession = Annotated[Session, Depends(get_session, scope="function")]
+
+
+class Distribution(BaseModel):
+    """Exact count / mean / population std; quantiles approximate (within 2 % relative)."""
+
+    count: int
+    mean: float | None
+    std: float | None
+    p10: float | None
+    p50: float | None
+    p90: float | None
+
+
+class ComponentStats(Distribution):
+    error_rate: float | None
+    length_reward_corr: float | None
+
+
+class LengthStats(BaseModel):
+    mean: float | None
+    p90: float | None
+
+
+class StatsRow(BaseModel):
+    """One row per key. by=component rows carry the component's distribution (count, mean, std, p10,
+    p50, p90), error_rate and length_reward_corr; the other rows carry the rest."""
+
+    key: int | str
+    count: int
+    total: Distribution | None = None
+    components: dict[str, ComponentStats] | None = None
+    pass_rate: float | None = None
+    zero_variance_fraction: float | None = None
+    drop_fraction: dict[str, float] | None = None
+    truncation_rate: dict[str, float] | None = None
+    length: LengthStats | None = None
+    length_reward_corr: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    error_rate: float | None = None
+
+
+class StatsOut(BaseModel):
+    by: StatsBy
+    dataset: str | None
+    since: str | None
+    rows: list[StatsRow]
+
+
+class RebuildOut(BaseModel):
+    groups: int
+    cells: int
+
+
+@router.get("", response_model=StatsOut, response_model_exclude_unset=True)
+def get_stats(
+    session: TxSession,
+    by: StatsBy = "dataset",
+    dataset: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    since: Annotated[datetime | None, Query(description="ISO time; applied at hour granularity (UTC)")] = None,
+) -> StatsOut:
+    return StatsOut.model_validate(stats.get_stats(session, by, dataset, since))
+
+
+@router.post("/rebuild", response_model=RebuildOut)
+def rebuild_stats(session: TxSession) -> RebuildOut:
+    """Recompute the rollup from the stored groups (after a migration, or to check it)."""
+    return RebuildOut(**stats.rebuild(session))

@@ -1,0 +1,307 @@
+"""Reward statistics (``GET /v1/stats``) served from a pre-aggregated rollup, not from raw scans.
+
+Every curated group adds its trajectories to hourly *cells* (table ``stats_cells``): one per
+(policy_version, dataset, hour), per (finish_reason, dataset, hour) and per (dataset, hour). A cell is a
+flat map of additive counters -- counts, sums, sums of squares and cross products, and sparse log-bucket
+histograms -- so cells merge by adding and a query reads a few hundred rows instead of millions:
+means, standard deviations (population), rates and Pearson correlations are exact; quantiles come from
+the histograms and are approximate, within ``ALPHA`` relative error (DDSketch, Masson et al. 2019).
+``since`` applies at the cells' hour granularity (the hour that contains it, in UTC).
+
+Counted per trajectory, over curated groups (their status after curation, at the time of the group's
+``created_at``): ``drop_fraction`` is the fraction of trajectories left out of training (action drop or
+resample) by reason; ``zero_variance_fraction`` the fraction in groups found to have zero variance
+(dropped or kept); ``truncation_rate`` the fraction per finish_reason other than ``stop``.
+``length_reward_corr`` is Pearson's r between generated tokens and total reward: a clearly positive
+value while pass rate stays flat is the classic length-hacking signal.
+
+The rollup follows the groups through ``record_groups`` (the curation stage, after its writes) and
+``retract_groups`` (before a rescore / recurate sends curated groups back); ``rebuild`` recomputes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from itertools import groupby
+from typing import Any, Literal, get_args
+
+from sqlalchemy.orm import Session
+
+from filters.types import check_choice
+from service.errors import BadRequest
+from service.repositories import stats as repo
+
+StatsBy = Literal["policy_version", "dataset", "component", "finish_reason"]
+STATS_BY: tuple[str, ...] = get_args(StatsBy)
+
+ALPHA = 0.02  # relative accuracy of the quantiles
+_GAMMA = (1 + ALPHA) / (1 - ALPHA)
+_LOG_GAMMA = math.log(_GAMMA)
+_ZERO = 1e-9  # |v| below this falls in the zero bucket
+_EXCLUDED = ("drop", "resample")
+_ZERO_VARIANCE = "zero_variance"
+QUANTILES = (0.1, 0.5, 0.9)
+
+Counters = dict[str, float]
+CellKey = tuple[str, str, str, datetime]  # (dim, key, dataset, hour)
+
+
+# -- histograms ---------------------------------------------------------------------------------------------
+def bucket_of(value: float) -> str:
+    """Log bucket of a value: 'z' for |v| < 1e-9, else 'p<i>' / 'n<i>' (sign) with i = ceil(log_gamma |v|),
+    so bucket i holds (gamma^(i-1), gamma^i] and every member is within ALPHA of ``bucket_value``."""
+    magnitude = abs(value)
+    if magnitude < _ZERO:
+        return "z"
+    return f"{'p' if value > 0 else 'n'}{math.ceil(math.log(magnitude) / _LOG_GAMMA)}"
+
+
+def bucket_value(bucket: str) -> float:
+    """The representative 2 gamma^i / (gamma + 1) of a bucket (relative error <= ALPHA)."""
+    if bucket == "z":
+        return 0.0
+    value = 2.0 * _GAMMA ** int(bucket[1:]) / (_GAMMA + 1.0)
+    return value if bucket[0] == "p" else -value
+
+
+def quantiles(hist: Mapping[str, float], qs: Sequence[float] = QUANTILES) -> list[float | None]:
+    """Lower quantiles (the value of rank floor(q (n - 1)) in sorted order) of a bucket histogram
+    {bucket: count}, each within ALPHA of the exact one; None for an empty histogram."""
+    items = sorted((bucket_value(b), c) for b, c in hist.items() if c > 0)
+    n = sum(c for _, c in items)
+    if n <= 0:
+        return [None for _ in qs]
+    out: list[float | None] = []
+    for q in qs:
+        rank, seen = math.floor(q * (n - 1) + 1e-9), 0.0
+        for value, count in items:
+            seen += count
+            if seen > rank:
+                out.append(value)
+                break
+    return out
+
+
+# -- counters of one trajectory ----------------------------------------------------------------------------
+def _add(c: Counters, key: str, value: float) -> None:
+    c[key] = c.get(key, 0.0) + value
+
+
+def add_trajectory(
+    c: Counters,
+    sign: float,
+    fact: Any,
+    zero_variance: bool,
+    components: Iterable[tuple[str, float | None, str | None]],
+) -> None:
+    """Add (sign +1) or retract (-1) one trajectory's counters into ``c``.
+
+    fact: (group_pk, idx, dataset, policy_version, bucket, finish_reason, num_tokens, total, outcome,
+    action, reason); components: (name, value, error) under the group's spec version.
+    """
+    length, total, outcome, action, reason = float(fact[6]), fact[7], fact[8], fact[9], fact[10]
+    for key, value in (("n", 1.0), (f"fin.{fact[5]}", 1.0), ("l.s", length), (f"h.l.{bucket_of(length)}", 1.0)):
+        _add(c, key, sign * value)
+    if total is not None:
+        for key, value in (("t.n", 1.0), ("t.s", total), ("t.ss", total * total), ("lt.s", length),
+                           ("lt.ss", length * length), ("lt.st", length * total), (f"h.t.{bucket_of(total)}", 1.0)):
+            _add(c, key, sign * value)
+    if outcome is not None:
+        _add(c, "o.n", sign)
+        _add(c, "o.s", sign * outcome)
+    if zero_variance:
+        _add(c, "zv", sign)
+    if action in _EXCLUDED:
+        _add(c, f"drop.{reason or action}", sign)
+    for name, value, _error in components:
+        _add(c, f"c.n.{name}", sign)
+        if value is None:
+            _add(c, f"c.e.{name}", sign)
+            continue
+        for field, v in (("vn", 1.0), ("s", value), ("ss", value * value), ("ls", length),
+                         ("lss", length * length), ("lsv", length * value)):
+            _add(c, f"c.{field}.{name}", sign * v)
+        _add(c, f"hc.{bucket_of(value)}.{name}", sign)
+
+
+def cell_counters(facts: Sequence[Any], components: Sequence[Any], sign: float = 1.0) -> dict[CellKey, Counters]:
+    """Counters of every cell the trajectories fall in. ``facts`` ordered by group (see ``add_trajectory``),
+    ``components`` rows (group_pk, idx, name, value, error)."""
+    by_trajectory: dict[tuple[int, int], list[tuple[str, float | None, str | None]]] = {}
+    for pk, idx, name, value, error in components:
+        by_trajectory.setdefault((pk, idx), []).append((name, value, error))
+    fine: dict[tuple[str, int, datetime, str], Counters] = {}
+    for _pk, rows in groupby(facts, key=lambda f: f[0]):
+        members = list(rows)
+        zero_variance = any(f[10] == _ZERO_VARIANCE for f in members)
+        for f in members:
+            c = fine.setdefault((f[2], f[3], f[4], f[5]), {})
+            add_trajectory(c, sign, f, zero_variance, by_trajectory.get((f[0], f[1]), ()))
+    cells: dict[CellKey, Counters] = {}
+    for (dataset, version, hour, finish), c in fine.items():
+        for key in (("policy_version", str(version)), ("finish_reason", finish), ("all", "")):
+            merge_into(cells.setdefault((key[0], key[1], dataset, hour), {}), c)
+    return cells
+
+
+def merge_into(target: Counters, source: Mapping[str, float]) -> Counters:
+    """target += source, key by key."""
+    for key, value in source.items():
+        target[key] = target.get(key, 0.0) + value
+    return target
+
+
+# -- summaries ---------------------------------------------------------------------------------------------
+def _moments(n: float, s: float, ss: float) -> tuple[float | None, float | None]:
+    """(mean, population std) from count, sum and sum of squares."""
+    if n <= 0:
+        return None, None
+    mean = s / n
+    return mean, math.sqrt(max(0.0, ss / n - mean * mean))
+
+
+def _corr(n: float, sx: float, sxx: float, sy: float, syy: float, sxy: float) -> float | None:
+    """Pearson's r from sums; None when either variable is constant (or n < 2)."""
+    if n < 2:
+        return None
+    vx, vy = sxx / n - (sx / n) ** 2, syy / n - (sy / n) ** 2
+    if vx <= 1e-12 * max(1.0, sxx / n) or vy <= 1e-12 * max(1.0, syy / n):
+        return None
+    return max(-1.0, min(1.0, (sxy / n - (sx / n) * (sy / n)) / math.sqrt(vx * vy)))
+
+
+def _distribution(n: float, s: float, ss: float, hist: Mapping[str, float]) -> dict[str, float | None]:
+    mean, std = _moments(n, s, ss)
+    p10, p50, p90 = quantiles(hist)
+    return {"count": round(n), "mean": mean, "std": std, "p10": p10, "p50": p50, "p90": p90}
+
+
+def _split(c: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """Counters by family: 'h.t' / 'h.l' / 'drop' / 'fin' -> {sub: v}; 'c.<field>' -> {name: v};
+    'hc:<name>' -> {bucket: v}; plain keys under ''."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in c.items():
+        head, _, rest = key.partition(".")
+        if head in ("h", "c"):
+            field, _, sub = rest.partition(".")
+            out.setdefault(f"{head}.{field}", {})[sub] = value
+        elif head == "hc":
+            bucket, _, name = rest.partition(".")
+            out.setdefault(f"hc:{name}", {})[bucket] = value
+        elif head in ("drop", "fin"):
+            out.setdefault(head, {})[rest] = value
+        else:
+            out.setdefault("", {})[key] = value
+    return out
+
+
+def component_summary(parts: Mapping[str, Mapping[str, float]], name: str) -> dict[str, Any]:
+    """Distribution of one component's values, its error rate and its correlation with length."""
+    def get(field: str) -> float:
+        return parts.get(f"c.{field}", {}).get(name, 0.0)
+
+    records, n = get("n"), get("vn")
+    return {
+        **_distribution(n, get("s"), get("ss"), parts.get(f"hc:{name}", {})),
+        "error_rate": get("e") / records if records > 0 else None,
+        "length_reward_corr": _corr(n, get("ls"), get("lss"), get("s"), get("ss"), get("lsv")),
+    }
+
+
+def summarize(c: Mapping[str, float]) -> dict[str, Any]:
+    """One row of ``GET /v1/stats`` (every ``by`` except component) from merged counters."""
+    parts = _split(c)
+    plain = parts.get("", {})
+    n = plain.get("n", 0.0)
+    t_n, t_s, t_ss = plain.get("t.n", 0.0), plain.get("t.s", 0.0), plain.get("t.ss", 0.0)
+    o_n = plain.get("o.n", 0.0)
+    names = [name for name, records in sorted(parts.get("c.n", {}).items()) if records >= 0.5]
+    return {
+        "count": round(n),
+        "total": _distribution(t_n, t_s, t_ss, parts.get("h.t", {})),
+        "components": {name: component_summary(parts, name) for name in names},
+        "pass_rate": plain.get("o.s", 0.0) / o_n if o_n > 0 else None,
+        "zero_variance_fraction": plain.get("zv", 0.0) / n if n > 0 else None,
+        "drop_fraction": {r: v / n for r, v in sorted(parts.get("drop", {}).items()) if n > 0},
+        "truncation_rate": {f: v / n for f, v in sorted(parts.get("fin", {}).items()) if f != "stop" and n > 0},
+        "length": {"mean": plain.get("l.s", 0.0) / n if n > 0 else None, "p90": quantiles(parts.get("h.l", {}), (0.9,))[0]},
+        "length_reward_corr": _corr(t_n, plain.get("lt.s", 0.0), plain.get("lt.ss", 0.0), t_s, t_ss, plain.get("lt.st", 0.0)),
+    }
+
+
+# -- the rollup --------------------------------------------------------------------------------------------
+def _apply(session: Session, group_pks: Sequence[int], sign: float) -> None:
+    pks = sorted(set(group_pks))
+    cells = cell_counters(repo.trajectory_facts(session, pks), repo.component_facts(session, pks), sign)
+    repo.add_to_cells(session, cells)
+
+
+def record_groups(session: Session, group_pks: Sequence[int]) -> None:
+    """Add the curated groups among ``group_pks`` to the rollup. The curation stage calls it once per
+    curation, after its writes, in the same transaction (groups that are not curated are ignored)."""
+    _apply(session, group_pks, 1.0)
+
+
+def retract_groups(session: Session, group_pks: Sequence[int]) -> None:
+    """Take curated groups out of the rollup; call it *before* a rescore / recurate clears their
+    decisions and scores (same transaction), so that their next curation is not counted twice."""
+    _apply(session, group_pks, -1.0)
+
+
+def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
+    """Recompute the whole rollup from the stored groups (other writers wait for it)."""
+    repo.lock_cells(session)
+    repo.delete_cells(session)
+    cells: dict[CellKey, Counters] = {}
+    after, groups = 0, 0
+    while pks := repo.curated_group_pks(session, after, chunk):
+        part = cell_counters(repo.trajectory_facts(session, pks), repo.component_facts(session, pks))
+        for key, c in part.items():
+            merge_into(cells.setdefault(key, {}), c)
+        after, groups = pks[-1], groups + len(pks)
+    repo.add_to_cells(session, cells)
+    return {"groups": groups, "cells": len(cells)}
+
+
+# -- the query ---------------------------------------------------------------------------------------------
+def since_hour(since: datetime | None) -> datetime | None:
+    """The UTC hour that contains ``since`` (naive datetimes are taken as UTC)."""
+    if since is None:
+        return None
+    aware = since.replace(tzinfo=UTC) if since.tzinfo is None else since.astimezone(UTC)
+    return aware.replace(minute=0, second=0, microsecond=0)
+
+
+def _merged(rows: Iterable[Any], key_of: Any) -> dict[Any, Counters]:
+    out: dict[Any, Counters] = {}
+    for key, dataset, counters in rows:
+        merge_into(out.setdefault(key_of(key, dataset), {}), counters)
+    return out
+
+
+def get_stats(session: Session, by: str, dataset: str | None = None, since: datetime | None = None) -> dict[str, Any]:
+    """``{"by", "dataset", "since", "rows": [...]}``; rows sorted by key (policy versions numerically)."""
+    try:
+        check_choice(by, STATS_BY, "by")
+    except ValueError as exc:
+        raise BadRequest(f"by: {exc}") from None
+    hour = since_hour(since)
+    head = {"by": by, "dataset": dataset, "since": hour.isoformat() if hour else None}
+    if by == "component":
+        merged: Counters = {}
+        for _key, _ds, counters in repo.read_cells(session, "all", dataset, hour):
+            merge_into(merged, counters)
+        parts = _split(merged)
+        names = [name for name, records in sorted(parts.get("c.n", {}).items()) if records >= 0.5]
+        rows = [{"key": name, **component_summary(parts, name)} for name in names]
+        return {**head, "rows": rows}
+    if by == "dataset":
+        groups = _merged(repo.read_cells(session, "all", dataset, hour), lambda _k, ds: ds)
+    elif by == "policy_version":
+        groups = _merged(repo.read_cells(session, "policy_version", dataset, hour), lambda k, _ds: int(k))
+    else:
+        groups = _merged(repo.read_cells(session, "finish_reason", dataset, hour), lambda k, _ds: k)
+    rows = [{"key": key, **summarize(groups[key])} for key in sorted(groups) if groups[key].get("n", 0.0) >= 0.5]
+    return {**head, "rows": rows}

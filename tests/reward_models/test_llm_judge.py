@@ -1,0 +1,142 @@
+"""judge.llm against a fake OpenAI-compatible server: parsing, cache, retries, limits, failures."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from reward_models import make_component
+from reward_models.llm_judge import fill_rubric
+from tests.reward_models.conftest import FakeOpenAIServer
+from tests.reward_models.helpers import make_prompt, make_sample
+
+
+def judge(server: FakeOpenAIServer, **params: object):
+    return make_component("judge.llm", {"base_url": server.base_url, "model": "judge-7b",
+                                        "backoff_s": 0.01, **params})
+
+
+def one(component, answer: str = "42"):
+    return component.score(make_sample(answer), make_prompt({"answer": "42"}))
+
+
+def test_request_wire_format_and_normalised_score(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("answer", "The response is right.\nScore: 8")]
+    result = one(judge(fake_judge, system="You are strict.", max_tokens=64))
+    assert result.value == pytest.approx(0.8)
+    assert result.details["judge_score"] == 8.0 and result.details["cached"] is False
+    [body] = fake_judge.requests
+    assert body["model"] == "judge-7b" and body["max_tokens"] == 64 and body["temperature"] == 0.0
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    user = body["messages"][1]["content"]
+    assert "What is 6 * 7?" in user and "Response:\n42" in user and "Reference answer:\n42" in user
+
+
+def test_custom_regex_range_and_last_match(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("answer", "[[2]] first thought... final verdict [[4]]")]
+    component = judge(fake_judge, score_regex=r"\[\[(\d)\]\]", min_score=1, max_score=5)
+    assert one(component).value == pytest.approx(0.75)
+
+
+def test_cache_hit_sends_no_request(fake_judge: FakeOpenAIServer) -> None:
+    component = judge(fake_judge)
+    first, second = one(component), one(component)
+    assert first.value == second.value == 0.5
+    assert second.details["cached"] is True
+    assert len(fake_judge.requests) == 1
+    one(component, "43")  # another input: a new request
+    assert len(fake_judge.requests) == 2
+
+
+def test_garbage_answer_is_an_error_and_not_cached(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("answer", "I'd say it's pretty good overall!")]
+    component = judge(fake_judge)
+    garbage = one(component)
+    assert garbage.value is None and garbage.error == "unparseable judge answer"
+    assert garbage.details["raw"] == "I'd say it's pretty good overall!"
+    assert one(component).value == 0.5  # asked again, not served from the cache
+    assert len(fake_judge.requests) == 2
+
+
+def test_out_of_range_score_is_an_error(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("answer", "Score: 11")]
+    assert "outside [0.0, 10.0]" in (one(judge(fake_judge)).error or "")
+
+
+def test_non_json_body_is_an_error(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("raw", "<html>gateway</html>")]
+    assert "malformed judge response" in (one(judge(fake_judge)).error or "")
+
+
+def test_500s_then_recovery(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("status", 500), ("status", 503), ("answer", "Score: 9")]
+    result = one(judge(fake_judge, max_retries=3))
+    assert result.value == pytest.approx(0.9) and result.details["attempts"] == 3
+
+
+def test_retries_exhausted_is_an_error(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.default = ("status", 502)
+    result = one(judge(fake_judge, max_retries=2))
+    assert result.value is None and result.error == "judge failed after 3 attempts: HTTP 502"
+    assert len(fake_judge.requests) == 3
+
+
+def test_client_errors_are_not_retried(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.default = ("status", 400)
+    result = one(judge(fake_judge, max_retries=3))
+    assert result.error is not None and result.error.startswith("judge HTTP 400")
+    assert len(fake_judge.requests) == 1
+
+
+def test_judge_timing_out(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("sleep", 1.0, "Score: 1")]
+    fake_judge.default = ("sleep", 1.0, "Score: 1")
+    result = one(judge(fake_judge, timeout_s=0.2, max_retries=1))
+    assert result.value is None and result.error == "judge failed after 2 attempts: timeout after 0.2s"
+
+
+def test_judge_unreachable() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    component = make_component("judge.llm", {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m",
+                                             "max_retries": 1, "backoff_s": 0.01})
+    result = one(component)
+    assert result.value is None and "judge unreachable" in (result.error or "")
+
+
+def test_concurrency_cap(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.default = ("sleep", 0.1, "Score: 7")
+    component = judge(fake_judge, max_concurrency=3, cache_size=0)
+    items = [(make_sample(f"answer {i}"), make_prompt()) for i in range(12)]
+    results = component.score_batch(items)
+    assert [r.value for r in results] == [pytest.approx(0.7)] * 12
+    assert 1 < fake_judge.max_in_flight <= 3
+
+
+def test_requests_per_minute_spacing(fake_judge: FakeOpenAIServer) -> None:
+    component = judge(fake_judge, rpm=600, max_concurrency=4)  # one request per 0.1 s at most
+    component.score_batch([(make_sample(f"a{i}"), make_prompt()) for i in range(5)])
+    assert len(fake_judge.arrivals) == 5
+    # the limiter releases requests at t0, t0 + 0.1, ..., t0 + 0.4 (unlimited: all within ~10 ms)
+    assert fake_judge.arrivals[-1] - fake_judge.arrivals[0] >= 0.3
+
+
+def test_api_key_from_environment(fake_judge: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    component = judge(fake_judge, api_key_env="FAKE_JUDGE_KEY")
+    missing = one(component)
+    assert missing.error == "environment variable FAKE_JUDGE_KEY is not set" and not fake_judge.requests
+    monkeypatch.setenv("FAKE_JUDGE_KEY", "sk-test")
+    assert one(component).value == 0.5
+    assert fake_judge.headers_seen[0]["Authorization"] == "Bearer sk-test"
+
+
+def test_rubric_placeholders_leave_other_braces() -> None:
+    rubric = 'Return JSON like {"ok": true}. Q: {prompt} A: {response} ({reference})'
+    filled = fill_rubric(rubric, {"prompt": "p {response}", "response": "r", "reference": "x"})
+    assert filled == 'Return JSON like {"ok": true}. Q: p {response} A: r (x)'
+    with pytest.raises(ValueError, match="param 'rubric'"):
+        make_component("judge.llm", {"base_url": "http://x", "model": "m", "rubric": "no placeholder"})
+    with pytest.raises(ValueError, match="param 'score_regex'.*capture group"):
+        make_component("judge.llm", {"base_url": "http://x", "model": "m", "score_regex": r"Score: \d"})

@@ -1,0 +1,239 @@
+"""Every loss function against a loop written here (values and gradients), plus hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.loss import (
+    Denominator,
+    LossConfig,
+    aggregate,
+    clip_fractions,
+    count_denominator,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    tis_weights,
+)
+
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+MASK = torch.tensor(
+    [[1, 1, 1, 0, 0, 0], [0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 1, 1]], dtype=torch.float64
+)
+
+
+def _rand(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def loop_aggregate(per_tok: dict, mask: torch.Tensor, mode: str, denom: Denominator | None = None):
+    """per_tok: {(i, t): scalar} for the mask-1 positions."""
+    rows = [[per_tok[(i, t)] for t in range(mask.shape[1]) if mask[i, t] > 0] for i in range(mask.shape[0])]
+    rows = [r for r in rows if r]
+    zero = torch.zeros((), dtype=torch.float64)
+    if mode == "token-mean":
+        n = denom.tokens if denom else sum(len(r) for r in rows)
+        return sum((x for r in rows for x in r), zero) / max(n, 1)
+    per_seq = [sum(r, zero) / (len(r) if mode == "seq-mean-token-mean" else 1) for r in rows]
+    return sum(per_seq, zero) / max(denom.seqs if denom else len(rows), 1)
+
+
+def loop_policy_loss(logp, old, adv, mask, cfg: LossConfig, ref=None, behaviour=None, entropy=None):
+    """Token by token; the sequence ratio (GSPO) is exp of the mean log-ratio, with its full gradient."""
+    per_tok = {}
+    for i in range(mask.shape[0]):
+        toks = [t for t in range(mask.shape[1]) if mask[i, t] > 0]
+        seq_ratio = torch.exp(sum(logp[i, t] - old[i, t] for t in toks) / len(toks)) if toks else None
+        for t in toks:
+            r = torch.exp(logp[i, t] - old[i, t]) if cfg.ratio_level == "token" else seq_ratio
+            a = float(adv[i])
+            loss = -torch.minimum(r * a, torch.clamp(r, 1 - cfg.eps_low, 1 + cfg.eps_high) * a)
+            if cfg.tis_cap is not None and behaviour is not None:
+                if cfg.ratio_level == "token":
+                    log_w = float(old[i, t] - behaviour[i, t])
+                else:
+                    log_w = sum(float(old[i, u] - behaviour[i, u]) for u in toks) / len(toks)
+                loss = loss * min(math.exp(log_w), cfg.tis_cap)
+            if cfg.beta > 0:
+                d = ref[i, t] - logp[i, t]
+                kl = -d if cfg.kl_estimator == "k1" else torch.exp(d) - d - 1
+                loss = loss + cfg.beta * kl
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * entropy[i, t]
+            per_tok[(i, t)] = loss
+    return loop_aggregate(per_tok, mask, cfg.agg)
+
+
+def _loss_inputs(seed: int = 0):
+    old = -_rand(seed, 4, 6).abs() - 0.1
+    logp = (old + 0.4 * _rand(seed + 1, 4, 6)).requires_grad_()
+    adv = torch.tensor([1.2, -0.7, 0.5, 0.9], dtype=torch.float64) * _rand(seed + 2, 4).sign()
+    ref = old + 0.5 * _rand(seed + 3, 4, 6)
+    behaviour = old + 0.8 * _rand(seed + 4, 4, 6)
+    entropy = _rand(seed + 5, 4, 6).abs().requires_grad_()
+    return logp, old, adv, ref, behaviour, entropy
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize(("beta", "estimator"), [(0.0, "k3"), (0.1, "k1"), (0.1, "k3")])
+@pytest.mark.parametrize("tis_cap", [None, 1.5])
+def test_policy_loss_matches_loop(agg, level, beta, estimator, tis_cap):
+    cfg = LossConfig(agg=agg, ratio_level=level, beta=beta, kl_estimator=estimator, tis_cap=tis_cap, entropy_coef=0.01)
+    logp, old, adv, ref, behaviour, entropy = _loss_inputs()
+    loss, metrics = policy_loss(logp, old, adv, MASK, cfg, ref, behaviour, entropy=entropy)
+    g_logp, g_ent = torch.autograd.grad(loss, [logp, entropy])
+    ref_loss = loop_policy_loss(logp, old, adv, MASK, cfg, ref, behaviour, entropy)
+    r_logp, r_ent = torch.autograd.grad(ref_loss, [logp, entropy])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(g_logp, r_logp)
+    torch.testing.assert_close(g_ent, r_ent)
+    assert set(metrics) >= {"pg_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "ratio_mean"}
+
+
+def test_clipping_is_active_in_the_test_inputs():
+    logp, old, adv, *_ = _loss_inputs()
+    _, metrics = policy_loss(logp, old, adv, MASK, LossConfig(eps_low=0.1, eps_high=0.1))
+    assert float(metrics["clip_frac_low"]) > 0 and float(metrics["clip_frac_high"]) > 0
+
+
+@pytest.mark.parametrize("mode", AGGS)
+def test_aggregate_matches_loop(mode):
+    values = _rand(7, 4, 6)
+    per_tok = {(i, t): values[i, t] for i in range(4) for t in range(6) if MASK[i, t] > 0}
+    torch.testing.assert_close(aggregate(values, MASK, mode), loop_aggregate(per_tok, MASK, mode))
+    denom = Denominator(tokens=20.0, seqs=5.0)
+    torch.testing.assert_close(aggregate(values, MASK, mode, denom), loop_aggregate(per_tok, MASK, mode, denom))
+
+
+def test_aggregate_hand_values():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert float(aggregate(values, mask, "token-mean")) == pytest.approx(10 / 4)
+    assert float(aggregate(values, mask, "seq-mean-token-mean")) == pytest.approx((2 + 4) / 2)
+    assert float(aggregate(values, mask, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_penalty_matches_loop(estimator):
+    logp, ref = _rand(1, 3, 4), _rand(2, 3, 4)
+    out = kl_penalty(logp, ref, estimator)
+    for i in range(3):
+        for t in range(4):
+            lr = float(logp[i, t] - ref[i, t])
+            want = lr if estimator == "k1" else math.exp(-lr) + lr - 1
+            assert float(out[i, t]) == pytest.approx(want)
+    assert float(kl_penalty(logp, logp, estimator).abs().max()) == 0.0
+
+
+def test_k3_is_nonnegative_and_k1_is_not():
+    logp, ref = _rand(3, 5, 5), _rand(4, 5, 5)
+    assert bool((kl_penalty(logp, ref, "k3") >= 0).all())
+    assert bool((kl_penalty(logp, ref, "k1") < 0).any())
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_masked_tokens_change_nothing(agg, level):
+    cfg = LossConfig(agg=agg, ratio_level=level, beta=0.1, tis_cap=2.0, entropy_coef=0.01)
+    logp, old, adv, ref, behaviour, entropy = _loss_inputs(3)
+    garbage = MASK == 0
+    values = [t.detach().clone() for t in (logp, old, ref, behaviour, entropy)]
+    for t, bad in zip(values, [float("nan"), float("inf"), -float("inf"), 1e30, float("nan")], strict=True):
+        t[garbage] = bad
+    dirty_logp, dirty_ent = values[0].requires_grad_(), values[4].requires_grad_()
+    clean, _ = policy_loss(logp, old, adv, MASK, cfg, ref, behaviour, entropy=entropy)
+    dirty, _ = policy_loss(dirty_logp, values[1], adv, MASK, cfg, values[2], values[3], entropy=dirty_ent)
+    g_clean = torch.autograd.grad(clean, [logp, entropy])
+    g_dirty = torch.autograd.grad(dirty, [dirty_logp, dirty_ent])
+    torch.testing.assert_close(dirty, clean)
+    for a, b in zip(g_clean, g_dirty, strict=True):
+        torch.testing.assert_close(b, a)
+        assert float(b[garbage].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_accumulated_halves_equal_the_whole_batch(agg):
+    cfg = LossConfig(agg=agg, beta=0.05)
+    logp, old, adv, ref, *_ = _loss_inputs(5)
+    whole, _ = policy_loss(logp, old, adv, MASK, cfg, ref)
+    g_whole = torch.autograd.grad(whole, logp)[0]
+    denom = count_denominator(MASK)
+    parts = [policy_loss(logp[s], old[s], adv[s], MASK[s], cfg, ref[s], denom=denom)[0] for s in (slice(0, 1), slice(1, 4))]
+    g_parts = torch.autograd.grad(parts[0] + parts[1], logp)[0]
+    torch.testing.assert_close(parts[0] + parts[1], whole)
+    torch.testing.assert_close(g_parts, g_whole)
+
+
+def test_fully_masked_sequence_is_not_a_sequence():
+    assert count_denominator(MASK) == Denominator(tokens=12.0, seqs=3.0)
+    values = torch.ones(4, 6, dtype=torch.float64)
+    assert float(aggregate(values, MASK, "seq-mean-token-mean")) == pytest.approx(1.0)
+
+
+def test_on_policy_loss_is_minus_mean_advantage():
+    logp = -torch.rand(2, 3, dtype=torch.float64).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    loss, metrics = policy_loss(logp, logp.detach(), adv, mask, LossConfig())
+    assert float(loss.detach()) == pytest.approx(-(2 * 1.0 + 3 * -0.5) / 5)
+    grad = torch.autograd.grad(loss, logp)[0]
+    torch.testing.assert_close(grad, -adv[:, None] * mask / 5)
+    assert float(metrics["approx_kl"]) == 0.0 and float(metrics["ratio_mean"]) == pytest.approx(1.0)
+
+
+def test_clip_fractions_hand_values():
+    ratio = torch.tensor([[0.5, 1.0, 1.5, 0.7]])
+    adv = torch.tensor([[-1.0, 1.0, 1.0, 1.0]])
+    low, high = clip_fractions(ratio, adv, torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
+    assert float(low) == pytest.approx(0.25) and float(high) == pytest.approx(0.25)
+
+
+def test_sequence_ratio_clips_a_sequence_as_a_whole():
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    logp = torch.tensor([[0.05, 0.6, 0.6]], dtype=torch.float64, requires_grad=True)  # mean 0.4: s = 1.49
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    seq_loss, _ = policy_loss(logp, old, adv, mask, LossConfig(ratio_level="sequence"))
+    assert float(torch.autograd.grad(seq_loss, logp)[0].abs().max()) == 0.0  # every token clipped
+    tok_loss, _ = policy_loss(logp, old, adv, mask, LossConfig(ratio_level="token"))
+    assert float(torch.autograd.grad(tok_loss, logp)[0][0, 0]) != 0.0  # token 0 alone is not
+
+
+def test_tis_weights_are_capped_and_detached():
+    old = torch.tensor([[-1.0, -2.0, -1.0]], requires_grad=True)
+    behaviour = torch.tensor([[-2.0, -1.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    w = tis_weights(old, behaviour, mask, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, math.exp(-1.0), 1.0]]))
+    assert not w.requires_grad
+    seq = tis_weights(old, behaviour - torch.tensor([[0.0, 0.5, 0.0]]), mask, cap=2.0, level="sequence")
+    torch.testing.assert_close(seq, torch.full((1, 3), math.exp(0.25)))  # geometric mean over mask-1 tokens
+
+
+def test_all_masked_batch_gives_zero_loss_not_nan():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    loss, metrics = policy_loss(logp, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3), LossConfig())
+    assert float(loss.detach()) == 0.0 and all(math.isfinite(float(v)) for v in metrics.values())
+    assert float(masked_mean(torch.ones(2, 2), torch.zeros(2, 2))) == 0.0
+
+
+def test_unknown_names_raise_listing_valid_ones():
+    with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum"):
+        LossConfig(agg="mean")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k1, k3"):
+        LossConfig(kl_estimator="k2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="token, sequence"):
+        LossConfig(ratio_level="group")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="valid"):
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1), "sum")
+    with pytest.raises(ValueError, match="valid"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "k9")
+
+
+def test_beta_without_reference_raises():
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), LossConfig(beta=0.1))

@@ -1,0 +1,110 @@
+"""Checkpoints: model.safetensors + config.json + optimizer.pt + trainer_state.json per step.
+
+Layout: `<dir>/step-<8 digits>/`. A checkpoint is written into `step-N.tmp` and renamed when
+complete, so a crash mid-save leaves the previous checkpoint as the latest. The model files are
+what `transformers.AutoModelForCausalLM.from_pretrained(<checkpoint>)` reads (tied weights are
+stored once), so a sampler can load a checkpoint directly. State dicts are gathered with
+torch.distributed.checkpoint's full-state-dict API, which works for plain, DDP and FSDP2 models
+(a collective under FSDP: every rank calls `save_checkpoint`, rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+MODEL_FILE, OPTIM_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "trainer_state.json"
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What resuming needs besides tensors: the last published policy version and the step count."""
+
+    policy_version: int
+    step: int
+
+
+def _duplicate_names(model: nn.Module) -> set[str]:
+    """Parameter names that share their Parameter with an earlier name (tied embeddings)."""
+    seen: set[int] = set()
+    dups = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            dups.add(name)
+        seen.add(id(p))
+    return dups
+
+
+def save_checkpoint(
+    ckpt_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState, is_main: bool = True
+) -> Path:
+    """Write a checkpoint of `model` (the transformers model, unwrapped or FSDP-sharded) -> its path."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=opts)
+    optim = get_optimizer_state_dict(model, optimizer, options=opts)
+    final = Path(ckpt_dir) / f"step-{state.step:08d}"
+    if not is_main:
+        return final
+    dups = _duplicate_names(model)
+    tensors = {k: v.contiguous() for k, v in weights.items() if k not in dups}
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.to_json_file(str(tmp / "config.json"))
+    torch.save(optim, tmp / OPTIM_FILE)
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
+    """The complete checkpoint with the highest step under `ckpt_dir`, None when there is none."""
+    if ckpt_dir is None or not Path(ckpt_dir).is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p)
+        for p in Path(ckpt_dir).iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def load_model_weights(path: str | Path, model: nn.Module) -> None:
+    """Load a checkpoint's weights into an unwrapped model (call before DDP / FSDP wrapping)."""
+    tensors = load_file(str(Path(path) / MODEL_FILE))
+    result = model.load_state_dict(tensors, strict=False)
+    missing = set(result.missing_keys) - _duplicate_names(model)
+    if missing or result.unexpected_keys:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
+                         f"unexpected {sorted(result.unexpected_keys)}")
+
+
+def load_optimizer_state(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Restore the optimizer state saved beside the weights (after wrapping; the model is the
+    transformers model the optimizer's parameters belong to)."""
+    optim = torch.load(Path(path) / OPTIM_FILE, map_location="cpu", weights_only=True)
+    set_optimizer_state_dict(model, optimizer, optim, options=StateDictOptions(full_state_dict=True))
+
+
+def load_trainer_state(path: str | Path) -> TrainerState:
+    """The policy version and step saved in a checkpoint."""
+    raw = json.loads((Path(path) / STATE_FILE).read_text())
+    return TrainerState(policy_version=int(raw["policy_version"]), step=int(raw["step"]))

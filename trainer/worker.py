@@ -1,0 +1,307 @@
+"""`grpo-curator train`: the GRPO trainer worker.
+
+One loop: lease -> log-probs -> loss -> step -> ack -> publish (+ checkpoint every `save_every`).
+Under `torchrun` every rank leases its own batch (trainer id `<id>-rank<r>`); a rank that got
+nothing trains on an empty micro-batch (zero loss mask, zero gradient) so the collectives line up,
+and the loss denominators are global, so the update is that of the union of the ranks' batches.
+Policy versions continue across restarts: the first version published after resuming from a
+checkpoint saved at version v is v + 1. (A crash between a publish and the next checkpoint
+re-publishes the versions after that checkpoint with new weights.)
+
+Run: `python -m trainer.worker --config trainer.json --set loss.beta=0.04 --set lr=1e-6`,
+or `torchrun --nproc-per-node 8 -m trainer.worker ...`; `--tiny` trains a tiny random model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol, get_args
+
+import torch
+from torch import nn
+
+from trainer.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_model_weights,
+    load_optimizer_state,
+    load_trainer_state,
+    save_checkpoint,
+)
+from trainer.logprobs import DEFAULT_CHUNK_TOKENS
+from trainer.loss import LossConfig, check_choice
+from trainer.packing import MicroBatch, PackMode, pack_batch
+from trainer.parallel import DistContext, ParallelMode, all_reduce, barrier, init_distributed, wrap_policy
+from trainer.policy import PolicyLogprobs
+from trainer.step import StepConfig, train_step
+
+log = logging.getLogger(__name__)
+
+
+class LeaseClient(Protocol):
+    """The part of `service.client.CuratorClient` the worker uses."""
+
+    def lease(self, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None: ...
+    def ack(self, batch_id: str) -> dict[str, Any]: ...
+    def publish_policy(self, version: int, metrics: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass
+class TrainerConfig:
+    """Everything `grpo-curator train` needs. `model` (a transformers directory) or `model_config`
+    (a config dict, or the path of a JSON config, with `model_type`) for a random-initialised model."""
+
+    service_url: str = "http://127.0.0.1:8000"
+    trainer_id: str = "trainer"
+    model: str | None = None
+    model_config: dict[str, Any] | str | None = None
+    seed: int = 0
+    attn_implementation: str = "sdpa"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = 1.0
+    max_groups: int | None = 8
+    max_trajectories: int | None = None
+    max_tokens: int | None = None
+    max_staleness: int | None = None
+    lease_seconds: float = 300.0
+    wait_seconds: float = 5.0
+    max_idle_polls: int | None = None  # stop after this many empty polls in a row (None: never)
+    micro_token_budget: int = 8192
+    pack_mode: str = "pad"
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    temperature: float = 1.0
+    loss: LossConfig = field(default_factory=LossConfig)
+    old_from_batch: bool = True
+    gradient_checkpointing: bool = False
+    parallel: str = "ddp"
+    device: str = "auto"
+    checkpoint_dir: str | None = None
+    save_every: int = 10
+    initial_policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("pack_mode", self.pack_mode, get_args(PackMode))
+        check_choice("parallel", self.parallel, get_args(ParallelMode))
+        if (self.model is None) == (self.model_config is None):
+            raise ValueError("give exactly one of model (a path) and model_config")
+        if isinstance(self.loss, dict):
+            self.loss = LossConfig(**self.loss)
+        self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainerConfig:
+        """Build from plain data (a JSON file); unknown keys raise ValueError listing valid ones."""
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - valid)
+        if unknown:
+            raise ValueError(f"unknown trainer config keys {unknown}; valid: {', '.join(sorted(valid))}")
+        return cls(**raw)
+
+
+def tiny_model_config(vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 2) -> dict[str, Any]:
+    """A tiny Qwen2-style config (for tests and demos; seconds to train on CPU)."""
+    return {
+        "model_type": "qwen2", "vocab_size": vocab_size, "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    }
+
+
+def build_model(cfg: TrainerConfig) -> nn.Module:
+    """The policy's initial weights: `from_pretrained(cfg.model)`, or a model built from
+    `cfg.model_config` with `torch.manual_seed(cfg.seed)` (the same weights every call). fp32 params."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if cfg.model is not None:
+        return AutoModelForCausalLM.from_pretrained(
+            cfg.model, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+        )
+    raw = cfg.model_config
+    if isinstance(raw, str):
+        raw = json.loads(Path(raw).read_text())
+    assert raw is not None
+    params = dict(raw)
+    config = AutoConfig.for_model(params.pop("model_type"), **params)
+    torch.manual_seed(cfg.seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+
+
+def build_reference(cfg: TrainerConfig, device: torch.device) -> nn.Module | None:
+    """The frozen reference (the initial weights, never a checkpoint); None when beta == 0."""
+    if cfg.loss.beta == 0:
+        return None
+    ref = build_model(cfg).to(device).eval().requires_grad_(False)
+    return PolicyLogprobs(ref, cfg.chunk_tokens, cfg.temperature)
+
+
+def empty_micro_batch() -> MicroBatch:
+    """One token with loss mask 0: lets a rank with no data join the step with zero gradient."""
+    zero = torch.zeros(1, 1, dtype=torch.long)
+    return MicroBatch(
+        input_ids=zero, position_ids=zero.clone(), attention_mask=None, targets=zero.clone(),
+        gather_index=zero.clone(), loss_mask=torch.zeros(1, 1), old_logp=torch.zeros(1, 1),
+        advantages=torch.zeros(1),
+    )
+
+
+def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str, Any] | None:
+    """This rank's batch (None when nothing was ready within `wait_seconds`)."""
+    trainer_id = cfg.trainer_id if ctx.world_size == 1 else f"{cfg.trainer_id}-rank{ctx.rank}"
+    return client.lease(
+        trainer_id, max_groups=cfg.max_groups, max_trajectories=cfg.max_trajectories,
+        max_tokens=cfg.max_tokens, max_staleness=cfg.max_staleness,
+        lease_seconds=cfg.lease_seconds, wait_seconds=cfg.wait_seconds,
+    )
+
+
+def ack(client: LeaseClient, batch: dict[str, Any] | None) -> bool:
+    """Ack this rank's batch -> False when the service refused (the lease expired and was re-leased)."""
+    if batch is None:
+        return True
+    from service.client import CuratorError
+
+    try:
+        client.ack(batch["batch_id"])
+    except CuratorError as exc:
+        if exc.status_code != 409:
+            raise
+        log.warning("ack of batch %s refused: %s", batch["batch_id"], exc)
+        return False
+    return True
+
+
+def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torch.device) -> dict[str, float]:
+    """Staleness (versions behind the weights trained) and size of the batches of all ranks."""
+    versions = [g["policy_version"] for g in batch["groups"]] if batch else []
+    stale = torch.tensor(
+        [sum(trained_version - v for v in versions), len(versions),
+         sum(len(g["trajectories"]) for g in batch["groups"]) if batch else 0],
+        dtype=torch.float64, device=device,
+    )
+    worst = torch.tensor(max((trained_version - v for v in versions), default=0), dtype=torch.float64, device=device)
+    all_reduce(stale, "sum")
+    all_reduce(worst, "max")
+    groups = float(stale[1])
+    return {
+        "staleness_mean": float(stale[0]) / groups if groups else 0.0, "staleness_max": float(worst),
+        "groups": groups, "trajectories": float(stale[2]),
+    }
+
+
+def _setup(cfg: TrainerConfig) -> tuple[DistContext, nn.Module, nn.Module, torch.optim.Optimizer, TrainerState]:
+    """Process group, model (resumed from the latest checkpoint), wrapped policy, AdamW, state."""
+    ctx = init_distributed(cfg.device)
+    model = build_model(cfg)
+    ckpt = latest_checkpoint(cfg.checkpoint_dir)
+    state = TrainerState(cfg.initial_policy_version, 0)
+    if ckpt is not None:
+        load_model_weights(ckpt, model)
+        state = load_trainer_state(ckpt)
+        log.info("resumed from %s at policy version %d", ckpt, state.policy_version)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(ctx.device)
+    policy = wrap_policy(PolicyLogprobs(model, cfg.chunk_tokens, cfg.temperature), cfg.parallel, ctx)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
+    )
+    if ckpt is not None:
+        load_optimizer_state(ckpt, model, optimizer)
+    return ctx, model, policy, optimizer, state
+
+
+def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -> list[dict[str, float]]:
+    """Train until `max_steps` updates (None: forever, or until `max_idle_polls` empty polls).
+
+    -> the metrics published for each update.
+    """
+    ctx, model, policy, optimizer, state = _setup(cfg)
+    ref = build_reference(cfg, ctx.device)
+    step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
+    history: list[dict[str, float]] = []
+    idle = 0
+    while max_steps is None or len(history) < max_steps:
+        batch = lease(client, cfg, ctx)  # lease
+        if int(all_reduce(torch.tensor([batch is not None], device=ctx.device).long(), "sum")) == 0:
+            idle += 1
+            if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
+                break
+            continue
+        idle = 0
+        t0 = time.perf_counter()
+        mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode) if batch else []
+        metrics = train_step(policy, optimizer, mbs or [empty_micro_batch()], step_cfg, ref)  # log-probs, loss, step
+        elapsed = float(all_reduce(torch.tensor(time.perf_counter() - t0, device=ctx.device), "max"))
+        acked = ack(client, batch)  # ack
+        metrics |= batch_stats(batch, state.policy_version, ctx.device)
+        metrics["tokens_per_s"] = metrics.get("input_tokens", 0.0) / max(elapsed, 1e-9)
+        metrics["ack_refused"] = float(all_reduce(torch.tensor(int(not acked), device=ctx.device), "sum"))
+        if metrics["skipped"]:
+            continue
+        state = TrainerState(state.policy_version + 1, state.step + 1)
+        barrier()
+        if ctx.is_main:
+            client.publish_policy(state.policy_version, metrics)  # publish
+            log.info("policy version %d: %s", state.policy_version, json.dumps({k: round(v, 6) for k, v in metrics.items()}))
+        history.append(metrics)
+        if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
+            save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main)
+    if cfg.checkpoint_dir and history and state.step % cfg.save_every != 0:
+        save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main)
+    return history
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """["a=1", "loss.beta=0.04"] -> {"a": 1, "loss": {"beta": 0.04}} (values parsed as JSON when they can be)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def config_from_args(argv: list[str] | None = None) -> tuple[TrainerConfig, int | None]:
+    """Command line -> (TrainerConfig, max_steps)."""
+    ap = argparse.ArgumentParser(prog="grpo-curator train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", help="JSON file with TrainerConfig fields")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (loss.beta=0.04)")
+    ap.add_argument("--tiny", action="store_true", help="train a tiny random-initialised Qwen2 model")
+    ap.add_argument("--max-steps", type=int, default=None)
+    args = ap.parse_args(argv)
+    raw: dict[str, Any] = json.loads(Path(args.config).read_text()) if args.config else {}
+    for key, value in _parse_set(args.set).items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    if args.tiny:
+        raw.setdefault("model_config", tiny_model_config())
+    return TrainerConfig.from_dict(raw), args.max_steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `grpo-curator train` / `python -m trainer.worker`."""
+    from service.client import CuratorClient
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, max_steps = config_from_args(argv)
+    client = CuratorClient(cfg.service_url)
+    history = run(cfg, client, max_steps)
+    log.info("stopped after %d updates; config %s", len(history), json.dumps(asdict(cfg), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
