@@ -1,10 +1,16 @@
-"""Curation throughput: groups per second through the pure functions of `filters/`.
+"""Curation throughput and reward-statistics latency.
 
-Measures the vectorised `curate_groups` beside the per-group reference `curate_group` on the same
-synthetic groups, checks they agree, and prints both rates and their ratio. Target (issue 4):
->= 50,000 groups of 8 per second through the vectorised path.
+Pure part: the vectorised `curate_groups` beside the per-group reference `curate_group` on the same
+synthetic groups (agreement checked), both rates and their ratio. Target: >= 50,000 groups of 8 per second.
 
-    python bench/curate.py --groups 50000 --size 8
+DB part (`--db`, needs PostgreSQL: DATABASE_URL): groups ingested through the API and scored by the real
+scoring stage with a rule-only spec, then timed through `service.workers.pipeline.curate_pass` (claim,
+curate, bulk writes, commit), with and without the statistics rollup (`service.services.stats`) side by
+side. Target: >= 1,000 groups/s. Then `GET /v1/stats` p50 / p99 over 1M stored trajectories (seeded in
+SQL, rollup rebuilt), beside the same aggregate computed from the raw tables. Target: p99 <= 200 ms.
+
+    python -m bench.curate --groups 50000 --size 8
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.curate --db --db-groups 4000
 """
 
 from __future__ import annotations
@@ -100,12 +106,277 @@ def bench_pure(
     }
 
 
+# -- DB part ---------------------------------------------------------------------------------------------------
+TARGET_DB_GROUPS_PER_S = 1_000
+TARGET_STATS_P99_MS = 200.0
+RULE_SPEC = {"name": "bench-rule", "components": [
+    {"name": "boxed", "kind": "rule.format", "params": {"pattern": r"\\boxed\{42\}"}, "outcome": True},
+    {"name": "short", "kind": "rule.length", "weight": 0.1, "params": {"target": 32, "limit": 64}}]}
+
+
+def _admin(server: str, sql: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(sql))
+    engine.dispose()
+
+
+def _temp_db(server: str) -> str:
+    """A new database at the head migration."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from service.migrate import upgrade
+
+    name = f"bench_curate_{uuid.uuid4().hex[:8]}"
+    _admin(server, f'CREATE DATABASE "{name}"')
+    url = make_url(server).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url
+
+
+def _bench_group(i: int, size: int, rng: random.Random) -> dict:
+    """A group of `size` small trajectories: per-prompt difficulty, the finish mix of the pure part."""
+    reasons, weights = list(FINISH_MIX), list(FINISH_MIX.values())
+    difficulty, trajectories = rng.random(), []
+    for _ in range(size):
+        answer, n = ("42" if rng.random() > difficulty else "41"), rng.randint(8, 64)
+        trajectories.append({"messages": [{"role": "assistant", "content": f"so \\boxed{{{answer}}}"}],
+                             "token_ids": list(range(n)), "loss_mask": [1] * n,
+                             "finish_reason": rng.choices(reasons, weights)[0]})
+    return {"id": f"b{i}", "prompt_id": f"bp{i % 1000}", "policy_version": 0,
+            "prompt": {"dataset": "bench", "messages": [{"role": "user", "content": "6 * 7?"}],
+                       "reference": {"answer": "42"}},
+            "sampling": {"temperature": 1.0, "max_tokens": 64}, "trajectories": trajectories}
+
+
+def _ingest_and_score(url: str, n_groups: int, size: int) -> None:
+    """Groups through the API, scored by the real scoring stage (rule-only spec), left 'scored'."""
+    from fastapi.testclient import TestClient
+
+    from reward_models.scoring import Scorer
+    from service.app import create_app
+    from service.db import get_engine, make_sessionmaker
+    from service.repositories.pipeline import claim_groups
+    from service.workers.scoring import score_groups
+
+    rng = random.Random(1)
+    with TestClient(create_app(database_url=url)) as api:
+        assert api.post("/v1/reward-specs", json=RULE_SPEC).status_code == 201
+        assert api.put("/v1/datasets/bench", json={"reward_spec": "bench-rule"}).status_code == 200
+        for start in range(0, n_groups, 256):
+            groups = [_bench_group(i, size, rng) for i in range(start, min(n_groups, start + 256))]
+            assert api.post("/v1/groups", json={"groups": groups}).status_code in (200, 201)
+    factory = make_sessionmaker(get_engine(url))
+    with Scorer(processes=1) as scorer:
+        while True:
+            with factory.begin() as s:
+                groups = claim_groups(s, "received", 512)
+                if not groups:
+                    break
+                score_groups(s, scorer, groups, 3)
+
+
+_RESET = (
+    "UPDATE groups SET status = 'scored', drop_reason = NULL, curated_at = NULL, ready_at = NULL,"
+    " curation_policy_name = NULL, curation_policy_version = NULL, metric_std = NULL, outcome_mean = NULL"
+    " WHERE status IN ('ready', 'dropped');"
+    " UPDATE trajectories SET advantage = NULL, action = NULL, reason = NULL;"
+    " DELETE FROM decisions; DELETE FROM sampling_requests; DELETE FROM stats_cells;"
+    " UPDATE prompts SET n_groups = 0, recent_outcomes = '[]', pass_rate = NULL;"
+)
+
+
+def _curate_rate(url: str, batch: int, with_stats: bool) -> tuple[float, dict[str, int]]:
+    """groups/s of curate passes over every 'scored' group (each pass one transaction)."""
+    from service.db import get_engine, make_sessionmaker
+    from service.repositories.pipeline import claim_groups
+    from service.services import stats
+    from service.workers.curation import curate
+    from service.workers.pipeline import curate_pass
+
+    _admin(url, _RESET)
+    _admin(url, "VACUUM ANALYZE")
+    factory, done, counts = make_sessionmaker(get_engine(url)), 0, {"ready": 0, "dropped": 0}
+    start = time.perf_counter()
+    while True:
+        with factory.begin() as s:
+            if with_stats:
+                groups = claim_groups(s, "scored", batch)
+                result = curate(s, groups)
+                stats.record_groups(s, [g.pk for g in groups])
+            else:
+                r = curate_pass(s, batch)
+                result = {"ready": r.ready, "dropped": r.dropped}
+        worked = sum(result.values())
+        if not worked:
+            break
+        done += worked
+        for k in counts:
+            counts[k] += result.get(k, 0)
+    return done / (time.perf_counter() - start), counts
+
+
+def bench_db_curation(server: str, n_groups: int, size: int, batch: int = 256) -> dict[str, float]:
+    """The curation stage with its DB writes, plain and with the stats rollup, side by side."""
+    import inspect
+
+    import service.workers.curation as curation
+
+    url = _temp_db(server)
+    try:
+        _ingest_and_score(url, n_groups, size)
+        wired = "record_groups" in inspect.getsource(curation)
+        plain = max(_curate_rate(url, batch, False)[0] for _ in range(2))
+        rollup, counts = (plain, {}) if wired else max(_curate_rate(url, batch, True) for _ in range(2))
+    finally:
+        _admin(server, f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    return {"groups": n_groups, "curate_pass": plain, "with_rollup": rollup, "rollup_wired": float(wired),
+            "ready": counts.get("ready", 0), "dropped": counts.get("dropped", 0)}
+
+
+
+_SEED = """
+SELECT setseed(0.42);
+INSERT INTO prompts (id, dataset, messages, reference, metadata)
+  SELECT 'sp' || i, 'ds' || (i % 2), '[]', '{}', '{}' FROM generate_series(0, 9999) i;
+INSERT INTO groups (id, prompt_id, dataset, policy_version, sampling, metadata, body_hash, status, drop_reason,
+                    n_trajectories, n_tokens, reward_spec_name, reward_spec_version, created_at, curated_at)
+  SELECT 'sg' || i, 'sp' || (i % 10000), 'ds' || (i % 2), i / 500, '{}', '{}', '',
+         CASE WHEN i % 5 = 0 THEN 'dropped' ELSE 'ready' END, CASE WHEN i % 5 = 0 THEN 'zero_variance' END,
+         8, 0, 'bench', 1, ts, ts
+  FROM generate_series(0, :groups - 1) i,
+       LATERAL (SELECT timestamptz '2026-11-01' + i * (360000.0 / :groups) * interval '1 second' AS ts) t;
+INSERT INTO trajectories (group_pk, idx, messages, final_answer, seq_len, num_tokens, num_turns, finish_reason,
+                          metadata, total_reward, outcome, action, reason)
+  SELECT pk, j, '[]', '', tokens, tokens, 1, fr, '{}', outcome + 0.5 * judge, outcome,
+         CASE WHEN dropped THEN 'drop' WHEN fr = 'stop' THEN 'keep' WHEN fr IN ('length', 'max_turns') THEN 'mask'
+              ELSE 'drop' END,
+         CASE WHEN dropped THEN 'zero_variance' WHEN fr = 'stop' THEN 'ok' ELSE 'finish_reason:' || fr END
+  FROM (SELECT pk, j, dropped, fr, CASE WHEN fr = 'length' THEN 1024 ELSE 50 + floor(r2 * 950)::int END AS tokens,
+               CASE WHEN fr IN ('env_error', 'timeout', 'aborted') THEN NULL ELSE (r3 < 0.6)::int::float8 END AS outcome,
+               round(r4::numeric, 2)::float8 AS judge
+        FROM (SELECT g.pk, j, g.status = 'dropped' AS dropped, random() AS r2, random() AS r3, random() AS r4,
+                     CASE WHEN r1 < 0.82 THEN 'stop' WHEN r1 < 0.90 THEN 'length' WHEN r1 < 0.93 THEN 'max_turns'
+                          WHEN r1 < 0.96 THEN 'tool_error' WHEN r1 < 0.97 THEN 'env_error'
+                          WHEN r1 < 0.99 THEN 'timeout' ELSE 'aborted' END AS fr
+              FROM groups g CROSS JOIN generate_series(0, 7) j CROSS JOIN LATERAL (SELECT random() + 0 * g.pk AS r1) r
+             ) a) b;
+INSERT INTO rewards (group_pk, idx, spec_name, spec_version, component, kind, value, details, error, latency_ms)
+  SELECT group_pk, idx, 'bench', 1, 'correct', 'verifier.math', outcome, '{}'::jsonb,
+         CASE WHEN outcome IS NULL THEN 'sandbox failed' END, 0 FROM trajectories
+  UNION ALL
+  SELECT group_pk, idx, 'bench', 1, 'judge', 'judge.llm', (total_reward - outcome) / 0.5, '{}'::jsonb,
+         CASE WHEN outcome IS NULL THEN 'judge unreachable' END, 0 FROM trajectories;
+"""
+
+# the same kind of aggregate straight from the raw tables (a subset of the metrics: no components, drops)
+_RAW = (
+    "SELECT g.policy_version, count(*), avg(t.total_reward), stddev_pop(t.total_reward),"
+    " percentile_cont(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP (ORDER BY t.total_reward), avg(t.outcome),"
+    " avg(t.num_tokens), percentile_cont(0.9) WITHIN GROUP (ORDER BY t.num_tokens),"
+    " corr(t.num_tokens, t.total_reward)"
+    " FROM trajectories t JOIN groups g ON g.pk = t.group_pk WHERE g.curated_at IS NOT NULL GROUP BY 1"
+)
+
+STATS_QUERIES = {
+    "by=dataset": {"by": "dataset"},
+    "by=policy_version": {"by": "policy_version"},
+    "by=finish_reason": {"by": "finish_reason"},
+    "by=component": {"by": "component"},
+    "by=policy_version&dataset&since": {"by": "policy_version", "dataset": "ds1", "since": "2026-11-02T12:00:00Z"},
+}
+
+
+def _percentile(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, math.ceil(q * len(sorted_ms)) - 1)]
+
+
+def bench_stats(server: str, n_trajectories: int, requests: int) -> dict[str, object]:
+    """GET /v1/stats latency over `n_trajectories` stored trajectories (groups of 8), and the raw SQL."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
+
+    from service.app import create_app
+    from service.db import get_engine, make_sessionmaker
+    from service.services import stats
+
+    url = _temp_db(server)
+    try:
+        t0 = time.perf_counter()
+        with make_sessionmaker(get_engine(url)).begin() as s:
+            for statement in filter(str.strip, _SEED.split(";")):
+                s.execute(text(statement), {"groups": n_trajectories // 8})
+        _admin(url, "VACUUM ANALYZE")
+        seed_s, t0 = time.perf_counter() - t0, time.perf_counter()
+        with make_sessionmaker(get_engine(url)).begin() as s:
+            built = stats.rebuild(s)
+        rebuild_s = time.perf_counter() - t0
+        latencies: dict[str, list[float]] = {}
+        with TestClient(create_app(database_url=url)) as api:
+            for name, params in [*STATS_QUERIES.items(), *((f"{k} (cold)", v) for k, v in STATS_QUERIES.items())]:
+                api.get("/v1/stats", params=params)  # warm: connections, and the summaries of unchanged cells
+                for _ in range(requests):
+                    if name.endswith("(cold)"):
+                        stats.clear_summary_cache()  # every cell read and summarised again
+                    t0 = time.perf_counter()
+                    assert api.get("/v1/stats", params=params).status_code == 200
+                    latencies.setdefault(name, []).append((time.perf_counter() - t0) * 1e3)
+        raw = []
+        with make_sessionmaker(get_engine(url))() as s:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                s.execute(text(_RAW)).all()
+                raw.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        _admin(server, f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    every = sorted(v for vs in latencies.values() for v in vs)
+    per = {k: (_percentile(sorted(v), 0.5), _percentile(sorted(v), 0.99)) for k, v in latencies.items()}
+    return {"trajectories": n_trajectories, "seed_s": seed_s, "rebuild_s": rebuild_s, **built, "per_query": per,
+            "p50_ms": _percentile(every, 0.5), "p99_ms": _percentile(every, 0.99), "raw_ms": sorted(raw)[1]}
+
+
+def main_db(n_groups: int, size: int, n_trajectories: int, requests: int) -> None:
+    import os
+
+    from service.db import to_sqlalchemy_url
+
+    server = to_sqlalchemy_url(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    c = bench_db_curation(server, n_groups, size)
+    print(f"curation stage with DB writes, {c['groups']:,} groups of {size} (rule-only spec, batches of 256):")
+    print(f"  curate_pass                : {c['curate_pass']:>9,.0f} groups/s")
+    if not c["rollup_wired"]:
+        print(f"  curate + stats rollup      : {c['with_rollup']:>9,.0f} groups/s"
+              f"  (ratio {c['with_rollup'] / c['curate_pass']:.2f}; {c['ready']:,} ready, {c['dropped']:,} dropped)")
+    ok = min(c["curate_pass"], c["with_rollup"]) >= TARGET_DB_GROUPS_PER_S
+    print(f"  target {TARGET_DB_GROUPS_PER_S:,} groups/s     : {'met' if ok else 'NOT met'}")
+    r = bench_stats(server, n_trajectories, requests)
+    print(f"GET /v1/stats over {r['trajectories']:,} trajectories ({r['groups']:,} groups; seeded in"
+          f" {r['seed_s']:.0f} s, rollup rebuilt in {r['rebuild_s']:.1f} s into {r['cells']:,} cells):")
+    for name, (p50, p99) in r["per_query"].items():  # type: ignore[attr-defined]
+        print(f"  {name:<41}: p50 {p50:7.1f} ms  p99 {p99:7.1f} ms")
+    print(f"  all requests                             : p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms")
+    cold = r["per_query"]["by=policy_version (cold)"][0]  # type: ignore[index]
+    print(f"  raw SQL aggregate by version             : {r['raw_ms']:7.1f} ms  (raw / rollup cold p50 {r['raw_ms'] / cold:.0f}x)")
+    print(f"  target p99 {TARGET_STATS_P99_MS:.0f} ms                       : "
+          f"{'met' if r['p99_ms'] <= TARGET_STATS_P99_MS else 'NOT met'} (cold and warm requests together)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--db", action="store_true", help="also run the DB part (DATABASE_URL)")
+    parser.add_argument("--db-groups", type=int, default=4_000, help="groups through the curation stage")
+    parser.add_argument("--stats-trajectories", type=int, default=1_000_000)
+    parser.add_argument("--stats-requests", type=int, default=40, help="requests per query shape")
     args = parser.parse_args()
+    if args.db:
+        main_db(args.db_groups, args.size, args.stats_trajectories, args.stats_requests)
     r = bench_pure(args.groups, args.size, args.repeats)
     print(f"curation of {r['groups']:,} groups of {r['group_size']} ({r['ready_fraction']:.0%} ready)")
     print(f"  vectorised curate_groups : {r['vectorised_groups_per_s']:>12,.0f} groups/s")

@@ -33,16 +33,30 @@ TARGET_SPEEDUP = 1.7
 Item = tuple[Sample, PromptInfo]
 T = TypeVar("T")
 
-TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}}, "required": ["query"]}}}]
-RULES = RewardSpec(name="rules", components=[
-    {"name": "format", "kind": "rule.format", "params": {"required_tags": ["think", "answer"]}},
-    {"name": "tools", "kind": "rule.tool_calls", "params": {"tools": TOOLS}},
-    {"name": "repetition", "kind": "rule.repetition"},
-    {"name": "length", "kind": "rule.length", "params": {"target": 512, "limit": 1024}},
-    {"name": "overlong", "kind": "rule.overlong", "params": {"max_tokens": 1024, "buffer": 256}},
-    {"name": "turns", "kind": "rule.turns", "params": {"max_turns": 8, "buffer": 4}},
-])
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+                "required": ["query"],
+            },
+        },
+    }
+]
+RULES = RewardSpec(
+    name="rules",
+    components=[
+        {"name": "format", "kind": "rule.format", "params": {"required_tags": ["think", "answer"]}},
+        {"name": "tools", "kind": "rule.tool_calls", "params": {"tools": TOOLS}},
+        {"name": "repetition", "kind": "rule.repetition"},
+        {"name": "length", "kind": "rule.length", "params": {"target": 512, "limit": 1024}},
+        {"name": "overlong", "kind": "rule.overlong", "params": {"max_tokens": 1024, "buffer": 256}},
+        {"name": "turns", "kind": "rule.turns", "params": {"max_turns": 8, "buffer": 4}},
+    ],
+)
 MATH = RewardSpec(name="math", components=[{"name": "correct", "kind": "verifier.math"}])
 WORDS = "we compute the value of x then check it against the constraint and simplify the result".split()
 
@@ -59,14 +73,23 @@ def rule_items(n: int, seed: int = 0) -> list[Item]:
         messages = []
         for c in range(rng.randint(0, 4)):
             args = f'{{"query": "q{rng.randint(0, 3)}", "k": {rng.randint(1, 5)}}}'
-            messages.append({"role": "assistant", "content": "", "tool_calls": [
-                {"id": f"c{c}", "type": "function", "function": {"name": "search", "arguments": args}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": f"c{c}", "type": "function", "function": {"name": "search", "arguments": args}}
+                    ],
+                }
+            )
             messages.append({"role": "tool", "content": "result", "tool_call_id": f"c{c}"})
         text = " ".join(rng.choice(WORDS) for _ in range(150))
         answer = f"<think>{text}</think><answer>{rng.randint(0, 99)}</answer>"
         messages.append({"role": "assistant", "content": answer})
         turns = sum(m["role"] == "assistant" for m in messages)
-        items.append((Sample(messages, answer, "stop", rng.randint(100, 1200), turns), _prompt({"answer": "7"})))
+        items.append(
+            (Sample(messages, answer, "stop", rng.randint(100, 1200), turns), _prompt({"answer": "7"}))
+        )
     return items
 
 
@@ -87,8 +110,10 @@ def math_pair(rng: random.Random) -> tuple[str, str]:
 
 def math_items(n: int, seed: int) -> list[Item]:
     rng = random.Random(seed)
-    return [(Sample([], response, "stop", 50, 1), _prompt({"answer": gold}))
-            for gold, response in (math_pair(rng) for _ in range(n))]
+    return [
+        (Sample([], response, "stop", 50, 1), _prompt({"answer": gold}))
+        for gold, response in (math_pair(rng) for _ in range(n))
+    ]
 
 
 def _timed(run: Callable[[], T], n: int) -> tuple[float, T]:
@@ -110,7 +135,9 @@ def bench_rules(n: int) -> None:
         print(f"rules      all six in one spec: {rate:10,.0f} trajectories/s")
         for c in RULES.components:
             single = RewardSpec(name=c.name, components=[c])
-            print(f"rules      {c.kind:<24} {_rate(lambda s=single: scorer.score(s, items), n):10,.0f} trajectories/s")
+            print(
+                f"rules      {c.kind:<24} {_rate(lambda s=single: scorer.score(s, items), n):10,.0f} trajectories/s"
+            )
 
 
 def bare_math(items: list[Item]) -> list[bool]:
@@ -146,8 +173,10 @@ def bare_two_process_speedup(n: int) -> float:
 def bench_math(n: int, repeats: int) -> None:
     items = math_items(n, seed=1)  # every gold is distinct: no cache helps either side
     bare_math(math_items(50, seed=2))  # warm-up: imports, sympy caches
-    print(f"math       bare loop, 2 plain processes / 1: {bare_two_process_speedup(n // 2):.2f}x"
-          f"  (what this machine allows now; load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"math       bare loop, 2 plain processes / 1: {bare_two_process_speedup(n // 2):.2f}x"
+        f"  (what this machine allows now; load average {os.getloadavg()[0]:.1f})"
+    )
     with Scorer(processes=1, timeout_s=30.0) as one, Scorer(processes=2, timeout_s=30.0) as two:
         for scorer in (one, two):
             scorer.score(MATH, math_items(100, seed=3))  # warm-up: start the workers
@@ -179,26 +208,45 @@ def bench_sandbox(runs: int) -> None:
         ours.append((time.perf_counter() - start) * 1000)
     b, o = statistics.median(bare), statistics.median(ours)
     print(f"sandbox    isolation: {isolation_prefix()[0]}")
-    print(f"sandbox    bare subprocess.run: {b:7.1f} ms   sandboxed: {o:7.1f} ms   overhead: {o - b:+7.1f} ms"
-          f"  ({o / b:.2f}x, medians of {runs})")
+    print(
+        f"sandbox    bare subprocess.run: {b:7.1f} ms   sandboxed: {o:7.1f} ms   overhead: {o - b:+7.1f} ms"
+        f"  ({o / b:.2f}x, medians of {runs})"
+    )
 
 
 def bench_reward_model(n: int) -> None:
-    config = {"model_type": "llama", "vocab_size": 260, "hidden_size": 256, "intermediate_size": 688,
-              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
-              "max_position_embeddings": 1024}
-    rm = make_component("judge.reward_model", {"config": config, "device": "cpu", "batch_size": 16,
-                                               "max_length": 512})
+    config = {
+        "model_type": "llama",
+        "vocab_size": 260,
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 1024,
+    }
+    rm = make_component(
+        "judge.reward_model", {"config": config, "device": "cpu", "batch_size": 16, "max_length": 512}
+    )
     rng = random.Random(4)
-    items = [(Sample([], " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 80))), "stop", 100, 1),
-              _prompt({"answer": "1"})) for _ in range(n)]
+    items = [
+        (
+            Sample([], " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 80))), "stop", 100, 1),
+            _prompt({"answer": "1"}),
+        )
+        for _ in range(n)
+    ]
     rm.score_batch(items[:16])  # warm-up: load
     rate = _rate(lambda: rm.score_batch(items), n)
-    print(f"reward-model tiny Llama (4x256, bytes, <=512 tokens, batch 16) on CPU: {rate:8.1f} trajectories/s")
+    print(
+        f"reward-model tiny Llama (4x256, bytes, <=512 tokens, batch 16) on CPU: {rate:8.1f} trajectories/s"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", choices=["rules", "math", "sandbox", "rm"], action="append")
     parser.add_argument("--rule-samples", type=int, default=5000)
     parser.add_argument("--math-samples", type=int, default=400)

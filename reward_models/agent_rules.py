@@ -29,7 +29,9 @@ def tool_schemas(tools: list[dict]) -> dict[str, dict]:
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise ValueError(f"tools[{i}] ({spec['name']}): invalid parameters schema: {exc.message}") from None
+            raise ValueError(
+                f"tools[{i}] ({spec['name']}): invalid parameters schema: {exc.message}"
+            ) from None
         schemas[spec["name"]] = schema
     return schemas
 

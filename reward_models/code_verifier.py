@@ -50,9 +50,14 @@ class CodeVerifier(RewardComponent):
 
     def _limits(self) -> SandboxLimits:
         p = self.params
-        return SandboxLimits(timeout_s=p.timeout_s, memory_mb=p.memory_mb, max_processes=p.max_processes,
-                             max_output_bytes=p.max_output_bytes, allow_network=p.allow_network,
-                             allow_subprocess=p.allow_subprocess)
+        return SandboxLimits(
+            timeout_s=p.timeout_s,
+            memory_mb=p.memory_mb,
+            max_processes=p.max_processes,
+            max_output_bytes=p.max_output_bytes,
+            allow_network=p.allow_network,
+            allow_subprocess=p.allow_subprocess,
+        )
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         tests = prompt.reference.get("tests")

@@ -136,8 +136,11 @@ class LLMJudge(RewardComponent):
         """The chat messages sent to the judge for one sample."""
         p = self.params
         response = sample.final_answer if p.response == "final_answer" else render_messages(sample.messages)
-        values = {"prompt": _prompt_text(prompt.messages), "response": response,
-                  "reference": _reference_text(prompt.reference)}
+        values = {
+            "prompt": _prompt_text(prompt.messages),
+            "response": response,
+            "reference": _reference_text(prompt.reference),
+        }
         messages = [{"role": "system", "content": p.system}] if p.system else []
         return [*messages, {"role": "user", "content": fill_rubric(p.rubric, values)}]
 
@@ -168,8 +171,19 @@ class LLMJudge(RewardComponent):
             return list(pool.map(lambda item: self.score(*item), items))
 
     def _cache_key(self, messages: list[dict]) -> str:
-        config = self.params.model_dump(include={"base_url", "model", "rubric", "system", "score_regex",
-                                                  "min_score", "max_score", "temperature", "max_tokens"})
+        config = self.params.model_dump(
+            include={
+                "base_url",
+                "model",
+                "rubric",
+                "system",
+                "score_regex",
+                "min_score",
+                "max_score",
+                "temperature",
+                "max_tokens",
+            }
+        )
         blob = json.dumps({"config": config, "messages": messages}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -217,7 +231,12 @@ class LLMJudge(RewardComponent):
         """POST with retries; returns (answer text, attempts). Retries timeouts, connection errors,
         429 and 5xx with backoff ``backoff_s * 2**k`` (or Retry-After); other 4xx fail at once."""
         p = self.params
-        body = {"model": p.model, "messages": messages, "temperature": p.temperature, "max_tokens": p.max_tokens}
+        body = {
+            "model": p.model,
+            "messages": messages,
+            "temperature": p.temperature,
+            "max_tokens": p.max_tokens,
+        }
         headers, last_error, delay = self._headers(), "", 0.0
         for attempt in range(1, p.max_retries + 2):
             time.sleep(delay)

@@ -11,7 +11,9 @@ or with ``PoolTaskError`` ("timeout after Xs", "worker crashed: ...", "task rais
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import math
 import multiprocessing
 import os
 import resource
@@ -23,9 +25,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
+from reward_models.proctree import kill_group
+
 _DEPTH = 2  # tasks in flight per worker: the running one and the next
+_READY = -1  # task id of the message a worker sends once it has started
+_STARTUP_TIMEOUT_S = 120.0
 
 
 class PoolTaskError(Exception):
@@ -41,14 +48,18 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _worker_main(conn: Connection, memory_mb: int | None) -> None:
-    """Worker loop: own process group, optional address-space limit, run tasks until told to stop."""
+def _worker_main(conn: Connection, memory_mb: int | None, preload: tuple[str, ...]) -> None:
+    """Worker loop: own process group, optional address-space limit, import ``preload`` (a no-op
+    when the forkserver already did), say ready, run tasks until told to stop."""
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_parent_death_signal()
     if memory_mb:
         limit = memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    for module in preload:
+        importlib.import_module(module)
+    conn.send((_READY, True, None))
     while True:
         try:
             message = conn.recv()
@@ -78,13 +89,16 @@ class _Task:
     claimed: bool = False  # set_running_or_notify_cancel was called (a requeued task keeps it)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Worker:
     """A worker and the tasks sent to it: ``tasks[0]`` runs, the next one waits in its pipe."""
 
     process: Any
     conn: Connection
     tasks: deque[_Task] = field(default_factory=deque)
+    served: int = 0
+    ready: bool = False  # the worker has started; deadlines run only from then
+    started: float = field(default_factory=time.monotonic)
 
 
 class KillablePool:
@@ -98,16 +112,21 @@ class KillablePool:
     for a round trip to the dispatcher; a task's deadline starts when the dispatcher sees the task
     before it finish. Tasks queued behind one that timed out or crashed go back to the queue."""
 
-    def __init__(self, processes: int = 1, memory_mb: int | None = None,
-                 start_method: Literal["forkserver", "spawn"] = "forkserver",
-                 preload: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        processes: int = 1,
+        memory_mb: int | None = None,
+        start_method: Literal["forkserver", "spawn"] = "forkserver",
+        preload: Sequence[str] = (),
+    ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"unknown start_method {start_method!r}; valid: forkserver, spawn")
         self._ctx: Any = multiprocessing.get_context(start_method)  # stubs: BaseContext lacks Process
         if start_method == "forkserver" and preload:
-            self._ctx.set_forkserver_preload(list(preload))
+            self._ctx.set_forkserver_preload(list(preload))  # takes effect if no forkserver runs yet
+        self._preload = tuple(preload)
         self._memory_mb = memory_mb
         self._lock = threading.Lock()
         self._pending: deque[_Task] = deque()
@@ -161,7 +180,8 @@ class KillablePool:
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(child, self._memory_mb), daemon=True)
+        args = (child, self._memory_mb, self._preload)
+        process = self._ctx.Process(target=_worker_main, args=args, daemon=True)
         process.start()
         child.close()
         return _Worker(process=process, conn=parent)
@@ -193,33 +213,50 @@ class KillablePool:
                 task = self._next_task()
                 if task is None:
                     return
+                try:
+                    payload = ForkingPickler.dumps((task.task_id, task.fn, task.args))
+                except Exception as exc:  # noqa: BLE001 - pickling raises many types
+                    _fail(task, f"could not send the task: {type(exc).__name__}: {exc}")
+                    continue
                 if worker is None:
                     worker = self._slots[index] = self._start_worker()
                 if not worker.tasks:
-                    task.deadline = time.monotonic() + task.timeout_s
+                    task.deadline = time.monotonic() + task.timeout_s if worker.ready else math.inf
                 worker.tasks.append(task)
                 try:
-                    worker.conn.send((task.task_id, task.fn, task.args))
-                except Exception as exc:  # noqa: BLE001 - a dead worker or an unpicklable task
-                    worker.tasks.pop()
-                    _fail(task, f"could not send the task: {type(exc).__name__}: {exc}")
-                    if not worker.process.is_alive():
-                        self._retire(worker, "worker crashed: exit code {code}")
-                        break
+                    worker.conn.send_bytes(payload)
+                except OSError:  # the worker died since we last looked: refill the slot, go on
+                    self._unsent(worker, worker.tasks.pop())
+                    worker = None
+
+    def _unsent(self, worker: _Worker, task: _Task) -> None:
+        """``task`` could not be sent because ``worker`` died: retire the worker and put the task
+        back in the queue, unless the worker never ran anything (it cannot start: retrying loops)."""
+        requeue = bool(worker.tasks) or worker.served > 0
+        self._retire(worker, "worker crashed: exit code {code}")
+        if not requeue:
+            _fail(task, f"worker crashed: exit code {worker.process.exitcode}")
+            return
+        with self._lock:
+            self._pending.appendleft(task)
 
     def _wait_and_collect(self) -> None:
         workers = self._workers()
-        busy = [w for w in workers if w.tasks]
-        deadline = min((w.tasks[0].deadline for w in busy), default=None)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        handles: list[Any] = [self._wake_r, *(w.conn for w in busy), *(w.process.sentinel for w in workers)]
+        listening = [w for w in workers if w.tasks or not w.ready]
+        deadline = min((_deadline(w) for w in listening), default=math.inf)
+        timeout = None if deadline == math.inf else max(deadline - time.monotonic(), 0.0)
+        handles: list[Any] = [
+            self._wake_r,
+            *(w.conn for w in listening),
+            *(w.process.sentinel for w in workers),
+        ]
         ready = set(wait(handles, timeout))
         if self._wake_r in ready:
             with self._lock:
                 os.read(self._wake_r, 4096)
                 self._woken = False
         for worker in workers:
-            if worker.tasks and worker.conn in ready:
+            if worker in listening and worker.conn in ready:
                 self._receive(worker)
             elif worker.process.sentinel in ready:
                 self._retire(worker, "worker crashed: exit code {code}")
@@ -230,7 +267,13 @@ class KillablePool:
         except (EOFError, OSError):
             self._retire(worker, "worker crashed: exit code {code}")
             return
+        if task_id == _READY:
+            worker.ready = True
+            if worker.tasks:
+                worker.tasks[0].deadline = time.monotonic() + worker.tasks[0].timeout_s
+            return
         task = worker.tasks.popleft()
+        worker.served += 1
         assert task.task_id == task_id, "worker replies out of order"
         if worker.tasks:
             worker.tasks[0].deadline = time.monotonic() + worker.tasks[0].timeout_s
@@ -242,7 +285,9 @@ class KillablePool:
     def _expire(self) -> None:
         now = time.monotonic()
         for worker in self._workers():
-            if worker.tasks and now >= worker.tasks[0].deadline:
+            if not worker.ready and now >= worker.started + _STARTUP_TIMEOUT_S:
+                self._retire(worker, f"worker did not start within {_STARTUP_TIMEOUT_S:g}s")
+            elif worker.tasks and now >= worker.tasks[0].deadline:
                 self._retire(worker, f"timeout after {worker.tasks[0].timeout_s:g}s")
 
     def _retire(self, worker: _Worker, reason: str) -> None:
@@ -275,15 +320,23 @@ def _fail(task: _Task, message: str) -> None:
     task.future.set_exception(PoolTaskError(message))
 
 
+def _deadline(worker: _Worker) -> float:
+    """When the dispatcher must look at this worker again without news from it."""
+    if not worker.ready:
+        return worker.started + _STARTUP_TIMEOUT_S
+    return worker.tasks[0].deadline if worker.tasks else math.inf
+
+
 def _kill(worker: _Worker) -> None:
-    """SIGKILL the worker's process group (it and anything it started), then the worker itself."""
+    """SIGKILL the worker's process group (it and anything it started) and wait until it is gone.
+    Done before the worker is reaped, so its pid (= group id) cannot belong to anyone else yet."""
     pid = worker.process.pid
-    if worker.process.exitcode is None and pid is not None:
+    if pid is not None:
         try:
             if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+                kill_group(pid)
+        except ProcessLookupError:
             pass
-        worker.process.kill()
+    worker.process.kill()  # it may not have reached setpgid yet
     worker.process.join(timeout=5.0)
     worker.conn.close()

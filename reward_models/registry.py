@@ -15,9 +15,19 @@ from reward_models.verifiers import ExactMatchVerifier, F1Verifier, JsonSchemaVe
 KINDS: dict[str, type[RewardComponent]] = {
     cls.kind: cls
     for cls in (
-        FormatRule, ToolCallRule, RepetitionRule, LengthRule, OverlongRule, TurnsRule,
-        MathVerifier, ExactMatchVerifier, F1Verifier, CodeVerifier, JsonSchemaVerifier,
-        LLMJudge, RewardModelJudge,
+        FormatRule,
+        ToolCallRule,
+        RepetitionRule,
+        LengthRule,
+        OverlongRule,
+        TurnsRule,
+        MathVerifier,
+        ExactMatchVerifier,
+        F1Verifier,
+        CodeVerifier,
+        JsonSchemaVerifier,
+        LLMJudge,
+        RewardModelJudge,
     )
 }
 

@@ -123,7 +123,10 @@ class RewardModelJudge(RewardComponent):
             p = self.params
             tokenizer_name = p.tokenizer or p.model_path or "bytes"
             tokenizer = ByteTokenizer() if tokenizer_name == "bytes" else _HFTokenizer(tokenizer_name)
-            if isinstance(tokenizer, ByteTokenizer) and (p.config or {}).get("vocab_size", 1 << 30) <= BYTE_PAD_ID:
+            if (
+                isinstance(tokenizer, ByteTokenizer)
+                and (p.config or {}).get("vocab_size", 1 << 30) <= BYTE_PAD_ID
+            ):
                 raise ComponentError(f"tokenizer 'bytes' needs vocab_size > {BYTE_PAD_ID}")
             model = _build_model(p)
             if model.config.num_labels != 1:
@@ -133,8 +136,12 @@ class RewardModelJudge(RewardComponent):
             if model.config.pad_token_id is None:
                 model.config.pad_token_id = tokenizer.pad_token_id
             self.device = _resolve_device(p.device)
-            dtype = {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32, "float32": torch.float32,
-                     "bfloat16": torch.bfloat16, "float16": torch.float16}[p.dtype]
+            dtype = {
+                "auto": torch.bfloat16 if self.device == "cuda" else torch.float32,
+                "float32": torch.float32,
+                "bfloat16": torch.bfloat16,
+                "float16": torch.float16,
+            }[p.dtype]
             self._model = model.to(device=self.device, dtype=dtype).eval()
             self._tokenizer = tokenizer
 
@@ -163,7 +170,9 @@ class RewardModelJudge(RewardComponent):
         try:
             self.load()
         except Exception as exc:  # noqa: BLE001 - e.g. a missing model path: every item errors
-            return [error_result(f"could not load the reward model: {type(exc).__name__}: {exc}") for _ in items]
+            return [
+                error_result(f"could not load the reward model: {type(exc).__name__}: {exc}") for _ in items
+            ]
         assert self._tokenizer is not None
         ids = [self._tokenizer.encode(self.text(s, p), self.params.max_length) for s, p in items]
         order = sorted(range(len(items)), key=lambda i: len(ids[i]))
@@ -186,7 +195,9 @@ class RewardModelJudge(RewardComponent):
         width = max(max(len(x) for x in batch), 1)
         pad = self._tokenizer.pad_token_id
         input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in batch], device=self.device)  # (B, T)
-        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in batch], device=self.device)  # (B, T)
+        mask = torch.tensor(
+            [[1] * len(x) + [0] * (width - len(x)) for x in batch], device=self.device
+        )  # (B, T)
         with self._lock, torch.inference_mode():
             logits = self._model(input_ids=input_ids, attention_mask=mask).logits  # (B, 1)
         return logits[:, 0].float().cpu().tolist()

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
+from reward_models.proctree import kill_group
 from reward_models.sandbox_boot import BOOT
 
 Verdict = Literal["passed", "failed", "timeout", "exited_early"]
@@ -68,8 +69,14 @@ class SandboxResult:
 
     def details(self) -> dict:
         """A JSON-able summary for ComponentResult.details."""
-        return {"verdict": self.verdict, "returncode": self.returncode, "stdout": self.stdout,
-                "stderr": self.stderr, "wall_ms": round(self.wall_ms, 1), "isolation": self.isolation}
+        return {
+            "verdict": self.verdict,
+            "returncode": self.returncode,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "wall_ms": round(self.wall_ms, 1),
+            "isolation": self.isolation,
+        }
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,30 +98,36 @@ def isolation_prefix() -> tuple[str, tuple[str, ...]]:
 
 def _config(limits: SandboxLimits, isolation: str, status_fd: int) -> str:
     nproc_relative = not isolation.startswith("userns") and os.geteuid() != 0
-    return json.dumps({
-        "memory_bytes": limits.memory_mb * 2**20,
-        "cpu_s": math.ceil(limits.timeout_s) + 1,
-        "file_bytes": limits.max_file_mb * 2**20,
-        "max_processes": limits.max_processes,
-        "nproc_relative": nproc_relative,
-        "wall_s": limits.timeout_s + 1.0,
-        "allow_network": limits.allow_network,
-        "allow_subprocess": limits.allow_subprocess,
-        "status_fd": status_fd,
-    })
+    return json.dumps(
+        {
+            "memory_bytes": limits.memory_mb * 2**20,
+            "cpu_s": math.ceil(limits.timeout_s) + 1,
+            "file_bytes": limits.max_file_mb * 2**20,
+            "max_processes": limits.max_processes,
+            "nproc_relative": nproc_relative,
+            "wall_s": limits.timeout_s + 1.0,
+            "allow_network": limits.allow_network,
+            "allow_subprocess": limits.allow_subprocess,
+            "status_fd": status_fd,
+        }
+    )
 
 
 def _environment(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill the sandbox's process group (its session) and wait until every member is gone."""
+    kill_group(proc.pid)
     proc.wait()
 
 
@@ -146,14 +159,23 @@ def _read_status(fd: int) -> list[str]:
     return b"".join(chunks).decode("utf-8", "replace").split()
 
 
-def _launch(workdir: str, limits: SandboxLimits, token: str, out: BinaryIO, err: BinaryIO,
-            status_fd: int) -> tuple[subprocess.Popen, str]:
+def _launch(
+    workdir: str, limits: SandboxLimits, token: str, out: BinaryIO, err: BinaryIO, status_fd: int
+) -> tuple[subprocess.Popen, str]:
     isolation, prefix = isolation_prefix()
     config = _config(limits, isolation, status_fd)
     cmd = [*prefix, sys.executable, "-I", "-c", BOOT, config]
     try:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=_environment(workdir), stdin=subprocess.PIPE, stdout=out,
-                                stderr=err, pass_fds=(status_fd,), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=_environment(workdir),
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            pass_fds=(status_fd,),
+            start_new_session=True,
+        )
     except OSError as exc:
         raise SandboxError(f"could not start the sandbox: {exc}") from exc
     try:
@@ -192,8 +214,11 @@ def run_python(solution: str, tests: str, limits: SandboxLimits | None = None) -
     does to its working directory can hide the outcome."""
     limits = limits or SandboxLimits()
     token = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="grpo-sandbox-") as workdir, \
-            tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryDirectory(prefix="grpo-sandbox-") as workdir,
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+    ):
         for name, source in (("solution.py", solution), ("tests.py", tests)):
             with open(os.path.join(workdir, name), "w", encoding="utf-8") as fh:
                 fh.write(source)
@@ -211,9 +236,14 @@ def run_python(solution: str, tests: str, limits: SandboxLimits | None = None) -
             os.close(status_r)
         stderr = _read_tail(err, limits.max_output_bytes)
         if not timed_out and ("ready" not in status or proc.returncode == _SETUP_FAILED):
-            raise SandboxError(f"sandbox crashed before the program ran (exit {proc.returncode}): {stderr[-500:]}")
+            raise SandboxError(
+                f"sandbox crashed before the program ran (exit {proc.returncode}): {stderr[-500:]}"
+            )
         return SandboxResult(
             verdict=_verdict(timed_out, proc.returncode, status, token),
             returncode=None if timed_out else proc.returncode,
-            stdout=_read_head(out, limits.max_output_bytes), stderr=stderr, wall_ms=wall_ms, isolation=isolation,
+            stdout=_read_head(out, limits.max_output_bytes),
+            stderr=stderr,
+            wall_ms=wall_ms,
+            isolation=isolation,
         )

@@ -12,7 +12,7 @@ The audit hook is a guard against accidents, not a security boundary: the namesp
 PID, when ``unshare`` works), the rlimits and the killed process tree are the hard limits.
 """
 
-BOOT = r'''
+BOOT = r"""
 import json, os, resource, socket, sys, threading, time
 cfg = json.loads(sys.argv[1])
 token = sys.stdin.readline().strip()
@@ -103,4 +103,4 @@ os.write(cfg["status_fd"], (token + "\n").encode())
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)
-'''
+"""

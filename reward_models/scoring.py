@@ -19,7 +19,7 @@ from reward_models.pool import KillablePool, PoolTaskError
 from reward_models.registry import make_component
 from reward_models.spec import RewardSpec, ScoredSample, combine
 
-_PRELOAD = ("reward_models.registry", "math_verify")
+_PRELOAD = ("reward_models.registry", "reward_models.warmup")
 
 
 def params_key(params: dict[str, Any]) -> str:
@@ -74,8 +74,10 @@ class Scorer:
         for c in spec.components:
             if components[c.name].cpu_heavy:
                 pool, key = self._get_pool(), params_key(c.params)
-                pending[c.name] = [pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=self.timeout_s)
-                                   for s, p in items]
+                pending[c.name] = [
+                    pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=self.timeout_s)
+                    for s, p in items
+                ]
         results: dict[str, list[ComponentResult]] = {}
         for c in spec.components:
             if c.name not in pending:
@@ -112,6 +114,8 @@ def _inline(component: RewardComponent, items: list[tuple[Sample, PromptInfo]]) 
     except Exception as exc:  # noqa: BLE001 - recorded per sample, never a silent 0
         return [error_result(f"{type(exc).__name__}: {exc}") for _ in items]
     if len(results) != len(items):
-        return [error_result(f"{component.kind}: score_batch returned {len(results)} results for {len(items)}")
-                for _ in items]
+        return [
+            error_result(f"{component.kind}: score_batch returned {len(results)} results for {len(items)}")
+            for _ in items
+        ]
     return results

@@ -70,9 +70,16 @@ class MathVerifier(RewardComponent):
             return 0.0, {"extracted": None}
         p = self.params
         ok = any(
-            verify(list(g), pred, float_rounding=p.float_rounding, numeric_precision=p.numeric_precision,
-                   strict=p.strict, timeout_seconds=None)
-            for g in golds if g
+            verify(
+                list(g),
+                pred,
+                float_rounding=p.float_rounding,
+                numeric_precision=p.numeric_precision,
+                strict=p.strict,
+                timeout_seconds=None,
+            )
+            for g in golds
+            if g
         )
         return float(ok), {"extracted": str(pred[-1])}
 

@@ -14,7 +14,8 @@ from service.schemas import FreeJson, Strict
 
 LeaseOrder = Literal["oldest", "freshest"]
 LeaseStatus = Literal["active", "acked", "nacked", "expired"]
-SIZING_FIELDS = ("max_groups", "max_trajectories", "max_tokens")
+SizingField = Literal["max_groups", "max_trajectories", "max_tokens"]
+SIZING_FIELDS: tuple[SizingField, ...] = ("max_groups", "max_trajectories", "max_tokens")
 
 MAX_LEASE_GROUPS = 8192
 MAX_LEASE_TRAJECTORIES = 65_536
@@ -49,7 +50,7 @@ class LeaseIn(Strict):
             raise ValueError(f"{' | '.join(SIZING_FIELDS)}: exactly one is required (got {got})")
         return self
 
-    def sizing(self) -> tuple[str, int]:
+    def sizing(self) -> tuple[SizingField, int]:
         """('max_groups' | 'max_trajectories' | 'max_tokens', limit)."""
         name = next(n for n in SIZING_FIELDS if getattr(self, n) is not None)
         return name, int(getattr(self, name))

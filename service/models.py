@@ -239,9 +239,10 @@ class SamplingRequest(Base):
 class StatsCell(Base):
     """Pre-aggregated reward statistics (service.services.stats), maintained as groups are curated.
 
-    One row per (dim, key, dataset, hour of the group's created_at): dim 'policy_version' (key = the
-    version), 'finish_reason' (key = the reason) or 'all' (key ''). ``counters`` is a flat map of additive
-    counters (sums, sums of squares, counts, sparse histogram buckets), so cells merge by adding.
+    One row per (dim, key, dataset, bucket): dim 'policy_version' (key = the version), 'finish_reason'
+    (key = the reason) or 'all' (key ''); bucket the hour of the groups' created_at, or 1970-01-01 for the
+    all-time cells; dataset '' (all-time cells only) for every dataset together. ``counters`` is a flat map
+    of additive counters (sums, sums of squares, counts, sparse histogram buckets): cells merge by adding.
     """
 
     __tablename__ = "stats_cells"
@@ -250,4 +251,6 @@ class StatsCell(Base):
     dataset: Mapped[str] = mapped_column(Text, primary_key=True)
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     counters: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # a new value from a sequence at every write: (cell, version) names one content, across rebuilds too
+    version: Mapped[int] = mapped_column(BigInteger, server_default=text("nextval('stats_cells_version_seq')"))
     updated_at: Mapped[datetime] = _now()

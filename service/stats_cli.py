@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import orjson
 
 from service.client import CuratorClient, CuratorError
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             body = client._json("GET", "/v1/stats", params=params)
     except CuratorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 1
     print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() if args.json else format_table(body))
     return 0

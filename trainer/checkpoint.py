@@ -50,9 +50,15 @@ def _duplicate_names(model: nn.Module) -> set[str]:
 
 
 def save_checkpoint(
-    ckpt_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState, is_main: bool = True
+    ckpt_dir: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    is_main: bool = True,
+    keep_last: int | None = None,
 ) -> Path:
-    """Write a checkpoint of `model` (the transformers model, unwrapped or FSDP-sharded) -> its path."""
+    """Write a checkpoint of `model` (the transformers model, unwrapped or FSDP-sharded) -> its path.
+    keep_last: delete all but the newest `keep_last` checkpoints afterwards (None keeps all)."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=opts)
     optim = get_optimizer_state_dict(model, optimizer, options=opts)
@@ -60,7 +66,7 @@ def save_checkpoint(
     if not is_main:
         return final
     dups = _duplicate_names(model)
-    tensors = {k: v.contiguous() for k, v in weights.items() if k not in dups}
+    tensors = {k: v.contiguous() for k, v in weights.items() if k not in dups and isinstance(v, torch.Tensor)}
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -72,19 +78,28 @@ def save_checkpoint(
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    if keep_last is not None:
+        for old in _checkpoints(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
-    """The complete checkpoint with the highest step under `ckpt_dir`, None when there is none."""
-    if ckpt_dir is None or not Path(ckpt_dir).is_dir():
-        return None
+def _checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under `ckpt_dir`, oldest first."""
+    if not Path(ckpt_dir).is_dir():
+        return []
     found = [
         (int(m.group(1)), p)
         for p in Path(ckpt_dir).iterdir()
         if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
     ]
-    return max(found)[1] if found else None
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
+    """The complete checkpoint with the highest step under `ckpt_dir`, None when there is none."""
+    found = [] if ckpt_dir is None else _checkpoints(ckpt_dir)
+    return found[-1] if found else None
 
 
 def load_model_weights(path: str | Path, model: nn.Module) -> None:
@@ -93,8 +108,10 @@ def load_model_weights(path: str | Path, model: nn.Module) -> None:
     result = model.load_state_dict(tensors, strict=False)
     missing = set(result.missing_keys) - _duplicate_names(model)
     if missing or result.unexpected_keys:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
-                         f"unexpected {sorted(result.unexpected_keys)}")
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
+            f"unexpected {sorted(result.unexpected_keys)}"
+        )
 
 
 def load_optimizer_state(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

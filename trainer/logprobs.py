@@ -4,8 +4,8 @@ The plain way -- `logits = hidden @ W.T` (N, V), then an fp32 `log_softmax` kept
 holds two (N, V) fp32 tensors: for N = 16k tokens and a 152k vocabulary that is ~20 GB.
 `token_logprobs` instead walks the tokens in chunks of `chunk_tokens` inside one autograd Function:
 forward keeps only logsumexp, log-prob and entropy per token (N,); backward recomputes each chunk's
-logits from the saved hidden states and head weight, so at most two (chunk, V) fp32 buffers live at
-once and the full logits never exist (the recompute costs one extra head matmul per chunk).
+logits from the saved hidden states and head weight, so only a few (chunk, V) buffers live at once
+and the full logits never exist (the recompute costs one extra head matmul per chunk).
 
 Gradients used in backward, with z the chunk's logits, p = softmax(z), y the taken token:
   d logp_y / dz = onehot(y) - p
@@ -14,46 +14,90 @@ Gradients used in backward, with z the chunk's logits, p = softmax(z), y the tak
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
 DEFAULT_CHUNK_TOKENS = 2048
+HeadImpl = Literal["inplace", "functional", "compiled"]
 
 
-def _chunk_logits(h: Tensor, weight: Tensor, inv_temp: float) -> Tensor:
-    """h (n, H), weight (V, H) -> logits (n, V), at least fp32, divided by the sampling temperature."""
-    z = _at_least_fp32(torch.mm(h, weight.t()))  # (n, V)
-    if inv_temp != 1.0:
-        z.mul_(inv_temp)
-    return z
+def _chunk_stats(z_raw: Tensor, t: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Raw logits (n, V) of any dtype, targets (n,) -> (logsumexp, logp of targets, entropy), each (n,),
+    at least fp32, for logits z = z_raw * inv_temp. Functional, so torch.compile fuses it into one pass."""
+    z = _at_least_fp32(z_raw) * inv_temp  # (n, V)
+    lse = torch.logsumexp(z, dim=-1)  # (n,)
+    logp = z.gather(1, t[:, None]).squeeze(1) - lse  # (n,)
+    ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (n,)
+    return lse, logp, ent
+
+
+def _grad_inplace(
+    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: float
+) -> Tensor:
+    """Gradient of sum(g_lp * logp + g_ent * H) w.r.t. the raw logits (n, V), in z_raw's dtype
+    (g_ent None: the entropy is not differentiated).
+
+    Eager and lean: two (n, V) fp32 buffers (log p in place on the logits, p in place into the result).
+    """
+    logp_all = _at_least_fp32(z_raw).mul(inv_temp).sub_(lse[:, None])  # (n, V) log p
+    p = logp_all.exp()  # (n, V)
+    if g_ent is None:
+        gz = p.mul_(-g_lp[:, None])  # (n, V)
+    else:  # coef = g_lp + g_ent (log p + H)
+        coef = logp_all.add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None])  # (n, V)
+        gz = p.mul_(coef).neg_()  # (n, V)
+    gz.scatter_add_(1, t[:, None], g_lp[:, None])  # + g_lp * onehot(y)
+    return gz.mul_(inv_temp).to(z_raw.dtype)
+
+
+def _grad_functional(
+    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: float
+) -> Tensor:
+    """The same gradient as `_grad_inplace`, written functionally for torch.compile (one fused pass)."""
+    logp_all = _at_least_fp32(z_raw) * inv_temp - lse[:, None]  # (n, V)
+    onehot = torch.arange(z_raw.shape[1], device=z_raw.device)[None, :] == t[:, None]  # (n, V)
+    coef = g_lp[:, None] if g_ent is None else g_lp[:, None] + g_ent[:, None] * (logp_all + ent[:, None])
+    gz = onehot * g_lp[:, None] - torch.exp(logp_all) * coef  # (n, V)
+    return (gz * inv_temp).to(z_raw.dtype)
+
+
+@functools.cache
+def _kernels(impl: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(stats, grad) kernels of an implementation; `compiled` compiles the functional pair once."""
+    if impl == "inplace":
+        return _chunk_stats, _grad_inplace
+    if impl == "functional":
+        return _chunk_stats, _grad_functional
+    return torch.compile(_chunk_stats, dynamic=True), torch.compile(_grad_functional, dynamic=True)
 
 
 class _FusedTokenLogprobs(torch.autograd.Function):
-    """hidden (N, H), weight (V, H), targets (N,) -> logp (N,), entropy (N,), both at least fp32."""
+    """hidden (B, T, H), weight (V, H), targets (B, T) -> logp (B, T), entropy (B, T), at least fp32."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float, impl: str
     ) -> tuple[Tensor, Tensor]:
-        n_tok = hidden.shape[0]
+        b, t, h = hidden.shape
+        flat_h, flat_t = hidden.reshape(b * t, h), targets.reshape(b * t)  # (N, H), (N,)
         stats_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        logp = torch.empty(n_tok, dtype=stats_dtype, device=hidden.device)  # (N,)
-        ent = torch.empty_like(logp)  # (N,)
-        lse = torch.empty_like(logp)  # (N,)
+        logp = torch.empty(b, t, dtype=stats_dtype, device=hidden.device)  # (B, T)
+        ent = torch.empty_like(logp)  # (B, T)
+        lse = torch.empty(b * t, dtype=stats_dtype, device=hidden.device)  # (N,)
+        lp_flat, ent_flat = logp.view(-1), ent.view(-1)  # (N,) views
+        stats = _kernels(impl)[0]
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, n_tok, chunk):
-                e = min(s + chunk, n_tok)
-                z = _chunk_logits(hidden[s:e], weight, inv_temp)  # (n, V)
-                lse_c = torch.logsumexp(z, dim=-1)  # (n,)
-                lse[s:e] = lse_c
-                logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
-                p = torch.softmax(z, dim=-1)  # (n, V)
-                ent[s:e] = lse_c - (p * z).sum(dim=-1)
-                del z, p
+            for s in range(0, b * t, chunk):
+                e = min(s + chunk, b * t)
+                z_raw = torch.mm(flat_h[s:e], weight.t())  # (n, V) in the compute dtype
+                lse[s:e], lp_flat[s:e], ent_flat[s:e] = stats(z_raw, flat_t[s:e], inv_temp)
+                del z_raw
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.chunk, ctx.inv_temp = chunk, inv_temp
+        ctx.chunk, ctx.inv_temp, ctx.impl = chunk, inv_temp, impl
         ctx.set_materialize_grads(False)
         return logp, ent
 
@@ -62,46 +106,35 @@ class _FusedTokenLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None
-        grad_h = torch.empty_like(hidden) if need_h else None  # (N, H)
+            return None, None, None, None, None, None
+        b, t, h = hidden.shape
+        flat_h, flat_t, flat_ent = hidden.reshape(b * t, h), targets.reshape(b * t), ent.reshape(b * t)
+        g_lp = torch.zeros_like(lse) if g_logp is None else g_logp.reshape(b * t)  # (N,)
+        g_en = None if g_ent is None else g_ent.reshape(b * t)  # (N,)
+        grad_h = torch.empty_like(flat_h) if need_h else None  # (N, H)
         w_dtype = torch.promote_types(weight.dtype, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=w_dtype, device=weight.device) if need_w else None
-        n_tok = hidden.shape[0]
+        grad = _kernels(ctx.impl)[1]
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, n_tok, ctx.chunk):
-                e = min(s + ctx.chunk, n_tok)
-                gz = _chunk_grad_logits(
-                    hidden[s:e], weight, targets[s:e], lse[s:e], ent[s:e],
-                    None if g_logp is None else g_logp[s:e],
-                    None if g_ent is None else g_ent[s:e], ctx.inv_temp,
-                ).to(hidden.dtype)  # (n, V)
+            for s in range(0, b * t, ctx.chunk):
+                e = min(s + ctx.chunk, b * t)
+                z_raw = torch.mm(flat_h[s:e], weight.t())  # (n, V) recomputed
+                g_en_c = None if g_en is None else g_en[s:e]
+                gz = grad(z_raw, flat_t[s:e], lse[s:e], flat_ent[s:e], g_lp[s:e], g_en_c, ctx.inv_temp)
+                del z_raw
                 if grad_h is not None:
                     grad_h[s:e] = torch.mm(gz, weight)  # (n, H)
                 if grad_w is not None:
-                    grad_w.add_(torch.mm(gz.t(), hidden[s:e]))  # (V, H)
+                    grad_w.add_(torch.mm(gz.t(), flat_h[s:e]))  # (V, H)
                 del gz
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None
-
-
-def _chunk_grad_logits(
-    h: Tensor, weight: Tensor, t: Tensor, lse: Tensor, ent: Tensor,
-    g_logp: Tensor | None, g_ent: Tensor | None, inv_temp: float,
-) -> Tensor:
-    """Gradient of sum(g_logp * logp + g_ent * H) w.r.t. the chunk's pre-temperature logits (n, V), fp32.
-
-    Uses two (n, V) buffers: log p (in place on the logits) and p (in place into the result).
-    """
-    logp_all = _chunk_logits(h, weight, inv_temp).sub_(lse[:, None])  # (n, V) log p
-    p = logp_all.exp()  # (n, V)
-    coef = torch.zeros_like(logp_all) if g_ent is None else logp_all.add_(ent[:, None]).mul_(g_ent[:, None])
-    if g_logp is not None:
-        coef.add_(g_logp[:, None])  # (n, V) g_logp + g_ent * (log p + H)
-    gz = p.mul_(coef).neg_()  # (n, V)
-    if g_logp is not None:
-        gz.scatter_add_(1, t[:, None], g_logp[:, None])  # + g_logp * onehot(y)
-    if inv_temp != 1.0:
-        gz.mul_(inv_temp)
-    return gz
+        return (
+            None if grad_h is None else grad_h.view(b, t, h),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def token_logprobs(
@@ -110,6 +143,7 @@ def token_logprobs(
     targets: Tensor,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     temperature: float = 1.0,
+    impl: HeadImpl = "inplace",
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of each target token and entropy of the same distribution, fused with the LM head.
 
@@ -117,22 +151,23 @@ def token_logprobs(
     -> (logp (B, T), entropy (B, T)), fp32 (fp64 for fp64 inputs). Logits are `hidden @ weight.T / temperature`.
     Under autocast the matmuls run in the autocast dtype; softmax statistics are always fp32.
     Never materialises more than `chunk_tokens` rows of logits at once (forward or backward).
+    impl: `inplace` (eager, fewest buffers), `functional` (eager, the code `compiled` compiles),
+    `compiled` (torch.compile fuses each chunk's softmax statistics / gradient into single passes
+    over the compute-dtype logits; worth it on GPU).
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    b, t, h = hidden.shape
+    if impl not in get_args(HeadImpl):
+        raise ValueError(f"unknown head impl {impl!r}; valid: {', '.join(get_args(HeadImpl))}")
     dev = hidden.device.type
     if torch.is_autocast_enabled(dev):
         dtype = torch.get_autocast_dtype(dev)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     elif weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)
-    flat_h = hidden.reshape(b * t, h)  # (N, H)
-    flat_t = targets.reshape(b * t)  # (N,)
-    logp, ent = _FusedTokenLogprobs.apply(flat_h, weight, flat_t, chunk_tokens, 1.0 / temperature)
-    return logp.view(b, t), ent.view(b, t)
+    return _FusedTokenLogprobs.apply(hidden, weight, targets, chunk_tokens, 1.0 / temperature, impl)
 
 
 def _at_least_fp32(x: Tensor) -> Tensor:

@@ -76,7 +76,8 @@ class Denominator:
 
     tokens: mask-1 tokens (for `token-mean`); seqs: sequences with >= 1 mask-1 token (seq modes).
     Passing the whole batch's counts to every micro-batch makes gradient accumulation give the same
-    update as one big batch.
+    update as one big batch (under data parallelism the counts of all ranks, divided by the world
+    size, since DDP averages gradients: see `trainer.step.global_denominator`).
     """
 
     tokens: float
@@ -173,7 +174,9 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
     return -torch.minimum(ratio * adv, clipped * adv)
 
 
-def clip_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+def clip_fractions(
+    ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
     """Fractions of mask-1 tokens whose clip is active (zero gradient): (low, high) scalars.
 
     low: ratio < 1 - eps_low with A < 0; high: ratio > 1 + eps_high with A > 0.
@@ -184,7 +187,9 @@ def clip_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps
     return masked_mean(low, mask), masked_mean(high, mask)
 
 
-def tis_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float, level: str = "token") -> Tensor:
+def tis_weights(
+    old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float, level: str = "token"
+) -> Tensor:
     """Truncated IS weights min(pi_old / pi_sampler, C), detached: (B, T) x3 -> (B, T).
 
     token: per-token ratio, 1 at masked positions. sequence: the length-normalised sequence ratio
@@ -218,7 +223,7 @@ def policy_loss(
     when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors, masked means).
     """
     m = mask > 0
-    adv = advantages.to(torch.float32)[:, None]  # (B, 1)
+    adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
     lr = log_ratio(logp, old_logp, mask, cfg.ratio_level)  # (B, T)
     ratio = torch.exp(lr)  # (B, T)
     per_tok = clipped_surrogate(ratio, adv, cfg.eps_low, cfg.eps_high)  # (B, T)

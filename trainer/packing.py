@@ -18,7 +18,7 @@ The loss side works on a per-sequence (S, Tm) layout; `gather_index` maps it ont
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 import torch
@@ -63,8 +63,11 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """A copy with every tensor on `device`."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return MicroBatch(**{k: None if v is None else v.to(device, non_blocking=True) for k, v in moved.items()})
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = None if value is None else value.to(device, non_blocking=True)
+        return replace(self, **moved)
 
 
 def _shift(traj: dict[str, Any], version: int, where: str) -> TrainSeq | None:
@@ -151,7 +154,10 @@ def _pad_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
         ids[i, :n], tgt[i, :n], att[i, :n] = torch.tensor(s.inputs), torch.tensor(s.targets), 1
     pos = torch.arange(length).expand(r, length).clone()  # (R, L)
     return MicroBatch(
-        input_ids=ids, position_ids=pos, attention_mask=None if bool(att.all()) else att, targets=tgt,
+        input_ids=ids,
+        position_ids=pos,
+        attention_mask=None if bool(att.all()) else att,
+        targets=tgt,
         **_loss_side(seqs, [i * length for i in range(r)]),
     )
 
@@ -184,3 +190,19 @@ def pack_sequences(seqs: Sequence[TrainSeq], token_budget: int, mode: str = "pad
 def pack_batch(batch: dict[str, Any], token_budget: int, mode: str = "pad") -> list[MicroBatch]:
     """A leased batch (JSON form) -> micro-batches under `token_budget`; see `pack_sequences`."""
     return pack_sequences(sequences_from_batch(batch), token_budget, mode)
+
+
+def empty_micro_batch() -> MicroBatch:
+    """One token with loss mask 0: lets a rank with no (or fewer) micro-batches join every collective
+    of a step with zero gradient."""
+    zero = torch.zeros(1, 1, dtype=torch.long)  # (1, 1)
+    return MicroBatch(
+        input_ids=zero,
+        position_ids=zero.clone(),
+        attention_mask=None,
+        targets=zero.clone(),
+        gather_index=zero.clone(),
+        loss_mask=torch.zeros(1, 1),
+        old_logp=torch.zeros(1, 1),
+        advantages=torch.zeros(1),
+    )

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.loss import check_choice
+from trainer.policy import decoder_layers
 
 ParallelMode = Literal["ddp", "fsdp"]
 
@@ -75,14 +76,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def _decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a transformers causal LM (the FSDP wrapping unit)."""
-    names = set(getattr(module, "_no_split_modules", None) or [])
-    for sub in module.modules():
-        names |= set(getattr(sub, "_no_split_modules", None) or [])
-    return [m for m in module.modules() if type(m).__name__ in names]
-
-
 def wrap_policy(policy: nn.Module, mode: str, ctx: DistContext) -> nn.Module:
     """Wrap the policy for data parallelism; returned unchanged in one process.
 
@@ -98,7 +91,7 @@ def wrap_policy(policy: nn.Module, mode: str, ctx: DistContext) -> nn.Module:
         return nn.parallel.DistributedDataParallel(policy, device_ids=ids, broadcast_buffers=False)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in _decoder_layers(policy):
+    for layer in decoder_layers(policy):
         fully_shard(layer)
     fully_shard(policy)
     return policy

@@ -8,10 +8,12 @@ head weight, and a forward through the wrapper is a forward of every parameter.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from trainer.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs
+from trainer.logprobs import DEFAULT_CHUNK_TOKENS, HeadImpl, token_logprobs
 from trainer.packing import MicroBatch
 
 
@@ -22,16 +24,23 @@ class PolicyLogprobs(nn.Module):
     -> (logp (R, L) fp32, entropy (R, L) fp32).
     """
 
-    def __init__(self, model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, temperature: float = 1.0):
+    def __init__(
+        self,
+        model: Any,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        temperature: float = 1.0,
+        head_impl: HeadImpl = "inplace",
+    ):
         super().__init__()
         head = model.get_output_embeddings()
         if head is None or getattr(head, "bias", None) is not None:
             raise ValueError("the LM head must be a linear layer without bias")
         if getattr(model.config, "final_logit_softcapping", None):
             raise ValueError("models with final logit soft-capping are not supported by the fused head")
-        self.model = model
+        self.model: Any = model  # a transformers PreTrainedModel
         self.chunk_tokens = chunk_tokens
         self.temperature = temperature
+        self.head_impl = head_impl
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, targets: Tensor
@@ -41,7 +50,7 @@ class PolicyLogprobs(nn.Module):
         )
         hidden = out.last_hidden_state  # (R, L, H)
         weight = self.model.get_output_embeddings().weight  # (V, H)
-        return token_logprobs(hidden, weight, targets, self.chunk_tokens, self.temperature)
+        return token_logprobs(hidden, weight, targets, self.chunk_tokens, self.temperature, self.head_impl)
 
 
 def sequence_logprobs(policy: nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor]:
@@ -56,3 +65,20 @@ def sequence_logprobs(policy: nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor
 def frozen_logprobs(policy: nn.Module, mb: MicroBatch) -> Tensor:
     """Log-probs (S, Tm) without gradient: the old policy or the frozen reference."""
     return sequence_logprobs(policy, mb)[0]
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The transformer blocks inside `module`: instances of the classes any submodule lists in
+    transformers' `_no_split_modules` (the FSDP wrapping unit and the compile unit)."""
+    names: set[str] = set()
+    for sub in module.modules():
+        names |= set(getattr(sub, "_no_split_modules", None) or [])
+    return [m for m in module.modules() if type(m).__name__ in names]
+
+
+def compile_decoder_layers(model: nn.Module) -> int:
+    """torch.compile each transformer block in place (fuses norms, rotary, activations) -> how many."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)

@@ -17,11 +17,20 @@ import torch
 from torch import Tensor, nn
 
 from trainer.loss import Denominator, LossConfig, policy_loss
-from trainer.packing import MicroBatch
+from trainer.packing import MicroBatch, empty_micro_batch
 from trainer.parallel import all_reduce, grad_sync, unwrap, world_size
 from trainer.policy import frozen_logprobs, sequence_logprobs
 
-_MEAN_KEYS = ("pg_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "entropy", "kl_ref", "tis_weight")
+_MEAN_KEYS = (
+    "pg_loss",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "ratio_mean",
+    "entropy",
+    "kl_ref",
+    "tis_weight",
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,13 @@ def global_denominator(mbs: Sequence[MicroBatch], device: torch.device) -> Denom
         local[1] += m.any(dim=-1).sum()
     total = all_reduce(local, "sum") / world_size()
     return Denominator(tokens=float(total[0]), seqs=float(total[1]))
+
+
+def _even_count(mbs: Sequence[MicroBatch], device: torch.device) -> list[MicroBatch]:
+    """Pad with empty micro-batches to the largest count over ranks: FSDP gathers parameters in
+    every forward, so all ranks must run as many forwards and backwards."""
+    most = int(all_reduce(torch.tensor(len(mbs), device=device), "max"))
+    return list(mbs) + [empty_micro_batch() for _ in range(most - len(mbs))]
 
 
 def _autocast(device: torch.device, flag: bool | None) -> contextlib.AbstractContextManager[object]:
@@ -90,7 +106,8 @@ def train_step(
     """Accumulate gradients over `micro_batches`, clip, step: -> metrics (floats, reduced over ranks).
 
     policy: a PolicyLogprobs, possibly DDP / FSDP wrapped; ref_policy: the frozen reference
-    (needed when cfg.loss.beta > 0). Every rank must call this with >= 1 micro-batch. When the whole
+    (needed when cfg.loss.beta > 0). Every rank must call this with >= 1 micro-batch (ranks with
+    fewer are padded with empty ones, so counts may differ). When the whole
     batch (all ranks) has no mask-1 token, nothing is stepped and `skipped` is 1.
     """
     if cfg.loss.beta > 0 and ref_policy is None:
@@ -98,7 +115,7 @@ def train_step(
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch on every rank")
     device = next(policy.parameters()).device
-    mbs = [mb.to(device) for mb in micro_batches]
+    mbs = [mb.to(device) for mb in _even_count(micro_batches, device)]
     denom = global_denominator(mbs, device)
     if denom.tokens == 0:
         optimizer.zero_grad(set_to_none=True)

@@ -33,11 +33,11 @@ from trainer.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
-from trainer.logprobs import DEFAULT_CHUNK_TOKENS
+from trainer.logprobs import DEFAULT_CHUNK_TOKENS, HeadImpl
 from trainer.loss import LossConfig, check_choice
-from trainer.packing import MicroBatch, PackMode, pack_batch
+from trainer.packing import MicroBatch, PackMode, empty_micro_batch, pack_batch
 from trainer.parallel import DistContext, ParallelMode, all_reduce, barrier, init_distributed, wrap_policy
-from trainer.policy import PolicyLogprobs
+from trainer.policy import PolicyLogprobs, compile_decoder_layers
 from trainer.step import StepConfig, train_step
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,17 @@ log = logging.getLogger(__name__)
 class LeaseClient(Protocol):
     """The part of `service.client.CuratorClient` the worker uses."""
 
-    def lease(self, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None: ...
+    def lease(
+        self,
+        trainer_id: str,
+        *,
+        max_groups: int | None = None,
+        max_trajectories: int | None = None,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        lease_seconds: float = 300,
+        wait_seconds: float = 0,
+    ) -> dict[str, Any] | None: ...
     def ack(self, batch_id: str) -> dict[str, Any]: ...
     def publish_policy(self, version: int, metrics: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -66,7 +76,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float | None = 1.0
-    max_groups: int | None = 8
+    max_groups: int | None = None  # exactly one of the three sizes; none given: 8 groups
     max_trajectories: int | None = None
     max_tokens: int | None = None
     max_staleness: int | None = None
@@ -74,23 +84,32 @@ class TrainerConfig:
     wait_seconds: float = 5.0
     max_idle_polls: int | None = None  # stop after this many empty polls in a row (None: never)
     micro_token_budget: int = 8192
-    pack_mode: str = "pad"
+    pack_mode: PackMode = "pad"
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    head_impl: HeadImpl = "inplace"  # "compiled" on GPU fuses the LM-head softmax passes
+    compile_layers: bool = False  # torch.compile each decoder layer
     temperature: float = 1.0
     loss: LossConfig = field(default_factory=LossConfig)
     old_from_batch: bool = True
     gradient_checkpointing: bool = False
-    parallel: str = "ddp"
+    parallel: ParallelMode = "ddp"
     device: str = "auto"
     checkpoint_dir: str | None = None
     save_every: int = 10
+    keep_checkpoints: int | None = 3
     initial_policy_version: int = 0
 
     def __post_init__(self) -> None:
         check_choice("pack_mode", self.pack_mode, get_args(PackMode))
         check_choice("parallel", self.parallel, get_args(ParallelMode))
+        check_choice("head_impl", self.head_impl, get_args(HeadImpl))
         if (self.model is None) == (self.model_config is None):
             raise ValueError("give exactly one of model (a path) and model_config")
+        sizes = [n for n in ("max_groups", "max_trajectories", "max_tokens") if getattr(self, n) is not None]
+        if len(sizes) > 1:
+            raise ValueError(f"give one of max_groups, max_trajectories, max_tokens, not {sizes}")
+        if not sizes:
+            self.max_groups = 8
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
         self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
@@ -108,13 +127,19 @@ class TrainerConfig:
 def tiny_model_config(vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 2) -> dict[str, Any]:
     """A tiny Qwen2-style config (for tests and demos; seconds to train on CPU)."""
     return {
-        "model_type": "qwen2", "vocab_size": vocab_size, "hidden_size": hidden_size,
-        "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+        "model_type": "qwen2",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
     }
 
 
-def build_model(cfg: TrainerConfig) -> nn.Module:
+def build_model(cfg: TrainerConfig) -> Any:
     """The policy's initial weights: `from_pretrained(cfg.model)`, or a model built from
     `cfg.model_config` with `torch.manual_seed(cfg.seed)` (the same weights every call). fp32 params."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -130,34 +155,32 @@ def build_model(cfg: TrainerConfig) -> nn.Module:
     params = dict(raw)
     config = AutoConfig.for_model(params.pop("model_type"), **params)
     torch.manual_seed(cfg.seed)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(
+        config, attn_implementation=cfg.attn_implementation, dtype=torch.float32
+    )
 
 
-def build_reference(cfg: TrainerConfig, device: torch.device) -> nn.Module | None:
-    """The frozen reference (the initial weights, never a checkpoint); None when beta == 0."""
+def build_reference(cfg: TrainerConfig, ctx: DistContext) -> nn.Module | None:
+    """The frozen reference (the initial weights, never a checkpoint); None when beta == 0.
+    Sharded like the policy under FSDP; a full copy per rank under DDP."""
     if cfg.loss.beta == 0:
         return None
-    ref = build_model(cfg).to(device).eval().requires_grad_(False)
-    return PolicyLogprobs(ref, cfg.chunk_tokens, cfg.temperature)
-
-
-def empty_micro_batch() -> MicroBatch:
-    """One token with loss mask 0: lets a rank with no data join the step with zero gradient."""
-    zero = torch.zeros(1, 1, dtype=torch.long)
-    return MicroBatch(
-        input_ids=zero, position_ids=zero.clone(), attention_mask=None, targets=zero.clone(),
-        gather_index=zero.clone(), loss_mask=torch.zeros(1, 1), old_logp=torch.zeros(1, 1),
-        advantages=torch.zeros(1),
-    )
+    ref = build_model(cfg).to(ctx.device).eval().requires_grad_(False)
+    wrapped = PolicyLogprobs(ref, cfg.chunk_tokens, cfg.temperature, cfg.head_impl)
+    return wrap_policy(wrapped, "fsdp", ctx) if cfg.parallel == "fsdp" else wrapped
 
 
 def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str, Any] | None:
     """This rank's batch (None when nothing was ready within `wait_seconds`)."""
     trainer_id = cfg.trainer_id if ctx.world_size == 1 else f"{cfg.trainer_id}-rank{ctx.rank}"
     return client.lease(
-        trainer_id, max_groups=cfg.max_groups, max_trajectories=cfg.max_trajectories,
-        max_tokens=cfg.max_tokens, max_staleness=cfg.max_staleness,
-        lease_seconds=cfg.lease_seconds, wait_seconds=cfg.wait_seconds,
+        trainer_id,
+        max_groups=cfg.max_groups,
+        max_trajectories=cfg.max_trajectories,
+        max_tokens=cfg.max_tokens,
+        max_staleness=cfg.max_staleness,
+        lease_seconds=cfg.lease_seconds,
+        wait_seconds=cfg.wait_seconds,
     )
 
 
@@ -181,21 +204,31 @@ def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torc
     """Staleness (versions behind the weights trained) and size of the batches of all ranks."""
     versions = [g["policy_version"] for g in batch["groups"]] if batch else []
     stale = torch.tensor(
-        [sum(trained_version - v for v in versions), len(versions),
-         sum(len(g["trajectories"]) for g in batch["groups"]) if batch else 0],
-        dtype=torch.float64, device=device,
+        [
+            sum(trained_version - v for v in versions),
+            len(versions),
+            sum(len(g["trajectories"]) for g in batch["groups"]) if batch else 0,
+        ],
+        dtype=torch.float64,
+        device=device,
     )
-    worst = torch.tensor(max((trained_version - v for v in versions), default=0), dtype=torch.float64, device=device)
+    worst = torch.tensor(
+        max((trained_version - v for v in versions), default=0), dtype=torch.float64, device=device
+    )
     all_reduce(stale, "sum")
     all_reduce(worst, "max")
     groups = float(stale[1])
     return {
-        "staleness_mean": float(stale[0]) / groups if groups else 0.0, "staleness_max": float(worst),
-        "groups": groups, "trajectories": float(stale[2]),
+        "staleness_mean": float(stale[0]) / groups if groups else 0.0,
+        "staleness_max": float(worst),
+        "groups": groups,
+        "trajectories": float(stale[2]),
     }
 
 
-def _setup(cfg: TrainerConfig) -> tuple[DistContext, nn.Module, nn.Module, torch.optim.Optimizer, TrainerState]:
+def _setup(
+    cfg: TrainerConfig,
+) -> tuple[DistContext, nn.Module, nn.Module, torch.optim.Optimizer, TrainerState]:
     """Process group, model (resumed from the latest checkpoint), wrapped policy, AdamW, state."""
     ctx = init_distributed(cfg.device)
     model = build_model(cfg)
@@ -208,7 +241,10 @@ def _setup(cfg: TrainerConfig) -> tuple[DistContext, nn.Module, nn.Module, torch
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(ctx.device)
-    policy = wrap_policy(PolicyLogprobs(model, cfg.chunk_tokens, cfg.temperature), cfg.parallel, ctx)
+    if cfg.compile_layers:
+        compile_decoder_layers(model)
+    bare = PolicyLogprobs(model, cfg.chunk_tokens, cfg.temperature, cfg.head_impl)
+    policy = wrap_policy(bare, cfg.parallel, ctx)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
     )
@@ -217,44 +253,74 @@ def _setup(cfg: TrainerConfig) -> tuple[DistContext, nn.Module, nn.Module, torch
     return ctx, model, policy, optimizer, state
 
 
+def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[MicroBatch]:
+    """This rank's micro-batches; one empty micro-batch when it has nothing to train on."""
+    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode) if batch else []
+    return mbs or [empty_micro_batch()]
+
+
+def _any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True when `flag` holds on at least one rank."""
+    return int(all_reduce(torch.tensor(int(flag), device=ctx.device), "sum")) > 0
+
+
+def _report(
+    metrics: dict[str, float],
+    batch: dict[str, Any] | None,
+    version: int,
+    seconds: float,
+    acked: bool,
+    ctx: DistContext,
+) -> dict[str, float]:
+    """Step metrics plus batch staleness / size, tokens per second and refused acks, over all ranks."""
+    elapsed = float(all_reduce(torch.tensor(seconds, device=ctx.device), "max"))
+    out = metrics | batch_stats(batch, version, ctx.device)
+    out["tokens_per_s"] = metrics.get("input_tokens", 0.0) / max(elapsed, 1e-9)
+    out["ack_refused"] = float(all_reduce(torch.tensor(int(not acked), device=ctx.device), "sum"))
+    return out
+
+
+def publish(client: LeaseClient, state: TrainerState, metrics: dict[str, float], ctx: DistContext) -> None:
+    """Rank 0 publishes the new policy version once every rank has acked."""
+    barrier()
+    if ctx.is_main:
+        client.publish_policy(state.policy_version, metrics)
+        rounded = {k: round(v, 6) for k, v in metrics.items()}
+        log.info("policy version %d: %s", state.policy_version, json.dumps(rounded))
+
+
 def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -> list[dict[str, float]]:
-    """Train until `max_steps` updates (None: forever, or until `max_idle_polls` empty polls).
+    """Train until `max_steps` updates (None: forever, or until `max_idle_polls` empty polls in a row).
 
     -> the metrics published for each update.
     """
     ctx, model, policy, optimizer, state = _setup(cfg)
-    ref = build_reference(cfg, ctx.device)
+    ref = build_reference(cfg, ctx)
     step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
     history: list[dict[str, float]] = []
     idle = 0
     while max_steps is None or len(history) < max_steps:
         batch = lease(client, cfg, ctx)  # lease
-        if int(all_reduce(torch.tensor([batch is not None], device=ctx.device).long(), "sum")) == 0:
+        if not _any_rank(batch is not None, ctx):
             idle += 1
             if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
                 break
             continue
-        idle = 0
-        t0 = time.perf_counter()
-        mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode) if batch else []
-        metrics = train_step(policy, optimizer, mbs or [empty_micro_batch()], step_cfg, ref)  # log-probs, loss, step
-        elapsed = float(all_reduce(torch.tensor(time.perf_counter() - t0, device=ctx.device), "max"))
+        idle, t0 = 0, time.perf_counter()
+        mbs = micro_batches(batch, cfg)
+        metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
+        seconds = time.perf_counter() - t0
         acked = ack(client, batch)  # ack
-        metrics |= batch_stats(batch, state.policy_version, ctx.device)
-        metrics["tokens_per_s"] = metrics.get("input_tokens", 0.0) / max(elapsed, 1e-9)
-        metrics["ack_refused"] = float(all_reduce(torch.tensor(int(not acked), device=ctx.device), "sum"))
+        metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
         if metrics["skipped"]:
             continue
         state = TrainerState(state.policy_version + 1, state.step + 1)
-        barrier()
-        if ctx.is_main:
-            client.publish_policy(state.policy_version, metrics)  # publish
-            log.info("policy version %d: %s", state.policy_version, json.dumps({k: round(v, 6) for k, v in metrics.items()}))
+        publish(client, state, metrics, ctx)  # publish
         history.append(metrics)
         if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
-            save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main)
+            save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)
     if cfg.checkpoint_dir and history and state.step % cfg.save_every != 0:
-        save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main)
+        save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)
     return history
 
 
@@ -279,7 +345,9 @@ def config_from_args(argv: list[str] | None = None) -> tuple[TrainerConfig, int 
     """Command line -> (TrainerConfig, max_steps)."""
     ap = argparse.ArgumentParser(prog="grpo-curator train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="JSON file with TrainerConfig fields")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (loss.beta=0.04)")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (loss.beta=0.04)"
+    )
     ap.add_argument("--tiny", action="store_true", help="train a tiny random-initialised Qwen2 model")
     ap.add_argument("--max-steps", type=int, default=None)
     args = ap.parse_args(argv)

@@ -22,6 +22,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.execute("CREATE SEQUENCE stats_cells_version_seq")
     op.create_table(
         "stats_cells",
         sa.Column("dim", sa.String(length=16), nullable=False),
@@ -29,6 +30,8 @@ def upgrade() -> None:
         sa.Column("dataset", sa.Text(), nullable=False),
         sa.Column("bucket", sa.DateTime(timezone=True), nullable=False),
         sa.Column("counters", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.Column("version", sa.BigInteger(), server_default=sa.text("nextval('stats_cells_version_seq')"),
+                  nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.PrimaryKeyConstraint("dim", "key", "dataset", "bucket", name=op.f("pk_stats_cells")),
     )
@@ -36,3 +39,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("stats_cells")
+    op.execute("DROP SEQUENCE stats_cells_version_seq")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Row, and_, func, insert, or_, select, text, update
+from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from service.models import Group, Lease, Trajectory
@@ -51,6 +51,18 @@ def end_leases(session: Session, lease_ids: Sequence[str], status: str) -> None:
         session.execute(stmt)
 
 
+def end_lease(session: Session, lease_id: str, status: str) -> datetime | None:
+    """One lease -> ``status``; returns its ``ended_at`` (database clock)."""
+    stmt = (
+        update(Lease)
+        .where(Lease.id == lease_id)
+        .values(status=status, ended_at=func.clock_timestamp())
+        .returning(Lease.ended_at)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).scalar_one()
+
+
 def release_groups(session: Session, lease_ids: Sequence[str]) -> int:
     """Groups still held by these leases go back to 'ready'; returns how many."""
     if not lease_ids:
@@ -61,7 +73,7 @@ def release_groups(session: Session, lease_ids: Sequence[str]) -> int:
         .values(status="ready", lease_id=None)
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount or 0
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount or 0
 
 
 # -- claiming ------------------------------------------------------------------------------------------
@@ -72,7 +84,7 @@ def lock_ready_groups(
     order: Literal["oldest", "freshest"],
     after: tuple[int, int] | None,
     limit: int,
-) -> list[Row[Any]]:
+) -> list[Any]:
     """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
 
     ``after`` = (policy_version, pk) of the last row of the previous chunk (keyset pagination);
@@ -123,7 +135,7 @@ def lock_request_id(session: Session, request_id: str) -> None:
     session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:rid, 7))"), {"rid": request_id})
 
 
-def insert_lease(session: Session, row: dict[str, Any], lease_seconds: float) -> Row[Any]:
+def insert_lease(session: Session, row: dict[str, Any], lease_seconds: float) -> Any:
     """Insert a lease expiring ``lease_seconds`` from now (database clock); returns its times."""
     expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
     stmt = insert(Lease).values(**row, expires_at=expires).returning(Lease.created_at, Lease.expires_at)
@@ -188,4 +200,4 @@ def consume_groups(session: Session, lease_id: str, current_version: int) -> int
         )
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount or 0
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount or 0

@@ -85,22 +85,24 @@ def _low_condition(cfg: CurriculumConfig, i: int) -> str:
             f" AND (LEAST({terms}) >= :solved_{i} OR GREATEST({terms}) <= :failed_{i}))")
 
 
+def _value(cfg: CurriculumConfig, i: int, params: dict[str, Any]) -> str:
+    """SQL: the priority under one config (its parameters added to ``params`` with suffix i)."""
+    params.update({f"solved_{i}": cfg.solved, f"failed_{i}": cfg.failed, f"low_{i}": cfg.low_priority})
+    return f"(CASE WHEN {_low_condition(cfg, i)} THEN CAST(:low_{i} AS float8) ELSE 1.0 END)"
+
+
 def priority_sql(branches: Sequence[Branch], default: CurriculumConfig) -> tuple[str, dict[str, Any]]:
     """A SQL expression over ``prompts p``: the curriculum priority of each prompt (1.0, or the low
     priority of its config). A prompt's own policy wins over its dataset's, then the default."""
     params: dict[str, Any] = {}
     whens = []
-    for i, (kind, name, cfg) in enumerate([*branches, ("default", "", default)]):
-        params.update({f"solved_{i}": cfg.solved, f"failed_{i}": cfg.failed, f"low_{i}": cfg.low_priority})
-        value = f"(CASE WHEN {_low_condition(cfg, i)} THEN CAST(:low_{i} AS float8) ELSE 1.0 END)"
-        if kind == "default":
-            whens.append(f"ELSE {value}")
-            continue
+    for i, (kind, name, cfg) in enumerate(branches):
         params[f"match_{i}"] = name
-        match = "p.curation_policy = :match_{i}" if kind == "policy" else \
-            "p.curation_policy IS NULL AND p.dataset = :match_{i}"
-        whens.append(f"WHEN {match.format(i=i)} THEN {value}")
-    return f"(CASE {' '.join(whens)} END)", params
+        match = f"p.curation_policy = :match_{i}" if kind == "policy" else \
+            f"p.curation_policy IS NULL AND p.dataset = :match_{i}"
+        whens.append(f"WHEN {match} THEN {_value(cfg, i, params)}")
+    fallback = _value(default, len(branches), params)
+    return (f"(CASE {' '.join(whens)} ELSE {fallback} END)" if whens else fallback), params
 
 
 def rank_prompts(
@@ -170,8 +172,8 @@ def insert_taken(session: Session, rows: list[dict[str, Any]]) -> list[int]:
     """Insert rows already taken (synthesized picks); returns their pks in order."""
     if not rows:
         return []
-    stmt = insert(SamplingRequest).values(rows).returning(SamplingRequest.pk, sort_by_parameter_order=True)
-    return list(session.execute(stmt).scalars())
+    stmt = insert(SamplingRequest).returning(SamplingRequest.pk, sort_by_parameter_order=True)
+    return list(session.execute(stmt, rows).scalars())
 
 
 def mark_done(session: Session, pks: Sequence[int]) -> list[int]:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import select, text
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session
 
 from service.models import Group, StatsCell
@@ -35,7 +35,8 @@ _UPSERT = text(
     "INSERT INTO stats_cells AS c (dim, key, dataset, bucket, counters)"
     " SELECT * FROM unnest(CAST(:dims AS text[]), CAST(:keys AS text[]), CAST(:datasets AS text[]),"
     " CAST(:buckets AS timestamptz[]), CAST(CAST(:counters AS text[]) AS jsonb[])) ORDER BY 1, 2, 3, 4"
-    " ON CONFLICT (dim, key, dataset, bucket) DO UPDATE SET updated_at = now(), counters = ("
+    " ON CONFLICT (dim, key, dataset, bucket) DO UPDATE SET updated_at = now(),"
+    " version = nextval('stats_cells_version_seq'), counters = ("
     "  SELECT coalesce(jsonb_object_agg(k, s), '{}'::jsonb) FROM ("
     "   SELECT k, sum(v) AS s FROM ("
     "    SELECT e.key, e.value::float8 FROM jsonb_each_text(c.counters) AS e"
@@ -92,11 +93,40 @@ def curated_group_pks(session: Session, after_pk: int, limit: int) -> list[int]:
     return list(session.execute(stmt).scalars())
 
 
-def read_cells(session: Session, dim: str, dataset: str | None, since: datetime | None) -> list[Any]:
-    """(key, dataset, counters) of the cells of ``dim``, optionally one dataset's, from hour ``since`` on."""
-    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.counters).where(StatsCell.dim == dim)
-    if dataset is not None:
-        stmt = stmt.where(StatsCell.dataset == dataset)
+def _scope(stmt: Any, dim: str, dataset: str | None, since: datetime | None, all_time: datetime,
+           per_dataset: bool) -> Any:
+    """The cells of ``dim`` a query reads. With ``since``: the hourly cells from that hour on (of
+    ``dataset`` if given). Without: the all-time cells (bucket ``all_time``) of ``dataset``, else of every
+    dataset (``per_dataset``), else the all-datasets cells (dataset '')."""
+    stmt = stmt.where(StatsCell.dim == dim)
     if since is not None:
         stmt = stmt.where(StatsCell.bucket >= since)
+        return stmt if dataset is None else stmt.where(StatsCell.dataset == dataset)
+    stmt = stmt.where(StatsCell.bucket == all_time)
+    if dataset is None and per_dataset:
+        return stmt.where(StatsCell.dataset != "")
+    return stmt.where(StatsCell.dataset == (dataset or ""))
+
+
+def read_cells(
+    session: Session, dim: str, dataset: str | None, since: datetime | None, all_time: datetime, per_dataset: bool
+) -> list[Any]:
+    """(key, dataset, counters) of the cells a query reads (see ``_scope``)."""
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.counters)
+    return list(session.execute(_scope(stmt, dim, dataset, since, all_time, per_dataset)))
+
+
+def cell_versions(session: Session, dim: str, dataset: str | None, all_time: datetime, per_dataset: bool) -> list[Any]:
+    """(key, dataset, version) of the all-time cells a query reads; the counters stay in the table."""
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version)
+    return list(session.execute(_scope(stmt, dim, dataset, None, all_time, per_dataset)))
+
+
+def cells_at(session: Session, dim: str, cells: Sequence[tuple[str, str]], bucket: datetime) -> list[Any]:
+    """(key, dataset, version, counters) of the named cells of ``dim`` in ``bucket``."""
+    if not cells:
+        return []
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version, StatsCell.counters).where(
+        StatsCell.dim == dim, StatsCell.bucket == bucket, tuple_(StatsCell.key, StatsCell.dataset).in_(list(cells))
+    )
     return list(session.execute(stmt))

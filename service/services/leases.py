@@ -3,8 +3,9 @@
 - A lease claims whole groups with ``FOR UPDATE SKIP LOCKED`` in delivery order ('oldest' = ingest
   order, 'freshest' = newest policy version first) until the budget (groups, trajectories or tokens)
   is full; only trajectories whose action is keep / penalize (or not yet set) are delivered.
-- Every lease attempt first reaps expired leases (their groups go back to 'ready'); the background
-  worker calls ``reap_expired`` too.
+- Every lease attempt first reaps expired leases (their groups go back to 'ready') in its own
+  transaction, so the reaping is kept when the attempt leases something; the background worker's
+  ``reap_expired`` keeps the rest.
 - A retried lease request (same ``request_id``) returns the same batch while the lease is active.
 - ``wait_seconds`` long-polls: each attempt is short and, when it finds nothing, its transaction is
   rolled back (nothing was stored), so a waiting request holds no lock, snapshot or connection.
@@ -19,15 +20,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import anyio
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 from starlette.concurrency import run_in_threadpool
 
 from service.arrays import TOKEN_DTYPE
 from service.arrow import BatchColumns
-from service.delivery_schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState
+from service.delivery_schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState, SizingField
 from service.errors import Conflict, LeaseConflict, NotFound
 from service.models import Lease
 from service.repositories import leases as lease_repo
@@ -41,11 +44,18 @@ _FIRST_GUESS = {"max_groups": 1, "max_trajectories": 8, "max_tokens": 8 * 1024}
 Verdict = Literal["taken", "skipped", "full"]
 
 
+def _units(kind: SizingField, groups: int, trajectories: int, tokens: int) -> int:
+    """What counts against the budget of a lease sized by ``kind``."""
+    if kind == "max_groups":
+        return groups
+    return trajectories if kind == "max_trajectories" else tokens
+
+
 @dataclass
 class Claim:
     """Groups taken so far, in delivery order, and what they add up to."""
 
-    kind: str
+    kind: SizingField
     limit: int
     pks: list[int] = field(default_factory=list)
     trajectories: int = 0
@@ -53,9 +63,7 @@ class Claim:
     skipped: int = 0
 
     def used(self) -> int:
-        return {"max_groups": len(self.pks), "max_trajectories": self.trajectories}.get(
-            self.kind, self.tokens
-        )
+        return _units(self.kind, len(self.pks), self.trajectories, self.tokens)
 
     def offer(self, pk: int, n: int, tokens: int) -> Verdict:
         """Take a group of ``n`` deliverable trajectories / ``tokens`` token ids if it fits.
@@ -63,7 +71,7 @@ class Claim:
         A group with nothing deliverable is skipped; so is a first group that alone exceeds the budget
         (it must not block the queue for this trainer). Any later group that does not fit ends the batch.
         """
-        cost = {"max_groups": 1, "max_trajectories": n}.get(self.kind, tokens)
+        cost = _units(self.kind, 1, n, tokens)
         if n == 0:
             self.skipped += 1
             return "skipped"
@@ -133,8 +141,8 @@ def _columns(
     """The lease's groups, in lease order, as per-trajectory columns."""
     position = {pk: i for i, pk in enumerate(lease.group_pks)}
     rows = sorted(lease_repo.batch_rows(session, lease.group_pks), key=lambda r: (position[r.pk], r.idx))
-    names = ("group_id", "prompt_id", "policy_version", "index", "token_ids", "loss_mask", "logprobs")
-    names += ("advantage", "total_reward")
+    names: tuple[str, ...] = ("group_id", "prompt_id", "policy_version", "index", "token_ids", "loss_mask")
+    names += ("logprobs", "advantage", "total_reward")
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for r in rows:
         values = (r.id, r.prompt_id, r.policy_version, r.idx, r.token_ids, r.loss_mask, r.logprobs)
@@ -244,6 +252,12 @@ def _state(session: Session, lease: Lease) -> LeaseState:
     )
 
 
+def _ended(lease: Lease, status: str, ended_at: datetime | None) -> None:
+    """Reflect what ``end_lease`` stored on the loaded object, without making it dirty."""
+    set_committed_value(lease, "status", status)
+    set_committed_value(lease, "ended_at", ended_at)
+
+
 def _locked(session: Session, batch_id: str) -> Lease:
     lease = lease_repo.get_lease(session, batch_id, for_update=True)
     if lease is None:
@@ -271,8 +285,7 @@ def ack(session: Session, batch_id: str) -> LeaseState:
             detail={"batch_id": batch_id, "held": held},
         )
     lease_repo.consume_groups(session, batch_id, current_version(session))
-    lease_repo.end_leases(session, [batch_id], "acked")
-    session.refresh(lease)
+    _ended(lease, "acked", lease_repo.end_lease(session, batch_id, "acked"))
     return _state(session, lease)
 
 
@@ -287,8 +300,7 @@ def nack(session: Session, batch_id: str) -> LeaseState:
             detail={"batch_id": batch_id, "status": lease.status},
         )
     lease_repo.release_groups(session, [batch_id])
-    lease_repo.end_leases(session, [batch_id], "nacked")
-    session.refresh(lease)
+    _ended(lease, "nacked", lease_repo.end_lease(session, batch_id, "nacked"))
     return _state(session, lease)
 
 

@@ -1,7 +1,9 @@
 """Reward statistics (``GET /v1/stats``) served from a pre-aggregated rollup, not from raw scans.
 
-Every curated group adds its trajectories to hourly *cells* (table ``stats_cells``): one per
-(policy_version, dataset, hour), per (finish_reason, dataset, hour) and per (dataset, hour). A cell is a
+Every curated group adds its trajectories to *cells* (table ``stats_cells``): per (policy_version, dataset),
+per (finish_reason, dataset) and per dataset, each once per hour (what a query with ``since`` reads) and
+once for all time (bucket ``ALL_TIME``), plus all-time cells over every dataset (dataset ``ALL_DATASETS``),
+so a query without ``since`` reads about one cell per row it answers. A cell is a
 flat map of additive counters -- counts, sums, sums of squares and cross products, and sparse log-bucket
 histograms -- so cells merge by adding and a query reads a few hundred rows instead of millions:
 means, standard deviations (population), rates and Pearson correlations are exact; quantiles come from
@@ -22,8 +24,10 @@ The rollup follows the groups through ``record_groups`` (the curation stage, aft
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from itertools import groupby
 from typing import Any, Literal, get_args
 
@@ -45,10 +49,13 @@ _ZERO_VARIANCE = "zero_variance"
 QUANTILES = (0.1, 0.5, 0.9)
 
 Counters = dict[str, float]
-CellKey = tuple[str, str, str, datetime]  # (dim, key, dataset, hour)
+CellKey = tuple[str, str, str, datetime]  # (dim, key, dataset, hour or ALL_TIME)
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # the bucket of the all-time cells
+ALL_DATASETS = ""  # the dataset of the all-time cells over every dataset (dataset names are never empty)
 
 
 # -- histograms ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1 << 16)
 def bucket_of(value: float) -> str:
     """Log bucket of a value: 'z' for |v| < 1e-9, else 'p<i>' / 'n<i>' (sign) with i = ceil(log_gamma |v|),
     so bucket i holds (gamma^(i-1), gamma^i] and every member is within ALPHA of ``bucket_value``."""
@@ -58,6 +65,7 @@ def bucket_of(value: float) -> str:
     return f"{'p' if value > 0 else 'n'}{math.ceil(math.log(magnitude) / _LOG_GAMMA)}"
 
 
+@lru_cache(maxsize=1 << 16)
 def bucket_value(bucket: str) -> float:
     """The representative 2 gamma^i / (gamma + 1) of a bucket (relative error <= ALPHA)."""
     if bucket == "z":
@@ -141,15 +149,17 @@ def cell_counters(facts: Sequence[Any], components: Sequence[Any], sign: float =
             add_trajectory(c, sign, f, zero_variance, by_trajectory.get((f[0], f[1]), ()))
     cells: dict[CellKey, Counters] = {}
     for (dataset, version, hour, finish), c in fine.items():
-        for key in (("policy_version", str(version)), ("finish_reason", finish), ("all", "")):
-            merge_into(cells.setdefault((key[0], key[1], dataset, hour), {}), c)
+        for dim, key in (("policy_version", str(version)), ("finish_reason", finish), ("all", "")):
+            for cell_dataset, bucket in ((dataset, hour), (dataset, ALL_TIME), (ALL_DATASETS, ALL_TIME)):
+                merge_into(cells.setdefault((dim, key, cell_dataset, bucket), {}), c)
     return cells
 
 
 def merge_into(target: Counters, source: Mapping[str, float]) -> Counters:
     """target += source, key by key."""
+    get = target.get
     for key, value in source.items():
-        target[key] = target.get(key, 0.0) + value
+        target[key] = get(key, 0.0) + value
     return target
 
 
@@ -178,22 +188,31 @@ def _distribution(n: float, s: float, ss: float, hist: Mapping[str, float]) -> d
     return {"count": round(n), "mean": mean, "std": std, "p10": p10, "p50": p50, "p90": p90}
 
 
+@lru_cache(maxsize=1 << 16)
+def _family(key: str) -> tuple[str, str]:
+    """'h.t.p3' -> ('h.t', 'p3'); 'c.s.correct' -> ('c.s', 'correct'); 'hc.p3.correct' -> ('hc:correct', 'p3');
+    'drop.stale' -> ('drop', 'stale'); 'fin.length' -> ('fin', 'length'); plain 'n' -> ('', 'n')."""
+    head, _, rest = key.partition(".")
+    if head in ("h", "c"):
+        field, _, sub = rest.partition(".")
+        return f"{head}.{field}", sub
+    if head == "hc":
+        bucket, _, name = rest.partition(".")
+        return f"hc:{name}", bucket
+    if head in ("drop", "fin"):
+        return head, rest
+    return "", key
+
+
 def _split(c: Mapping[str, float]) -> dict[str, dict[str, float]]:
-    """Counters by family: 'h.t' / 'h.l' / 'drop' / 'fin' -> {sub: v}; 'c.<field>' -> {name: v};
-    'hc:<name>' -> {bucket: v}; plain keys under ''."""
+    """Counters by family (see ``_family``): {family: {sub: value}}."""
     out: dict[str, dict[str, float]] = {}
     for key, value in c.items():
-        head, _, rest = key.partition(".")
-        if head in ("h", "c"):
-            field, _, sub = rest.partition(".")
-            out.setdefault(f"{head}.{field}", {})[sub] = value
-        elif head == "hc":
-            bucket, _, name = rest.partition(".")
-            out.setdefault(f"hc:{name}", {})[bucket] = value
-        elif head in ("drop", "fin"):
-            out.setdefault(head, {})[rest] = value
-        else:
-            out.setdefault("", {})[key] = value
+        family, sub = _family(key)
+        part = out.get(family)
+        if part is None:
+            part = out[family] = {}
+        part[sub] = value
     return out
 
 
@@ -267,18 +286,97 @@ def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
 
 # -- the query ---------------------------------------------------------------------------------------------
 def since_hour(since: datetime | None) -> datetime | None:
-    """The UTC hour that contains ``since`` (naive datetimes are taken as UTC)."""
+    """The UTC hour that contains ``since`` (naive datetimes are taken as UTC); None (all time) for None
+    or a time before the first hourly bucket."""
     if since is None:
         return None
     aware = since.replace(tzinfo=UTC) if since.tzinfo is None else since.astimezone(UTC)
-    return aware.replace(minute=0, second=0, microsecond=0)
+    hour = aware.replace(minute=0, second=0, microsecond=0)
+    return hour if hour > ALL_TIME else None
 
 
 def _merged(rows: Iterable[Any], key_of: Any) -> dict[Any, Counters]:
     out: dict[Any, Counters] = {}
     for key, dataset, counters in rows:
-        merge_into(out.setdefault(key_of(key, dataset), {}), counters)
+        row_key = key_of(key, dataset)
+        if row_key in out:
+            merge_into(out[row_key], counters)
+        else:
+            out[row_key] = dict(counters)
     return out
+
+
+# by -> (the cells it reads, the row key of a cell from its (key, dataset))
+_SOURCES: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "dataset": ("all", lambda _key, dataset: dataset),
+    "component": ("all", lambda _key, _dataset: ""),
+    "policy_version": ("policy_version", lambda key, _dataset: int(key)),
+    "finish_reason": ("finish_reason", lambda key, _dataset: key),
+}
+
+
+def _rows_of(by: str, counters: Mapping[str, float]) -> list[dict[str, Any]]:
+    """The rows one key's counters give: one summary (without its key), or one row per component."""
+    if by != "component":
+        return [summarize(counters)] if counters.get("n", 0.0) >= 0.5 else []
+    parts = _split(counters)
+    names = [name for name, records in sorted(parts.get("c.n", {}).items()) if records >= 0.5]
+    return [{"key": name, **component_summary(parts, name)} for name in names]
+
+
+class _SummaryCache:
+    """Rows of all-time cells by (database, by, cell, version): a cell that did not change since it was last
+    summarised is neither read nor summarised again. Bounded (oldest out first) and thread-safe."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self._rows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        self._size, self._lock = size, threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> list[dict[str, Any]] | None:
+        return self._rows.get(key)
+
+    def put(self, key: tuple[Any, ...], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with self._lock:
+            while len(self._rows) >= self._size:
+                del self._rows[next(iter(self._rows))]
+            self._rows[key] = rows
+        return rows
+
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+
+_CACHE = _SummaryCache()
+
+
+def clear_summary_cache() -> None:
+    """Forget every cached summary (benchmarks measure the cold path with it)."""
+    _CACHE.clear()
+
+
+def _all_time_rows(session: Session, by: str, dataset: str | None) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """(row key, rows) of each all-time cell a query without ``since`` reads (one cell per key)."""
+    dim, key_of = _SOURCES[by]
+    versions = repo.cell_versions(session, dim, dataset, ALL_TIME, per_dataset=by == "dataset")
+    db = str(session.get_bind().engine.url)  # one process may serve (tests: see) several databases
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, ds, version in versions:
+        hit = _CACHE.get((db, by, dim, key, ds, version))
+        if hit is not None:
+            found[(key, ds)] = hit
+    missing = [(key, ds) for key, ds, _v in versions if (key, ds) not in found]
+    for key, ds, version, counters in repo.cells_at(session, dim, missing, ALL_TIME):
+        found[(key, ds)] = _CACHE.put((db, by, dim, key, ds, version), _rows_of(by, counters))
+    return [(key_of(key, ds), found[(key, ds)]) for key, ds, _v in versions if (key, ds) in found]
+
+
+def _hourly_rows(session: Session, by: str, dataset: str | None, hour: datetime) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """(row key, rows) from the hourly cells from ``hour`` on, merged per key."""
+    dim, key_of = _SOURCES[by]
+    merged = _merged(repo.read_cells(session, dim, dataset, hour, ALL_TIME, per_dataset=False), key_of)
+    return [(key, _rows_of(by, counters)) for key, counters in merged.items()]
 
 
 def get_stats(session: Session, by: str, dataset: str | None = None, since: datetime | None = None) -> dict[str, Any]:
@@ -288,20 +386,9 @@ def get_stats(session: Session, by: str, dataset: str | None = None, since: date
     except ValueError as exc:
         raise BadRequest(f"by: {exc}") from None
     hour = since_hour(since)
-    head = {"by": by, "dataset": dataset, "since": hour.isoformat() if hour else None}
+    keyed = _all_time_rows(session, by, dataset) if hour is None else _hourly_rows(session, by, dataset, hour)
     if by == "component":
-        merged: Counters = {}
-        for _key, _ds, counters in repo.read_cells(session, "all", dataset, hour):
-            merge_into(merged, counters)
-        parts = _split(merged)
-        names = [name for name, records in sorted(parts.get("c.n", {}).items()) if records >= 0.5]
-        rows = [{"key": name, **component_summary(parts, name)} for name in names]
-        return {**head, "rows": rows}
-    if by == "dataset":
-        groups = _merged(repo.read_cells(session, "all", dataset, hour), lambda _k, ds: ds)
-    elif by == "policy_version":
-        groups = _merged(repo.read_cells(session, "policy_version", dataset, hour), lambda k, _ds: int(k))
+        rows = [row for _key, rows_ in keyed for row in rows_]
     else:
-        groups = _merged(repo.read_cells(session, "finish_reason", dataset, hour), lambda k, _ds: k)
-    rows = [{"key": key, **summarize(groups[key])} for key in sorted(groups) if groups[key].get("n", 0.0) >= 0.5]
-    return {**head, "rows": rows}
+        rows = [{"key": key, **row} for key, rows_ in sorted(keyed, key=lambda kr: kr[0]) for row in rows_]
+    return {"by": by, "dataset": dataset, "since": hour.isoformat() if hour else None, "rows": rows}

@@ -52,8 +52,13 @@ class FakeOpenAIServer(ThreadingHTTPServer):
 def completion(content: str, model: str) -> dict:
     """A chat.completion response body."""
     return {
-        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
     }
 

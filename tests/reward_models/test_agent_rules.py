@@ -9,10 +9,18 @@ from reward_models.agent_rules import repeated_ngram_fraction
 from tests.reward_models.helpers import agent_sample, make_prompt, make_sample, tool_call
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "search", "parameters": {
-            "type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer", "minimum": 1}},
-            "required": ["query"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "k": {"type": "integer", "minimum": 1}},
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "finish", "parameters": {"type": "object"}}},
 ]
 
@@ -65,8 +73,9 @@ def test_tools_from_prompt_metadata() -> None:
     assert component.score(sample, make_prompt(metadata={"tools": TOOLS})).value == 1.0
     missing = component.score(sample, make_prompt())
     assert missing.value is None and "no tool definitions" in (missing.error or "")
-    broken = component.score(sample, make_prompt(metadata={"tools": [{"function": {"name": "s",
-                                                                               "parameters": {"type": 3}}}]}))
+    broken = component.score(
+        sample, make_prompt(metadata={"tools": [{"function": {"name": "s", "parameters": {"type": 3}}}]})
+    )
     assert broken.value is None and "invalid parameters schema" in (broken.error or "")
 
 
@@ -91,8 +100,10 @@ def test_repeated_ngram_fraction(tokens: list[str], n: int, fraction: float) -> 
 
 def test_normal_text_is_not_penalised_and_a_loop_is() -> None:
     component = make_component("rule.repetition", {})
-    prose = ("Let x be the number of apples. Then 3x + 2 = 11, so 3x = 9 and x = 3. "
-             "Checking: 3 * 3 + 2 = 11, which matches. The answer is 3.")
+    prose = (
+        "Let x be the number of apples. Then 3x + 2 = 11, so 3x = 9 and x = 3. "
+        "Checking: 3 * 3 + 2 = 11, which matches. The answer is 3."
+    )
     looped = prose + " I need to check again." * 60
     assert component.score(make_sample(prose), make_prompt()).value == 0.0
     result = component.score(make_sample(looped), make_prompt())

@@ -38,8 +38,10 @@ def test_last_fenced_block_else_whole_answer() -> None:
 
 
 def test_unittest_main_counts_with_its_exit_code() -> None:
-    tests = ("import unittest\nclass T(unittest.TestCase):\n"
-             "    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\nunittest.main()\n")
+    tests = (
+        "import unittest\nclass T(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\nunittest.main()\n"
+    )
     assert run_code("def add(a, b): return a + b", tests).value == 1.0
     assert run_code("def add(a, b): return a * 3", tests).value == 0.0
 
@@ -49,6 +51,19 @@ def test_exiting_before_the_tests_is_a_fail() -> None:
     assert early.value == 0.0 and "exited before the tests" in early.details["stderr"]
     hard = run_code("import os\nos._exit(0)\n", "assert False\n")
     assert hard.value == 0.0 and hard.details["verdict"] == "exited_early"
+
+
+def test_rewriting_or_deleting_files_cannot_change_the_outcome() -> None:
+    rewrite = "open('tests.py', 'w').write('pass')\ndef add(a, b): return 0\n"
+    assert run_code(rewrite).value == 0.0  # the tests were read before the solution ran
+    wipe = "import os\nfor name in os.listdir('.'):\n    os.remove(name)\ndef add(a, b): return a + b\n"
+    assert run_code(wipe).value == 1.0
+    assert run_code(wipe.replace("a + b", "a * b")).value == 0.0
+
+
+def test_syntax_error_is_a_fail_not_a_sandbox_error() -> None:
+    result = run_code("def add(a, b) return a + b")
+    assert result.value == 0.0 and "SyntaxError" in result.details["stderr"]
 
 
 def test_infinite_loop_times_out_as_a_fail_or_an_error() -> None:
@@ -103,8 +118,10 @@ def test_network_namespace_blocks_even_when_the_hook_allows() -> None:
 def test_environment_is_scrubbed_and_cwd_is_a_fresh_temp_dir() -> None:
     os.environ["GRPO_SECRET_FOR_TEST"] = "hunter2"
     try:
-        code = ("import os\nassert 'GRPO_SECRET_FOR_TEST' not in os.environ\n"
-                "assert sorted(os.listdir('.')) == ['solution.py', 'tests.py']\n")
+        code = (
+            "import os\nassert 'GRPO_SECRET_FOR_TEST' not in os.environ\n"
+            "assert sorted(os.listdir('.')) == ['solution.py', 'tests.py']\n"
+        )
         assert run_code(code, "pass\n").value == 1.0
     finally:
         del os.environ["GRPO_SECRET_FOR_TEST"]
@@ -117,8 +134,11 @@ def test_output_is_truncated() -> None:
 
 
 def test_output_flood_is_bounded_by_the_file_size_limit() -> None:
-    result = run_python("while True:\n    print('y' * 10_000)\n", "pass\n",
-                        SandboxLimits(timeout_s=5.0, max_file_mb=1, max_output_bytes=100))
+    result = run_python(
+        "while True:\n    print('y' * 10_000)\n",
+        "pass\n",
+        SandboxLimits(timeout_s=5.0, max_file_mb=1, max_output_bytes=100),
+    )
     assert result.verdict == "failed"
     assert "File too large" in result.stderr
 
@@ -130,8 +150,12 @@ def test_missing_tests_is_an_error() -> None:
 
 def test_batch_runs_in_parallel_and_keeps_order() -> None:
     component = make_component("verifier.code", {**FAST, "max_parallel": 4})
-    answers = ["def add(a, b): return a + b", "def add(a, b): return 0", "while True: pass",
-               "def add(a, b): return b + a"]
+    answers = [
+        "def add(a, b): return a + b",
+        "def add(a, b): return 0",
+        "while True: pass",
+        "def add(a, b): return b + a",
+    ]
     items = [(make_sample(a), make_prompt({"tests": TESTS})) for a in answers]
     results = component.score_batch(items)
     assert [r.value for r in results] == [1.0, 0.0, 0.0, 1.0]

@@ -13,8 +13,9 @@ from tests.reward_models.helpers import make_prompt, make_sample
 
 
 def judge(server: FakeOpenAIServer, **params: object):
-    return make_component("judge.llm", {"base_url": server.base_url, "model": "judge-7b",
-                                        "backoff_s": 0.01, **params})
+    return make_component(
+        "judge.llm", {"base_url": server.base_url, "model": "judge-7b", "backoff_s": 0.01, **params}
+    )
 
 
 def one(component, answer: str = "42"):
@@ -100,8 +101,10 @@ def test_judge_unreachable() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    component = make_component("judge.llm", {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m",
-                                             "max_retries": 1, "backoff_s": 0.01})
+    component = make_component(
+        "judge.llm",
+        {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 1, "backoff_s": 0.01},
+    )
     result = one(component)
     assert result.value is None and "judge unreachable" in (result.error or "")
 

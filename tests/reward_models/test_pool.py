@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -96,12 +98,33 @@ def test_tasks_queued_behind_a_timeout_or_crash_still_run() -> None:
         assert behind_crash.result(timeout=30) == 4
 
 
+def test_a_worker_killed_while_idle_is_replaced() -> None:
+    """A task that meets a worker killed from outside either runs on a fresh worker or reports
+    "worker crashed" (it may have been in the dead worker's pipe): never a hang, never a wrong value;
+    the pool goes on."""
+    with KillablePool(processes=1) as single:
+        assert single.submit(tasks.add, 1, 1, timeout_s=10).result(timeout=30) == 2
+        for i in range(5):
+            [pid] = single.worker_pids()
+            os.kill(pid, signal.SIGKILL)
+            try:
+                assert single.submit(tasks.add, i, i, timeout_s=10).result(timeout=30) == 2 * i
+            except PoolTaskError as exc:
+                assert str(exc) == "worker crashed: exit code -9"
+            assert single.submit(tasks.add, i, 1, timeout_s=10).result(timeout=30) == i + 1
+
+
 def test_deadline_counts_from_when_a_task_starts() -> None:
     """A queued task does not burn its deadline while the one before it runs."""
     with KillablePool(processes=1) as single:
         first = single.submit(tasks.sleep, 0.6, timeout_s=5)
         second = single.submit(tasks.sleep, 0.6, timeout_s=1.0)  # 1.2 s after submission, 0.6 s of work
         assert first.result(timeout=30) == 0.6 and second.result(timeout=30) == 0.6
+
+
+def test_worker_start_up_does_not_count_against_a_deadline() -> None:
+    with KillablePool(processes=1, start_method="spawn", preload=["tests.reward_models.slow_import"]) as slow:
+        assert slow.submit(tasks.add, 2, 3, timeout_s=0.5).result(timeout=60) == 5
 
 
 def test_close_fails_queued_tasks_and_refuses_new_ones() -> None:

@@ -10,9 +10,16 @@ import torch
 from reward_models import make_component
 from tests.reward_models.helpers import make_prompt, make_sample
 
-TINY_LLAMA = {"model_type": "llama", "vocab_size": 260, "hidden_size": 32, "intermediate_size": 64,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 512}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 260,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
 ANSWERS = ["42", "The answer is 42 because six times seven is forty-two.", "", "I don't know", "4" * 300]
 
 
@@ -56,13 +63,16 @@ def test_saved_model_loads_from_path(tmp_path: Path) -> None:
     built = rm()
     built.load()
     built._model.save_pretrained(tmp_path)
-    loaded = make_component("judge.reward_model", {"model_path": str(tmp_path), "tokenizer": "bytes",
-                                                   "device": "cpu"})
+    loaded = make_component(
+        "judge.reward_model", {"model_path": str(tmp_path), "tokenizer": "bytes", "device": "cpu"}
+    )
     assert values(loaded) == pytest.approx(values(built), abs=1e-5)
 
 
 def test_load_failures_are_errors_for_every_item(tmp_path: Path) -> None:
-    missing = make_component("judge.reward_model", {"model_path": str(tmp_path / "nope"), "tokenizer": "bytes"})
+    missing = make_component(
+        "judge.reward_model", {"model_path": str(tmp_path / "nope"), "tokenizer": "bytes"}
+    )
     results = missing.score_batch(items())
     assert all(r.value is None and "could not load the reward model" in (r.error or "") for r in results)
     small_vocab = rm(config={**TINY_LLAMA, "vocab_size": 100})
@@ -70,15 +80,20 @@ def test_load_failures_are_errors_for_every_item(tmp_path: Path) -> None:
 
 
 def test_transcript_mode_reads_tool_turns() -> None:
-    sample = make_sample("42", messages=[
-        {"role": "assistant", "content": "calling the calculator"},
-        {"role": "tool", "content": "42", "tool_call_id": "c1"},
-        {"role": "assistant", "content": "42"},
-    ])
+    sample = make_sample(
+        "42",
+        messages=[
+            {"role": "assistant", "content": "calling the calculator"},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "42"},
+        ],
+    )
     component = rm(response="transcript")
     component.load()
     assert "tool: 42" in component.text(sample, make_prompt())
-    assert rm().score(sample, make_prompt()).value != pytest.approx(component.score(sample, make_prompt()).value)
+    assert rm().score(sample, make_prompt()).value != pytest.approx(
+        component.score(sample, make_prompt()).value
+    )
 
 
 @pytest.mark.gpu
@@ -88,7 +103,9 @@ def test_cuda_matches_cpu() -> None:
     assert gpu == pytest.approx(values(rm()), abs=1e-3)
     assert rm(device="auto").score(*items()[0]).value == pytest.approx(
         make_component("judge.reward_model", {"config": TINY_LLAMA, "device": "cuda", "dtype": "bfloat16"})
-        .score(*items()[0]).value)
+        .score(*items()[0])
+        .value
+    )
 
 
 def save_word_tokenizer(path: Path) -> int:

@@ -14,7 +14,9 @@ THINK_ANSWER = {"required_tags": ["think", "answer"]}
 
 
 def fmt(answer: str, **params: object) -> float | None:
-    return make_component("rule.format", params or THINK_ANSWER).score(make_sample(answer), make_prompt()).value
+    return (
+        make_component("rule.format", params or THINK_ANSWER).score(make_sample(answer), make_prompt()).value
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,8 @@ def test_tag_format(answer: str, value: float) -> None:
 
 def test_tag_format_reports_what_failed() -> None:
     result = make_component("rule.format", THINK_ANSWER).score(
-        make_sample("<think>x</think><answer></answer>"), make_prompt())
+        make_sample("<think>x</think><answer></answer>"), make_prompt()
+    )
     assert result.details["failed"] == ["<answer> is empty"]
 
 
@@ -56,10 +59,13 @@ def test_regex_format_with_answer_group() -> None:
 
 
 def test_format_on_the_whole_response() -> None:
-    sample = make_sample("<answer>42</answer>", messages=[
-        {"role": "assistant", "content": "<think>hmm</think>"},
-        {"role": "assistant", "content": "<answer>42</answer>"},
-    ])
+    sample = make_sample(
+        "<answer>42</answer>",
+        messages=[
+            {"role": "assistant", "content": "<think>hmm</think>"},
+            {"role": "assistant", "content": "<answer>42</answer>"},
+        ],
+    )
     component = make_component("rule.format", {**THINK_ANSWER, "source": "response"})
     assert component.score(sample, make_prompt()).value == 1.0
     assert make_component("rule.format", THINK_ANSWER).score(sample, make_prompt()).value == 0.0
@@ -76,7 +82,15 @@ def reference_overlong(length: int, l_max: int, l_cache: int) -> float:
 
 @pytest.mark.parametrize(
     ("length", "value"),
-    [(0, 0.0), (12_288, 0.0), (12_289, -1 / 4096), (14_336, -0.5), (16_384, -1.0), (16_385, -1.0), (99_999, -1.0)],
+    [
+        (0, 0.0),
+        (12_288, 0.0),
+        (12_289, -1 / 4096),
+        (14_336, -0.5),
+        (16_384, -1.0),
+        (16_385, -1.0),
+        (99_999, -1.0),
+    ],
 )
 def test_overlong_hand_values(length: int, value: float) -> None:
     component = make_component("rule.overlong", {"max_tokens": 16_384, "buffer": 4096})

@@ -10,11 +10,19 @@ import pytest
 from reward_models import RewardSpec, ScoredSample, Scorer
 from tests.reward_models.helpers import make_prompt, make_sample
 
-SPEC = RewardSpec(name="math-r1", components=[
-    {"name": "correct", "kind": "verifier.math", "outcome": True},
-    {"name": "format", "kind": "rule.format", "weight": 0.2, "params": {"required_tags": ["answer"]}},
-    {"name": "overlong", "kind": "rule.overlong", "weight": 0.5, "params": {"max_tokens": 100, "buffer": 20}},
-])
+SPEC = RewardSpec(
+    name="math-r1",
+    components=[
+        {"name": "correct", "kind": "verifier.math", "outcome": True},
+        {"name": "format", "kind": "rule.format", "weight": 0.2, "params": {"required_tags": ["answer"]}},
+        {
+            "name": "overlong",
+            "kind": "rule.overlong",
+            "weight": 0.5,
+            "params": {"max_tokens": 100, "buffer": 20},
+        },
+    ],
+)
 # sympy evaluates this power tower when comparing: it never finishes (a real math-verify blow-up)
 BLOW_UP = r"<answer>$\boxed{9^{9^{9^{9}}}}$</answer>"
 
@@ -30,8 +38,9 @@ def items(*answers: str, tokens: int = 10) -> list:
 
 
 def test_scores_and_totals(scorer: Scorer) -> None:
-    right, wrong, unformatted = scorer.score(SPEC, items(r"<answer>$\boxed{42}$</answer>",
-                                                         r"<answer>$\boxed{41}$</answer>", "42"))
+    right, wrong, unformatted = scorer.score(
+        SPEC, items(r"<answer>$\boxed{42}$</answer>", r"<answer>$\boxed{41}$</answer>", "42")
+    )
     assert (right.outcome, right.total) == (1.0, pytest.approx(1.2))
     assert (wrong.outcome, wrong.total) == (0.0, pytest.approx(0.2))
     assert (unformatted.outcome, unformatted.total) == (1.0, pytest.approx(1.0))

@@ -11,9 +11,19 @@ from reward_models import KINDS, ComponentResult, RewardSpec, combine, make_comp
 from reward_models.base import error_result
 
 EXPECTED_KINDS = {
-    "rule.format", "rule.tool_calls", "rule.repetition", "rule.length", "rule.overlong", "rule.turns",
-    "verifier.math", "verifier.exact_match", "verifier.f1", "verifier.code", "verifier.json_schema",
-    "judge.llm", "judge.reward_model",
+    "rule.format",
+    "rule.tool_calls",
+    "rule.repetition",
+    "rule.length",
+    "rule.overlong",
+    "rule.turns",
+    "verifier.math",
+    "verifier.exact_match",
+    "verifier.f1",
+    "verifier.code",
+    "verifier.json_schema",
+    "judge.llm",
+    "judge.reward_model",
 }
 
 
@@ -57,15 +67,29 @@ def test_bad_params_name_the_param(kind: str, params: dict, message: str) -> Non
 def test_spec_errors_name_the_field() -> None:
     cases = [
         ([], "components: at least one component"),
-        ([{"name": "a", "kind": "rule.turns", "params": {"max_turns": 3}},
-          {"name": "b", "kind": "foo"}], r"components\[1\]\.kind: unknown kind 'foo'; valid: "),
-        ([{"name": "a", "kind": "verifier.math"}, {"name": "a", "kind": "verifier.f1"}],
-         r"components\[1\]\.name: duplicate name 'a'"),
-        ([{"name": "a", "kind": "verifier.math", "outcome": True},
-          {"name": "b", "kind": "verifier.f1", "outcome": True}], r"components\[1\]\.outcome: at most one"),
-        ([{"name": "a", "kind": "verifier.math", "weight": math.nan}], r"components\[0\]\.weight: must be finite"),
-        ([{"name": "a", "kind": "rule.overlong", "params": {"max_tokens": 10, "buffer": 20}}],
-         r"components\[0\]\.params: rule.overlong: .*buffer must be <= max_tokens"),
+        (
+            [{"name": "a", "kind": "rule.turns", "params": {"max_turns": 3}}, {"name": "b", "kind": "foo"}],
+            r"components\[1\]\.kind: unknown kind 'foo'; valid: ",
+        ),
+        (
+            [{"name": "a", "kind": "verifier.math"}, {"name": "a", "kind": "verifier.f1"}],
+            r"components\[1\]\.name: duplicate name 'a'",
+        ),
+        (
+            [
+                {"name": "a", "kind": "verifier.math", "outcome": True},
+                {"name": "b", "kind": "verifier.f1", "outcome": True},
+            ],
+            r"components\[1\]\.outcome: at most one",
+        ),
+        (
+            [{"name": "a", "kind": "verifier.math", "weight": math.nan}],
+            r"components\[0\]\.weight: must be finite",
+        ),
+        (
+            [{"name": "a", "kind": "rule.overlong", "params": {"max_tokens": 10, "buffer": 20}}],
+            r"components\[0\]\.params: rule.overlong: .*buffer must be <= max_tokens",
+        ),
     ]
     for components, message in cases:
         with pytest.raises(ValidationError, match=message):
@@ -74,16 +98,28 @@ def test_spec_errors_name_the_field() -> None:
 
 def test_outcome_is_the_marked_one_else_the_first_verifier() -> None:
     fmt = {"name": "fmt", "kind": "rule.format", "params": {"required_tags": ["answer"]}}
-    assert spec(fmt, {"name": "em", "kind": "verifier.exact_match"},
-                {"name": "m", "kind": "verifier.math"}).outcome_name() == "em"
-    assert spec(fmt, {"name": "em", "kind": "verifier.exact_match"},
-                {"name": "m", "kind": "verifier.math", "outcome": True}).outcome_name() == "m"
+    assert (
+        spec(
+            fmt, {"name": "em", "kind": "verifier.exact_match"}, {"name": "m", "kind": "verifier.math"}
+        ).outcome_name()
+        == "em"
+    )
+    assert (
+        spec(
+            fmt,
+            {"name": "em", "kind": "verifier.exact_match"},
+            {"name": "m", "kind": "verifier.math", "outcome": True},
+        ).outcome_name()
+        == "m"
+    )
     assert spec(fmt).outcome_name() is None
 
 
 def test_spec_round_trips_through_json() -> None:
-    original = spec({"name": "m", "kind": "verifier.math", "weight": 2.0, "outcome": True},
-                    {"name": "j", "kind": "verifier.json_schema", "params": {"schema": {"type": "object"}}})
+    original = spec(
+        {"name": "m", "kind": "verifier.math", "weight": 2.0, "outcome": True},
+        {"name": "j", "kind": "verifier.json_schema", "params": {"schema": {"type": "object"}}},
+    )
     again = RewardSpec.model_validate(original.model_dump(mode="json"))
     assert again == original
 
@@ -94,9 +130,11 @@ def test_reward_model_spec_validates_without_loading_a_model() -> None:
 
 
 def test_combine_is_the_weighted_sum_with_the_outcome() -> None:
-    s = spec({"name": "m", "kind": "verifier.math", "weight": 1.0},
-             {"name": "fmt", "kind": "rule.format", "weight": 0.2, "params": {"required_tags": ["answer"]}},
-             {"name": "long", "kind": "rule.overlong", "weight": 0.5, "params": {"max_tokens": 10, "buffer": 5}})
+    s = spec(
+        {"name": "m", "kind": "verifier.math", "weight": 1.0},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.2, "params": {"required_tags": ["answer"]}},
+        {"name": "long", "kind": "rule.overlong", "weight": 0.5, "params": {"max_tokens": 10, "buffer": 5}},
+    )
     scored = combine(s, {"m": ok(1.0), "fmt": ok(0.0), "long": ok(-0.4)})
     assert scored.total == pytest.approx(1.0 * 1.0 + 0.2 * 0.0 + 0.5 * -0.4)
     assert scored.outcome == 1.0
@@ -104,7 +142,10 @@ def test_combine_is_the_weighted_sum_with_the_outcome() -> None:
 
 
 def test_combine_error_gives_no_total_never_zero() -> None:
-    s = spec({"name": "m", "kind": "verifier.math"}, {"name": "t", "kind": "rule.turns", "params": {"max_turns": 4}})
+    s = spec(
+        {"name": "m", "kind": "verifier.math"},
+        {"name": "t", "kind": "rule.turns", "params": {"max_turns": 4}},
+    )
     scored = combine(s, {"m": error_result("timeout after 10s"), "t": ok(0.0)})
     assert scored.total is None
     assert scored.outcome is None

@@ -73,12 +73,17 @@ def test_exact_match_normalises_and_takes_any_reference() -> None:
     assert score("verifier.exact_match", "The Eiffel Tower.", {"answer": "eiffel tower"}).value == 1.0
     assert score("verifier.exact_match", "Eiffel", {"answer": ["Tour Eiffel", "Eiffel"]}).value == 1.0
     assert score("verifier.exact_match", "Eiffel Tower", {"answer": "Louvre"}).value == 0.0
-    assert score("verifier.exact_match", "The Eiffel Tower.", {"answer": "eiffel tower"}, normalize=False).value == 0.0
+    assert (
+        score("verifier.exact_match", "The Eiffel Tower.", {"answer": "eiffel tower"}, normalize=False).value
+        == 0.0
+    )
 
 
 def test_exact_match_with_extraction() -> None:
     params = {"extract_pattern": r"<answer>(.*?)</answer>"}
-    hit = score("verifier.exact_match", "<think>Paris?</think><answer>Paris</answer>", {"answer": "Paris"}, **params)
+    hit = score(
+        "verifier.exact_match", "<think>Paris?</think><answer>Paris</answer>", {"answer": "Paris"}, **params
+    )
     assert hit.value == 1.0 and hit.details["extracted"] == "Paris"
     miss = score("verifier.exact_match", "Paris", {"answer": "Paris"}, **params)
     assert miss.value == 0.0 and miss.details == {"extracted": None}
@@ -93,8 +98,11 @@ def test_qa_missing_answer_is_an_error() -> None:
     assert score("verifier.f1", "x", {"tests": "assert True"}).error == "prompt reference has no 'answer'"
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @pytest.mark.parametrize(

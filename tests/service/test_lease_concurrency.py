@@ -114,23 +114,28 @@ def test_a_killed_trainer_s_groups_come_back_after_expiry(live_server):
     try:
         held = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert held["groups"] == ids[:3]
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        delivered: dict[str, str] = {}
         with CuratorClient(live_server.url) as client:
-            assert client.get_batch(held["batch_id"])["status"] == "active"
-            proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=10) == -signal.SIGKILL
-            first = client.lease("survivor", max_groups=10)  # the dead trainer's lease has not expired yet
-            assert group_ids(first) == ids[3:]
-            again = client.lease("survivor", max_groups=10, wait_seconds=30)  # long poll across the expiry
-            assert again is not None and group_ids(again) == ids[:3]
+            while len(delivered) < len(ids):  # long polls: the dead trainer's groups come back after expiry
+                batch = client.lease("survivor", max_groups=10, wait_seconds=30)
+                assert batch is not None
+                delivered |= {gid: batch["batch_id"] for gid in group_ids(batch)}
+                client.ack(batch["batch_id"])
             assert client.get_batch(held["batch_id"])["status"] == "expired"
-            client.ack(first["batch_id"])
-            client.ack(again["batch_id"])
     finally:
         if proc.poll() is None:
             proc.kill()
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM groups WHERE status = 'consumed'")).scalar_one() == 4
+        rows = conn.execute(text("SELECT id, expires_at, ended_at FROM leases")).all()
+        consumed = conn.execute(text("SELECT count(*) FROM groups WHERE status = 'consumed'")).scalar_one()
     engine.dispose()
+    leases = {r.id: r for r in rows}
+    dead = leases[held["batch_id"]]
+    assert consumed == 4 and dead.ended_at > dead.expires_at  # reaped only after its deadline
+    for gid in held["groups"]:  # re-leased only after it: a new lease's deadline is 300 s after its creation
+        assert (leases[delivered[gid]].expires_at - dead.expires_at).total_seconds() > 300
 
 
 def test_racing_retries_of_one_request_get_one_batch(live_server):

@@ -16,11 +16,10 @@ import torch
 
 from tests.trainer.batches import make_batch, tiny_model
 from trainer.loss import LossConfig
-from trainer.packing import pack_batch
+from trainer.packing import empty_micro_batch, pack_batch
 from trainer.parallel import DistContext, init_distributed, wrap_policy
 from trainer.policy import PolicyLogprobs
 from trainer.step import StepConfig, train_step
-from trainer.worker import empty_micro_batch
 
 # name -> (parallel mode, aggregation, groups of rank 0, groups of rank 1)
 SCENARIOS: dict[str, tuple[str, str, slice, slice]] = {
@@ -33,7 +32,9 @@ SCENARIOS: dict[str, tuple[str, str, slice, slice]] = {
 LR, CLIP, BUDGET = 0.5, 0.5, 24
 
 
-def _step(policy: torch.nn.Module, model: torch.nn.Module, batch: dict[str, Any], agg: str) -> dict[str, float]:
+def _step(
+    policy: torch.nn.Module, model: torch.nn.Module, batch: dict[str, Any], agg: str
+) -> dict[str, float]:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     mbs = pack_batch(batch, BUDGET, "pad") if batch["groups"] else [empty_micro_batch()]
     return train_step(policy, opt, mbs, StepConfig(loss=LossConfig(agg=agg, beta=0.0), max_grad_norm=CLIP))

@@ -34,14 +34,18 @@ def _inputs(b=2, t=3, h=5, v=11, seed=0, dtype=torch.float64):
     return hidden, weight, targets
 
 
+@pytest.mark.parametrize("impl", ["inplace", "functional"])
 @pytest.mark.parametrize("chunk", [1, 4, 6, 1000])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_matches_loop_values_and_gradients(chunk, temperature):
+def test_matches_loop_values_and_gradients(chunk, temperature, impl):
     hidden, weight, targets = _inputs()
     g = torch.Generator().manual_seed(1)
-    w_lp, w_ent = torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randn(2, 3, generator=g, dtype=torch.float64)
+    w_lp, w_ent = (
+        torch.randn(2, 3, generator=g, dtype=torch.float64),
+        torch.randn(2, 3, generator=g, dtype=torch.float64),
+    )
 
-    lp, ent = token_logprobs(hidden, weight, targets, chunk_tokens=chunk, temperature=temperature)
+    lp, ent = token_logprobs(hidden, weight, targets, chunk_tokens=chunk, temperature=temperature, impl=impl)
     gh, gw = torch.autograd.grad((lp * w_lp + ent * w_ent).sum(), [hidden, weight])
     ref_lp, ref_ent = loop_logprobs(hidden, weight, targets, temperature)
     rh, rw = torch.autograd.grad((ref_lp * w_lp + ref_ent * w_ent).sum(), [hidden, weight])
@@ -79,7 +83,9 @@ def test_frozen_weight_gets_no_gradient_and_hidden_still_does():
 def test_logprobs_are_normalised_and_entropy_bounded():
     hidden, weight, targets = _inputs(b=1, t=2, v=7)
     with torch.no_grad():
-        total = torch.stack([token_logprobs(hidden, weight, torch.full_like(targets, v))[0] for v in range(7)])
+        total = torch.stack(
+            [token_logprobs(hidden, weight, torch.full_like(targets, v))[0] for v in range(7)]
+        )
         ent = token_logprobs(hidden, weight, targets)[1]
     torch.testing.assert_close(total.exp().sum(0), torch.ones(1, 2, dtype=torch.float64))
     assert bool((ent >= 0).all()) and bool((ent <= math.log(7) + 1e-9).all())
@@ -111,11 +117,12 @@ class MaxNumel(TorchDispatchMode):
         return out
 
 
-def test_never_materialises_the_full_logits():
+@pytest.mark.parametrize("impl", ["inplace", "functional"])
+def test_never_materialises_the_full_logits(impl):
     b, t, v, h, chunk = 4, 16, 300, 6, 8  # full logits: 19,200 values; one chunk: 2,400
     hidden, weight, targets = _inputs(b=b, t=t, h=h, v=v, dtype=torch.float32)
     with MaxNumel() as fused:
-        lp, ent = token_logprobs(hidden, weight, targets, chunk_tokens=chunk)
+        lp, ent = token_logprobs(hidden, weight, targets, chunk_tokens=chunk, impl=impl)
         (lp.sum() + ent.sum()).backward()
     with MaxNumel() as plain:
         token_logprobs_plain(hidden @ weight.T, targets).sum().backward()
@@ -129,3 +136,5 @@ def test_bad_arguments_raise():
         token_logprobs(hidden, weight, targets, chunk_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(hidden, weight, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="inplace, functional, compiled"):
+        token_logprobs(hidden, weight, targets, impl="triton")

@@ -82,7 +82,9 @@ def _loss_inputs(seed: int = 0):
 @pytest.mark.parametrize(("beta", "estimator"), [(0.0, "k3"), (0.1, "k1"), (0.1, "k3")])
 @pytest.mark.parametrize("tis_cap", [None, 1.5])
 def test_policy_loss_matches_loop(agg, level, beta, estimator, tis_cap):
-    cfg = LossConfig(agg=agg, ratio_level=level, beta=beta, kl_estimator=estimator, tis_cap=tis_cap, entropy_coef=0.01)
+    cfg = LossConfig(
+        agg=agg, ratio_level=level, beta=beta, kl_estimator=estimator, tis_cap=tis_cap, entropy_coef=0.01
+    )
     logp, old, adv, ref, behaviour, entropy = _loss_inputs()
     loss, metrics = policy_loss(logp, old, adv, MASK, cfg, ref, behaviour, entropy=entropy)
     g_logp, g_ent = torch.autograd.grad(loss, [logp, entropy])
@@ -91,7 +93,14 @@ def test_policy_loss_matches_loop(agg, level, beta, estimator, tis_cap):
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(g_logp, r_logp)
     torch.testing.assert_close(g_ent, r_ent)
-    assert set(metrics) >= {"pg_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "ratio_mean"}
+    assert set(metrics) >= {
+        "pg_loss",
+        "clip_frac_low",
+        "clip_frac_high",
+        "approx_kl",
+        "entropy",
+        "ratio_mean",
+    }
 
 
 def test_clipping_is_active_in_the_test_inputs():
@@ -106,7 +115,9 @@ def test_aggregate_matches_loop(mode):
     per_tok = {(i, t): values[i, t] for i in range(4) for t in range(6) if MASK[i, t] > 0}
     torch.testing.assert_close(aggregate(values, MASK, mode), loop_aggregate(per_tok, MASK, mode))
     denom = Denominator(tokens=20.0, seqs=5.0)
-    torch.testing.assert_close(aggregate(values, MASK, mode, denom), loop_aggregate(per_tok, MASK, mode, denom))
+    torch.testing.assert_close(
+        aggregate(values, MASK, mode, denom), loop_aggregate(per_tok, MASK, mode, denom)
+    )
 
 
 def test_aggregate_hand_values():
@@ -162,7 +173,10 @@ def test_accumulated_halves_equal_the_whole_batch(agg):
     whole, _ = policy_loss(logp, old, adv, MASK, cfg, ref)
     g_whole = torch.autograd.grad(whole, logp)[0]
     denom = count_denominator(MASK)
-    parts = [policy_loss(logp[s], old[s], adv[s], MASK[s], cfg, ref[s], denom=denom)[0] for s in (slice(0, 1), slice(1, 4))]
+    parts = [
+        policy_loss(logp[s], old[s], adv[s], MASK[s], cfg, ref[s], denom=denom)[0]
+        for s in (slice(0, 1), slice(1, 4))
+    ]
     g_parts = torch.autograd.grad(parts[0] + parts[1], logp)[0]
     torch.testing.assert_close(parts[0] + parts[1], whole)
     torch.testing.assert_close(g_parts, g_whole)
@@ -236,4 +250,6 @@ def test_unknown_names_raise_listing_valid_ones():
 
 def test_beta_without_reference_raises():
     with pytest.raises(ValueError, match="ref_logp"):
-        policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), LossConfig(beta=0.1))
+        policy_loss(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), LossConfig(beta=0.1)
+        )

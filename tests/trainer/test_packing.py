@@ -13,11 +13,22 @@ from trainer.policy import PolicyLogprobs, sequence_logprobs
 
 
 def _batch(*trajs):
-    return {"batch_id": "b", "expires_at": "", "groups": [{"id": "g", "prompt_id": "p", "policy_version": 3, "trajectories": list(trajs)}]}
+    return {
+        "batch_id": "b",
+        "expires_at": "",
+        "groups": [{"id": "g", "prompt_id": "p", "policy_version": 3, "trajectories": list(trajs)}],
+    }
 
 
 def _traj(ids, mask, lps, adv=1.0, index=0):
-    return {"index": index, "token_ids": ids, "loss_mask": mask, "logprobs": lps, "advantage": adv, "total_reward": 0.0}
+    return {
+        "index": index,
+        "token_ids": ids,
+        "loss_mask": mask,
+        "logprobs": lps,
+        "advantage": adv,
+        "total_reward": 0.0,
+    }
 
 
 def test_shift_and_trim_by_hand():
@@ -61,9 +72,18 @@ def test_every_sequence_once_under_the_budget(mode, budget):
         for s in range(mb.gather_index.shape[0]):
             n = int((mb.loss_mask[s] != 0).nonzero().max()) + 1  # last mask-1 target ends the sequence
             idx = mb.gather_index[s, :n]
-            seen.append(_key(flat_ids[idx].tolist(), flat_tgt[idx].tolist(), mb.loss_mask[s, :n].tolist(),
-                             mb.old_logp[s, :n].tolist(), float(mb.advantages[s])))
-    assert sorted(seen) == sorted(_key(s.inputs, s.targets, s.loss_mask, s.old_logp, s.advantage) for s in seqs)
+            seen.append(
+                _key(
+                    flat_ids[idx].tolist(),
+                    flat_tgt[idx].tolist(),
+                    mb.loss_mask[s, :n].tolist(),
+                    mb.old_logp[s, :n].tolist(),
+                    float(mb.advantages[s]),
+                )
+            )
+    assert sorted(seen) == sorted(
+        _key(s.inputs, s.targets, s.loss_mask, s.old_logp, s.advantage) for s in seqs
+    )
     if budget >= 10_000:
         assert len(mbs) == 1
 
