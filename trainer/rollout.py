@@ -183,7 +183,8 @@ def run(cfg: RolloutConfig, client: Any, *, max_groups: int | None = None, stop:
             stop.wait(cfg.poll_seconds)
             continue
         want = cfg.requests_per_poll if max_groups is None else min(cfg.requests_per_poll, max_groups - posted)
-        requests = client.sampling_requests(n=want, producer_id=cfg.producer_id, dataset=cfg.dataset)
+        requests = client.sampling_requests(n=want, producer_id=cfg.producer_id, dataset=cfg.dataset,
+                                            group_size=cfg.group_size)
         if not requests:
             stop.wait(cfg.poll_seconds)
             continue

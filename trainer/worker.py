@@ -165,9 +165,14 @@ def build_reference(cfg: TrainerConfig, ctx: DistContext) -> nn.Module | None:
     Sharded like the policy under FSDP; a full copy per rank under DDP."""
     if cfg.loss.beta == 0:
         return None
-    ref = build_model(cfg).to(ctx.device).eval().requires_grad_(False)
+    ref = build_model(cfg).eval().requires_grad_(False)
     wrapped = PolicyLogprobs(ref, cfg.chunk_tokens, cfg.temperature, cfg.head_impl)
-    return wrap_policy(wrapped, "fsdp", ctx) if cfg.parallel == "fsdp" else wrapped
+    return wrap_policy(wrapped, "fsdp", ctx) if _sharded(cfg, ctx) else wrapped.to(ctx.device)
+
+
+def _sharded(cfg: TrainerConfig, ctx: DistContext) -> bool:
+    """FSDP in use (each rank still builds the full model in CPU memory before sharding it)."""
+    return cfg.parallel == "fsdp" and ctx.world_size > 1
 
 
 def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str, Any] | None:
@@ -240,7 +245,8 @@ def _setup(
         log.info("resumed from %s at policy version %d", ckpt, state.policy_version)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(ctx.device)
+    if not _sharded(cfg, ctx):  # fully_shard moves each rank's shards to the device itself
+        model.to(ctx.device)
     if cfg.compile_layers:
         compile_decoder_layers(model)
     bare = PolicyLogprobs(model, cfg.chunk_tokens, cfg.temperature, cfg.head_impl)
