@@ -57,7 +57,9 @@ def store(url: str, n_trajectories: int, seed: int = 0) -> int:
     n_groups = n_trajectories // PER_GROUP
     mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(TOKENS - PROMPT_TOKENS, np.uint8)].tobytes()
     with psycopg.connect(conninfo(url)) as conn:
-        conn.execute("INSERT INTO prompts (id, dataset, messages, reference, metadata) VALUES ('bp', 'bench', '[]', '{}', '{}')")
+        conn.execute(
+            "INSERT INTO prompts (id, dataset, messages, reference, metadata) VALUES ('bp', 'bench', '[]', '{}', '{}')"
+        )
         for start in range(0, n_groups, 500):
             ids = [f"bench-{i}" for i in range(start, min(start + 500, n_groups))]
             pks = [
@@ -74,10 +76,25 @@ def store(url: str, n_trajectories: int, seed: int = 0) -> int:
     return n_groups
 
 
-def _copy_trajectories(conn: psycopg.Connection, pks: list[int], mask: bytes, rng: np.random.Generator) -> None:
+def _copy_trajectories(
+    conn: psycopg.Connection, pks: list[int], mask: bytes, rng: np.random.Generator
+) -> None:
     cols = "group_pk, idx, messages, final_answer, token_ids, loss_mask, logprobs, seq_len, num_tokens, num_turns,"
     cols += " finish_reason, metadata, total_reward, advantage, action"
-    types = ["int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb"]
+    types = [
+        "int8",
+        "int2",
+        "jsonb",
+        "text",
+        "bytea",
+        "bytea",
+        "bytea",
+        "int4",
+        "int4",
+        "int2",
+        "varchar",
+        "jsonb",
+    ]
     types += ["float8", "float8", "varchar"]
     tokens = rng.integers(0, 150_000, size=(len(pks), PER_GROUP, TOKENS), dtype=np.int32)
     logprobs = (-rng.random(size=(len(pks), PER_GROUP, TOKENS)) * 3).astype(np.float32)
@@ -86,13 +103,17 @@ def _copy_trajectories(conn: psycopg.Connection, pks: list[int], mask: bytes, rn
         for g, pk in enumerate(pks):
             for j in range(PER_GROUP):
                 row = (pk, j, "[]", "", tokens[g, j].tobytes(), mask, logprobs[g, j].tobytes(), TOKENS)
-                cp.write_row((*row, TOKENS - PROMPT_TOKENS, 1, "stop", "{}", float(j % 2), (j - 3.5) / 2.3, "keep"))
+                cp.write_row(
+                    (*row, TOKENS - PROMPT_TOKENS, 1, "stop", "{}", float(j % 2), (j - 3.5) / 2.3, "keep")
+                )
 
 
 def reset(url: str) -> None:
     """Every group ready again, no leases: each configuration starts from the same queue."""
     with psycopg.connect(conninfo(url), autocommit=True) as conn:
-        conn.execute("UPDATE groups SET status = 'ready', lease_id = NULL, consumed_at = NULL, staleness = NULL")
+        conn.execute(
+            "UPDATE groups SET status = 'ready', lease_id = NULL, consumed_at = NULL, staleness = NULL"
+        )
         conn.execute("DELETE FROM leases")
         conn.execute("VACUUM ANALYZE groups")
         conn.execute("VACUUM ANALYZE leases")
@@ -118,7 +139,9 @@ def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue) 
     with CuratorClient(url, timeout=120, transport=Counting()) as client:
         tid = f"bench-{os.getpid()}"
         warm = client.lease(tid, max_trajectories=batch, format=fmt, as_numpy=fmt == "arrow")  # type: ignore[arg-type]
-        if warm is not None:  # not counted: first imports and connections of this process and its server worker
+        if (
+            warm is not None
+        ):  # not counted: first imports and connections of this process and its server worker
             client.ack(warm["batch_id"])
         for _ in range(n):
             before = Counting.bytes
@@ -178,6 +201,41 @@ def raw_select(url: str, batch: int, n: int, binary: bool) -> dict[str, float]:
     return {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
 
 
+def measure(url: str, server_url: str, args: argparse.Namespace, n_raw: int) -> dict[tuple[int, str], dict]:
+    """Each configuration from a full queue, with the raw SELECTs of the same rows timed just before it."""
+    results = {}
+    for trainers in (1, 4):
+        for fmt in ("json", "arrow"):
+            reset(url)
+            raw = {binary: raw_select(url, args.batch, n_raw, binary=binary) for binary in (False, True)}
+            results[(trainers, fmt)] = run_config(server_url, fmt, trainers, args.batch, args.batches) | {
+                "raw": raw[False],
+                "raw_bin": raw[True],
+            }
+    return results
+
+
+def report(results: dict[tuple[int, str], dict], batch: int) -> None:
+    print(
+        f"lease + ack of {batch} trajectories x {TOKENS} tokens; raw = psycopg SELECT of the same rows "
+        "(bytea as text | binary), timed just before each configuration"
+    )
+    head = f"{'trainers':>8} {'format':>6} {'batches':>7} {'MB/batch':>8} {'p50 ms':>7} {'p99 ms':>7} {'lease p50':>9}"
+    print(f"{head} {'MB/s':>5} {'raw p50|p99 text':>16} {'binary':>11} {'p50/raw':>7} {'p99/raw':>7}")
+    for (trainers, fmt), r in results.items():
+        raw, raw_bin = r["raw"], r["raw_bin"]
+        print(
+            f"{trainers:>8} {fmt:>6} {r['batches']:>7} {r['mb_per_batch']:>8.2f} {r['p50']:>7.1f} {r['p99']:>7.1f} "
+            f"{r['lease_p50']:>9.1f} {r['mbps']:>5.0f} {raw['p50']:>7.1f} |{raw['p99']:>7.1f} "
+            f"{raw_bin['p50']:>5.1f}|{raw_bin['p99']:>5.1f} {r['p50'] / raw['p50']:>7.2f} {r['p99'] / raw['p99']:>7.2f}"
+        )
+    arrow, js = results[(1, "arrow")], results[(1, "json")]
+    print(
+        f"targets (1 trainer): Arrow p99 {arrow['p99']:.0f} ms <= 100 and <= 3x raw p99 ({3 * arrow['raw']['p99']:.0f} ms);"
+        f" JSON p99 {js['p99']:.0f} ms <= 400"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trajectories", type=int, default=100_000)
@@ -189,41 +247,29 @@ def main() -> int:
     from service.migrate import upgrade
     from tests.conftest import start_server, stop_server
 
-    server = to_sqlalchemy_url(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    server = to_sqlalchemy_url(
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     url = create_db(server)
     try:
         upgrade(url)
         t0 = time.perf_counter()
         n_groups = store(url, args.trajectories)
-        print(f"stored {n_groups * PER_GROUP} trajectories x {TOKENS} tokens in {time.perf_counter() - t0:.0f} s")
-        need = 4 * args.batches * args.batch
-        if need > n_groups * PER_GROUP:
-            print(f"note: 4 trainers x {args.batches} batches need {need} trajectories; runs stop when the queue empties")
-        n_raw = min(args.batches, n_groups * PER_GROUP // args.batch)
-        raw = raw_select(url, args.batch, n_raw, binary=False)
-        raw_bin = raw_select(url, args.batch, n_raw, binary=True)
+        print(
+            f"stored {n_groups * PER_GROUP} trajectories x {TOKENS} tokens in {time.perf_counter() - t0:.0f} s"
+        )
+        if 4 * args.batches * args.batch > n_groups * PER_GROUP:
+            print(
+                f"note: 4 trainers x {args.batches} batches need more trajectories; they stop when the queue empties"
+            )
         live = start_server(url, workers=args.workers)
-        results = {}
         try:
-            for trainers in (1, 4):
-                for fmt in ("json", "arrow"):
-                    reset(url)
-                    results[(trainers, fmt)] = run_config(live.url, fmt, trainers, args.batch, args.batches)
+            results = measure(url, live.url, args, min(args.batches, n_groups * PER_GROUP // args.batch))
         finally:
             stop_server(live)
     finally:
         drop_db(server, url)
-    print(f"raw SELECT of {args.batch} trajectories (psycopg, bytea as text): p50 {raw['p50']:.1f} ms  p99 {raw['p99']:.1f} ms")
-    print(f"raw SELECT of {args.batch} trajectories (psycopg, binary):        p50 {raw_bin['p50']:.1f} ms  "
-          f"p99 {raw_bin['p99']:.1f} ms")
-    print(f"{'trainers':>8} {'format':>6} {'batches':>7} {'MB/batch':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'lease p50':>9} {'MB/s':>6} {'p99/raw p99':>11}")
-    for (trainers, fmt), r in results.items():
-        print(f"{trainers:>8} {fmt:>6} {r['batches']:>7} {r['mb_per_batch']:>8.2f} {r['p50']:>7.1f} {r['p99']:>7.1f} "
-              f"{r['lease_p50']:>9.1f} {r['mbps']:>6.0f} {r['p99'] / raw['p99']:>11.2f}")
-    one_arrow, one_json = results[(1, "arrow")], results[(1, "json")]
-    print(f"targets (1 trainer): Arrow p99 {one_arrow['p99']:.0f} ms <= 100 and <= 3x raw ({3 * raw['p99']:.0f} ms); "
-          f"JSON p99 {one_json['p99']:.0f} ms <= 400")
+    report(results, args.batch)
     return 0
 
 

@@ -30,8 +30,12 @@ def upgrade() -> None:
         sa.Column("dataset", sa.Text(), nullable=False),
         sa.Column("bucket", sa.DateTime(timezone=True), nullable=False),
         sa.Column("counters", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
-        sa.Column("version", sa.BigInteger(), server_default=sa.text("nextval('stats_cells_version_seq')"),
-                  nullable=False),
+        sa.Column(
+            "version",
+            sa.BigInteger(),
+            server_default=sa.text("nextval('stats_cells_version_seq')"),
+            nullable=False,
+        ),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.PrimaryKeyConstraint("dim", "key", "dataset", "bucket", name=op.f("pk_stats_cells")),
     )

@@ -24,8 +24,10 @@ Branch = tuple[str, str, CurriculumConfig]  # ("policy", ref, cfg) or ("dataset"
 
 def _available(cutoff: datetime) -> Any:
     """Open, or taken by a producer whose lease ran out."""
-    return or_(SamplingRequest.status == "open",
-               and_(SamplingRequest.status == "taken", SamplingRequest.taken_at < cutoff))
+    return or_(
+        SamplingRequest.status == "open",
+        and_(SamplingRequest.status == "taken", SamplingRequest.taken_at < cutoff),
+    )
 
 
 def open_rows(
@@ -52,8 +54,10 @@ def in_flight_prompts(session: Session, cutoff: datetime, dataset: str | None) -
     """Prompts a producer is sampling now (taken, lease running) or must sample (an open resample)."""
     taken = and_(SamplingRequest.status == "taken", SamplingRequest.taken_at >= cutoff)
     pending = and_(SamplingRequest.status == "open", SamplingRequest.reason == "resample")
-    stmt = select(SamplingRequest.prompt_id).distinct().where(
-        SamplingRequest.prompt_id.is_not(None), or_(taken, pending)
+    stmt = (
+        select(SamplingRequest.prompt_id)
+        .distinct()
+        .where(SamplingRequest.prompt_id.is_not(None), or_(taken, pending))
     )
     if dataset is not None:
         stmt = stmt.where(SamplingRequest.dataset == dataset)
@@ -81,8 +85,10 @@ def _low_condition(cfg: CurriculumConfig, i: int) -> str:
     if cfg.k > _MAX_K_TERMS:
         return "FALSE"
     terms = ", ".join(f"(p.recent_outcomes ->> {-j})::float8" for j in range(1, cfg.k + 1))
-    return (f"(jsonb_array_length(p.recent_outcomes) >= {cfg.k}"
-            f" AND (LEAST({terms}) >= :solved_{i} OR GREATEST({terms}) <= :failed_{i}))")
+    return (
+        f"(jsonb_array_length(p.recent_outcomes) >= {cfg.k}"
+        f" AND (LEAST({terms}) >= :solved_{i} OR GREATEST({terms}) <= :failed_{i}))"
+    )
 
 
 def _value(cfg: CurriculumConfig, i: int, params: dict[str, Any]) -> str:
@@ -98,15 +104,22 @@ def priority_sql(branches: Sequence[Branch], default: CurriculumConfig) -> tuple
     whens = []
     for i, (kind, name, cfg) in enumerate(branches):
         params[f"match_{i}"] = name
-        match = f"p.curation_policy = :match_{i}" if kind == "policy" else \
-            f"p.curation_policy IS NULL AND p.dataset = :match_{i}"
+        match = (
+            f"p.curation_policy = :match_{i}"
+            if kind == "policy"
+            else f"p.curation_policy IS NULL AND p.dataset = :match_{i}"
+        )
         whens.append(f"WHEN {match} THEN {_value(cfg, i, params)}")
     fallback = _value(default, len(branches), params)
     return (f"(CASE {' '.join(whens)} ELSE {fallback} END)" if whens else fallback), params
 
 
 def rank_prompts(
-    session: Session, priority: tuple[str, dict[str, Any]], dataset: str | None, exclude: Iterable[str], limit: int
+    session: Session,
+    priority: tuple[str, dict[str, Any]],
+    dataset: str | None,
+    exclude: Iterable[str],
+    limit: int,
 ) -> list[tuple[str, str, float]]:
     """(prompt_id, dataset, priority) of up to ``limit`` prompts with priority > 0, best first: normal
     priority before low, then fewest curated groups, then least recently sampled (oldest last group)."""
@@ -126,7 +139,9 @@ def rank_prompts(
     return [(pid, ds, float(prio)) for pid, ds, prio in session.execute(sql, args)]
 
 
-def never_sampled(session: Session, dataset: str | None, exclude: Iterable[str], limit: int) -> list[tuple[str, str]]:
+def never_sampled(
+    session: Session, dataset: str | None, exclude: Iterable[str], limit: int
+) -> list[tuple[str, str]]:
     """(prompt_id, dataset) of prompts without any group, oldest first."""
     if limit <= 0:
         return []
@@ -163,8 +178,10 @@ def prompts_by_id(session: Session, ids: Iterable[str]) -> dict[str, Prompt]:
 def mark_taken(session: Session, rows: Sequence[tuple[int, str]], producer_id: str, now: datetime) -> None:
     """rows: (request pk, the prompt it is resolved to); one bulk UPDATE by primary key."""
     if rows:
-        values = [{"pk": pk, "prompt_id": prompt_id, "status": "taken", "taken_by": producer_id, "taken_at": now}
-                  for pk, prompt_id in rows]
+        values = [
+            {"pk": pk, "prompt_id": prompt_id, "status": "taken", "taken_by": producer_id, "taken_at": now}
+            for pk, prompt_id in rows
+        ]
         session.execute(update(SamplingRequest), values)
 
 
@@ -187,4 +204,3 @@ def mark_done(session: Session, pks: Sequence[int]) -> list[int]:
         .returning(SamplingRequest.pk)
     )
     return list(session.execute(stmt).scalars())
-

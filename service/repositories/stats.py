@@ -12,21 +12,19 @@ from sqlalchemy.orm import Session
 
 from service.models import Group, StatsCell
 
-# one row per trajectory of a curated group; the hour bucket is taken in UTC whatever the session time zone
+# one row per trajectory of a curated group, with its components under the spec version its group was
+# scored with (two arrays). The hour bucket is taken in UTC and returned as epoch seconds (cheap to decode).
 _FACTS = text(
-    "SELECT g.pk, t.idx, g.dataset, g.policy_version, date_trunc('hour', g.created_at, 'UTC') AS bucket,"
-    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome, t.action, t.reason"
+    "SELECT g.pk, t.idx, g.dataset, g.policy_version,"
+    " CAST(extract(epoch FROM date_trunc('hour', g.created_at, 'UTC')) AS bigint) AS bucket,"
+    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome, t.action, t.reason, c.names, c.vals"
     " FROM groups g JOIN trajectories t ON t.group_pk = g.pk"
+    " LEFT JOIN LATERAL (SELECT array_agg(r.component ORDER BY r.component) AS names,"
+    "  array_agg(r.value ORDER BY r.component) AS vals FROM rewards r"
+    "  WHERE r.group_pk = t.group_pk AND r.idx = t.idx"
+    "  AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version) AS c ON true"
     " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
     " ORDER BY g.pk, t.idx"
-)
-
-# the components of each trajectory under the spec version its group was scored with
-_COMPONENTS = text(
-    "SELECT r.group_pk, r.idx, r.component, r.value, r.error"
-    " FROM groups g JOIN rewards r ON r.group_pk = g.pk"
-    " AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version"
-    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
 )
 
 # add counters key by key; keys that sum to 0 (up to float rounding) disappear. Rows are sorted so that two writers lock the
@@ -46,14 +44,10 @@ _UPSERT = text(
 
 
 def trajectory_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
-    """(group_pk, idx, dataset, policy_version, bucket, finish_reason, num_tokens, total, outcome, action, reason)
-    for every trajectory of the curated groups among ``group_pks``."""
+    """(group_pk, idx, dataset, policy_version, hour as epoch seconds, finish_reason, num_tokens, total,
+    outcome, action, reason, component names | None, component values | None) for every trajectory of
+    the curated groups among ``group_pks`` (a value is None where the component failed)."""
     return list(session.execute(_FACTS, {"pks": list(group_pks)})) if group_pks else []
-
-
-def component_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
-    """(group_pk, idx, component, value, error) of the curated groups among ``group_pks``."""
-    return list(session.execute(_COMPONENTS, {"pks": list(group_pks)})) if group_pks else []
 
 
 def add_to_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:
@@ -93,8 +87,9 @@ def curated_group_pks(session: Session, after_pk: int, limit: int) -> list[int]:
     return list(session.execute(stmt).scalars())
 
 
-def _scope(stmt: Any, dim: str, dataset: str | None, since: datetime | None, all_time: datetime,
-           per_dataset: bool) -> Any:
+def _scope(
+    stmt: Any, dim: str, dataset: str | None, since: datetime | None, all_time: datetime, per_dataset: bool
+) -> Any:
     """The cells of ``dim`` a query reads. With ``since``: the hourly cells from that hour on (of
     ``dataset`` if given). Without: the all-time cells (bucket ``all_time``) of ``dataset``, else of every
     dataset (``per_dataset``), else the all-datasets cells (dataset '')."""
@@ -109,14 +104,21 @@ def _scope(stmt: Any, dim: str, dataset: str | None, since: datetime | None, all
 
 
 def read_cells(
-    session: Session, dim: str, dataset: str | None, since: datetime | None, all_time: datetime, per_dataset: bool
+    session: Session,
+    dim: str,
+    dataset: str | None,
+    since: datetime | None,
+    all_time: datetime,
+    per_dataset: bool,
 ) -> list[Any]:
     """(key, dataset, counters) of the cells a query reads (see ``_scope``)."""
     stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.counters)
     return list(session.execute(_scope(stmt, dim, dataset, since, all_time, per_dataset)))
 
 
-def cell_versions(session: Session, dim: str, dataset: str | None, all_time: datetime, per_dataset: bool) -> list[Any]:
+def cell_versions(
+    session: Session, dim: str, dataset: str | None, all_time: datetime, per_dataset: bool
+) -> list[Any]:
     """(key, dataset, version) of the all-time cells a query reads; the counters stay in the table."""
     stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version)
     return list(session.execute(_scope(stmt, dim, dataset, None, all_time, per_dataset)))
@@ -127,6 +129,8 @@ def cells_at(session: Session, dim: str, cells: Sequence[tuple[str, str]], bucke
     if not cells:
         return []
     stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version, StatsCell.counters).where(
-        StatsCell.dim == dim, StatsCell.bucket == bucket, tuple_(StatsCell.key, StatsCell.dataset).in_(list(cells))
+        StatsCell.dim == dim,
+        StatsCell.bucket == bucket,
+        tuple_(StatsCell.key, StatsCell.dataset).in_(list(cells)),
     )
     return list(session.execute(stmt))

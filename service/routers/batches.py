@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.arrow import BatchColumns, encode_arrow, encode_json
 from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut, LeaseIn, LeaseState
-from service.deps import SettingsDep, get_session
+from service.deps import SessionDep, SettingsDep
 from service.services import leases
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
-TxSession = Annotated[Session, Depends(get_session, scope="function")]
 BatchId = Annotated[str, Path(min_length=1, max_length=256)]
 
 _LEASE_RESPONSES: dict[int | str, dict] = {
@@ -41,7 +39,7 @@ def _render(batch: BatchColumns, accept: str) -> Response:
 
 
 @router.post("/lease", response_class=Response, responses=_LEASE_RESPONSES)
-async def lease_batch(body: LeaseIn, request: Request, session: TxSession, settings: SettingsDep) -> Response:
+async def lease_batch(body: LeaseIn, request: Request, session: SessionDep, settings: SettingsDep) -> Response:
     batch = await leases.lease(
         session,
         body,
@@ -56,15 +54,15 @@ async def lease_batch(body: LeaseIn, request: Request, session: TxSession, setti
 @router.post(
     "/{batch_id}/ack", response_model=LeaseState, responses={404: {}, 409: {"description": "fenced"}}
 )
-def ack_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+def ack_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
     return leases.ack(session, batch_id)
 
 
 @router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}})
-def nack_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+def nack_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
     return leases.nack(session, batch_id)
 
 
 @router.get("/{batch_id}", response_model=LeaseState, responses={404: {}})
-def get_batch(batch_id: BatchId, session: TxSession) -> LeaseState:
+def get_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
     return leases.state(session, batch_id)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query, Response
 
 from service.delivery_schemas import PolicyHistory, PolicyIn, PolicyOut
-from service.deps import get_session
+from service.deps import SessionDep
 from service.services import policy
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
-TxSession = Annotated[Session, Depends(get_session, scope="function")]
 
 
 @router.post(
@@ -25,7 +23,7 @@ TxSession = Annotated[Session, Depends(get_session, scope="function")]
         409: {"description": "not increasing"},
     },
 )
-def publish_policy(body: PolicyIn, session: TxSession, response: Response) -> PolicyOut:
+def publish_policy(body: PolicyIn, session: SessionDep, response: Response) -> PolicyOut:
     out, created = policy.publish(session, body)
     if not created:
         response.status_code = 200
@@ -33,10 +31,10 @@ def publish_policy(body: PolicyIn, session: TxSession, response: Response) -> Po
 
 
 @router.get("", response_model=PolicyOut)
-def get_policy(session: TxSession) -> PolicyOut:
+def get_policy(session: SessionDep) -> PolicyOut:
     return policy.current(session)
 
 
 @router.get("/history", response_model=PolicyHistory)
-def policy_history(session: TxSession, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PolicyHistory:
+def policy_history(session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PolicyHistory:
     return policy.history(session, limit)

@@ -56,16 +56,25 @@ class DoneOut(BaseModel):
 def get_requests(
     session: TxSession,
     n: Annotated[int, Query(ge=1, le=1000)] = 10,
-    producer_id: Annotated[str | None, Query(min_length=1, max_length=256, description="claim (else peek)")] = None,
+    producer_id: Annotated[
+        str | None, Query(min_length=1, max_length=256, description="claim (else peek)")
+    ] = None,
     dataset: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
     lease_seconds: Annotated[float, Query(gt=0, le=7 * 86_400)] = sampling.DEFAULT_LEASE_SECONDS,
     group_size: Annotated[int, Query(ge=1, le=1024, description="n of a prompt never sampled")] = 8,
     include_reference: bool = False,
 ) -> SamplingRequestsOut:
-    return SamplingRequestsOut.model_validate(sampling.next_requests(
-        session, n, producer_id=producer_id, dataset=dataset, lease_seconds=lease_seconds,
-        group_size=group_size, include_reference=include_reference,
-    ))
+    return SamplingRequestsOut.model_validate(
+        sampling.next_requests(
+            session,
+            n,
+            producer_id=producer_id,
+            dataset=dataset,
+            lease_seconds=lease_seconds,
+            group_size=group_size,
+            include_reference=include_reference,
+        )
+    )
 
 
 @router.post("/requests/done", response_model=DoneOut)

@@ -78,7 +78,9 @@ def get_stats(
     session: TxSession,
     by: StatsBy = "dataset",
     dataset: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
-    since: Annotated[datetime | None, Query(description="ISO time; applied at hour granularity (UTC)")] = None,
+    since: Annotated[
+        datetime | None, Query(description="ISO time; applied at hour granularity (UTC)")
+    ] = None,
 ) -> dict[str, Any]:
     """Rows per key; fields a `by` does not have are left out (see StatsRow)."""
     return stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model

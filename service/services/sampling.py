@@ -55,7 +55,9 @@ class Pick:
     request_id: int | None = None
 
 
-def _curriculum_of(session: Session, ref: str | None, cache: dict[str | None, CurriculumConfig]) -> CurriculumConfig:
+def _curriculum_of(
+    session: Session, ref: str | None, cache: dict[str | None, CurriculumConfig]
+) -> CurriculumConfig:
     """The curriculum config of a policy ref; None (or a ref that does not resolve): the default policy's."""
     if ref not in cache:
         body = None
@@ -74,10 +76,13 @@ def _curriculum_of(session: Session, ref: str | None, cache: dict[str | None, Cu
 def priority_expression(session: Session, dataset: str | None) -> tuple[str, dict[str, Any]]:
     """The SQL curriculum priority of every prompt (of ``dataset``, or all)."""
     cache: dict[str | None, CurriculumConfig] = {}
-    branches: list[repo.Branch] = [("policy", ref, _curriculum_of(session, ref, cache))
-                                   for ref in repo.prompt_policies(session, dataset)]
-    branches += [("dataset", name, _curriculum_of(session, ref, cache))
-                 for name, ref in sorted(repo.dataset_policies(session, dataset).items())]
+    branches: list[repo.Branch] = [
+        ("policy", ref, _curriculum_of(session, ref, cache)) for ref in repo.prompt_policies(session, dataset)
+    ]
+    branches += [
+        ("dataset", name, _curriculum_of(session, ref, cache))
+        for name, ref in sorted(repo.dataset_policies(session, dataset).items())
+    ]
     return repo.priority_sql(branches, _curriculum_of(session, None, cache))
 
 
@@ -91,14 +96,18 @@ def _refills(session: Session, rows: list[SamplingRequest], busy: set[str], prio
         ranked = repo.rank_prompts(session, priority, dataset, busy, len(members))
         for row, (prompt_id, _ds, _prio) in zip(members, ranked, strict=False):
             busy.add(prompt_id)
-            picks.append(Pick(prompt_id, dataset, "refill", row.priority, row.n, dict(row.budget), row, row.pk))
+            picks.append(
+                Pick(prompt_id, dataset, "refill", row.priority, row.n, dict(row.budget), row, row.pk)
+            )
     return picks
 
 
 def _choose(session: Session, n: int, dataset: str | None, cutoff: datetime, claim: bool) -> list[Pick]:
     """Up to ``n`` picks in answer order (see the module docstring)."""
     rows = repo.open_rows(session, "resample", n, dataset, cutoff, lock=claim)
-    picks = [Pick(r.prompt_id or "", r.dataset, "resample", r.priority, r.n, dict(r.budget), r, r.pk) for r in rows]
+    picks = [
+        Pick(r.prompt_id or "", r.dataset, "resample", r.priority, r.n, dict(r.budget), r, r.pk) for r in rows
+    ]
     if len(picks) >= n:
         return picks
     if claim:
@@ -128,21 +137,47 @@ def _claim(session: Session, picks: list[Pick], producer_id: str, now: datetime)
     """Mark stored rows taken (refills with their resolved prompt) and record synthesized picks as taken."""
     repo.mark_taken(session, [(p.row.pk, p.prompt_id) for p in picks if p.row is not None], producer_id, now)
     synthesized = [p for p in picks if p.row is None]
-    pks = repo.insert_taken(session, [
-        {"prompt_id": p.prompt_id, "dataset": p.dataset, "reason": p.reason, "n": p.n, "budget": p.budget,
-         "priority": p.priority, "status": "taken", "taken_by": producer_id, "taken_at": now}
-        for p in synthesized
-    ])
+    pks = repo.insert_taken(
+        session,
+        [
+            {
+                "prompt_id": p.prompt_id,
+                "dataset": p.dataset,
+                "reason": p.reason,
+                "n": p.n,
+                "budget": p.budget,
+                "priority": p.priority,
+                "status": "taken",
+                "taken_by": producer_id,
+                "taken_at": now,
+            }
+            for p in synthesized
+        ],
+    )
     for p, pk in zip(synthesized, pks, strict=True):
         p.request_id = pk
 
 
-def _item(p: Pick, prompt: Prompt | None, expires: datetime | None, include_reference: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": prompt.messages if prompt else [], "metadata": prompt.metadata_ if prompt else {}}
+def _item(
+    p: Pick, prompt: Prompt | None, expires: datetime | None, include_reference: bool
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "messages": prompt.messages if prompt else [],
+        "metadata": prompt.metadata_ if prompt else {},
+    }
     if include_reference:
         body["reference"] = prompt.reference if prompt else {}
-    return {"request_id": p.request_id, "prompt_id": p.prompt_id, "dataset": p.dataset, "reason": p.reason,
-            "n": p.n, "budget": p.budget, "priority": p.priority, "prompt": body, "expires_at": expires.isoformat() if expires else None}
+    return {
+        "request_id": p.request_id,
+        "prompt_id": p.prompt_id,
+        "dataset": p.dataset,
+        "reason": p.reason,
+        "n": p.n,
+        "budget": p.budget,
+        "priority": p.priority,
+        "prompt": body,
+        "expires_at": expires.isoformat() if expires else None,
+    }
 
 
 def next_requests(

@@ -1,21 +1,21 @@
 """Reward statistics (``GET /v1/stats``) served from a pre-aggregated rollup, not from raw scans.
 
-Every curated group adds its trajectories to *cells* (table ``stats_cells``): per (policy_version, dataset),
-per (finish_reason, dataset) and per dataset, each once per hour (what a query with ``since`` reads) and
-once for all time (bucket ``ALL_TIME``), plus all-time cells over every dataset (dataset ``ALL_DATASETS``),
-so a query without ``since`` reads about one cell per row it answers. A cell is a
-flat map of additive counters -- counts, sums, sums of squares and cross products, and sparse log-bucket
-histograms -- so cells merge by adding and a query reads a few hundred rows instead of millions:
-means, standard deviations (population), rates and Pearson correlations are exact; quantiles come from
-the histograms and are approximate, within ``ALPHA`` relative error (DDSketch, Masson et al. 2019).
-``since`` applies at the cells' hour granularity (the hour that contains it, in UTC).
+Every curated group adds its trajectories to *cells* (table ``stats_cells``): per (policy_version,
+dataset), per (finish_reason, dataset) and per dataset, each once per hour (what a query with ``since``
+reads) and once for all time (bucket ``ALL_TIME``), plus all-time cells over every dataset (dataset
+``ALL_DATASETS``), so a query without ``since`` reads one cell per key it answers. A cell is a flat map of
+additive counters -- counts, sums, sums of squares and cross products, sparse log-bucket histograms -- so
+cells merge by adding. Means, population standard deviations, rates and Pearson correlations are exact;
+quantiles come from the histograms, within ``ALPHA`` relative error (DDSketch, Masson et al. 2019).
+``since`` applies at hour granularity (the UTC hour that contains it). Each process keeps the summaries
+of all-time cells by cell version, so a cell that did not change is neither read nor summarised again.
 
-Counted per trajectory, over curated groups (their status after curation, at the time of the group's
-``created_at``): ``drop_fraction`` is the fraction of trajectories left out of training (action drop or
-resample) by reason; ``zero_variance_fraction`` the fraction in groups found to have zero variance
-(dropped or kept); ``truncation_rate`` the fraction per finish_reason other than ``stop``.
-``length_reward_corr`` is Pearson's r between generated tokens and total reward: a clearly positive
-value while pass rate stays flat is the classic length-hacking signal.
+Counted per trajectory of the curated groups, at the time of the group's ``created_at``:
+``drop_fraction`` is the fraction left out of training (action drop or resample) by reason;
+``zero_variance_fraction`` the fraction in groups found to have zero variance (dropped or kept);
+``truncation_rate`` the fraction per finish_reason other than ``stop``; ``length_reward_corr`` Pearson's r
+between generated tokens and total reward (clearly positive while the pass rate stays flat: the classic
+length-hacking signal). Groups that never finished scoring (``reward_error``) are not counted.
 
 The rollup follows the groups through ``record_groups`` (the curation stage, after its writes) and
 ``retract_groups`` (before a rescore / recurate sends curated groups back); ``rebuild`` recomputes it.
@@ -41,7 +41,7 @@ StatsBy = Literal["policy_version", "dataset", "component", "finish_reason"]
 STATS_BY: tuple[str, ...] = get_args(StatsBy)
 
 ALPHA = 0.02  # relative accuracy of the quantiles
-_GAMMA = (1 + ALPHA) / (1 - ALPHA)
+_GAMMA = (1 + ALPHA) ** 2  # bucket i holds [gamma^(i - 1/2), gamma^(i + 1/2)), represented by gamma^i
 _LOG_GAMMA = math.log(_GAMMA)
 _ZERO = 1e-9  # |v| below this falls in the zero bucket
 _EXCLUDED = ("drop", "resample")
@@ -57,20 +57,20 @@ ALL_DATASETS = ""  # the dataset of the all-time cells over every dataset (datas
 # -- histograms ---------------------------------------------------------------------------------------------
 @lru_cache(maxsize=1 << 16)
 def bucket_of(value: float) -> str:
-    """Log bucket of a value: 'z' for |v| < 1e-9, else 'p<i>' / 'n<i>' (sign) with i = ceil(log_gamma |v|),
-    so bucket i holds (gamma^(i-1), gamma^i] and every member is within ALPHA of ``bucket_value``."""
+    """Log bucket of a value (DDSketch-style, centred): 'z' for |v| < 1e-9, else 'p<i>' / 'n<i>' (sign)
+    with i = round(log_gamma |v|); ``bucket_value`` is within ALPHA of every member, and exact for 1."""
     magnitude = abs(value)
     if magnitude < _ZERO:
         return "z"
-    return f"{'p' if value > 0 else 'n'}{math.ceil(math.log(magnitude) / _LOG_GAMMA)}"
+    return f"{'p' if value > 0 else 'n'}{round(math.log(magnitude) / _LOG_GAMMA)}"
 
 
 @lru_cache(maxsize=1 << 16)
 def bucket_value(bucket: str) -> float:
-    """The representative 2 gamma^i / (gamma + 1) of a bucket (relative error <= ALPHA)."""
+    """The representative gamma^i of a bucket (relative error <= ALPHA for every member)."""
     if bucket == "z":
         return 0.0
-    value = 2.0 * _GAMMA ** int(bucket[1:]) / (_GAMMA + 1.0)
+    value = _GAMMA ** int(bucket[1:])
     return value if bucket[0] == "p" else -value
 
 
@@ -93,64 +93,67 @@ def quantiles(hist: Mapping[str, float], qs: Sequence[float] = QUANTILES) -> lis
 
 
 # -- counters of one trajectory ----------------------------------------------------------------------------
-def _add(c: Counters, key: str, value: float) -> None:
-    c[key] = c.get(key, 0.0) + value
+_TOTAL_KEYS = ("t.n", "t.s", "t.ss", "lt.s", "lt.ss", "lt.st")  # total: count, sum, sum of squares; x length
 
 
-def add_trajectory(
-    c: Counters,
-    sign: float,
-    fact: Any,
-    zero_variance: bool,
-    components: Iterable[tuple[str, float | None, str | None]],
-) -> None:
+@lru_cache(maxsize=1 << 12)
+def _component_keys(name: str) -> tuple[str, ...]:
+    """Values of a component: count, sum, sum of squares, and x length; then records and errors."""
+    return tuple(f"c.{field}.{name}" for field in ("vn", "s", "ss", "ls", "lss", "lsv", "n", "e"))
+
+
+def _add(c: Counters, sign: float, keys: Sequence[str], values: Sequence[float]) -> None:
+    for key, value in zip(keys, values, strict=True):
+        c[key] = c.get(key, 0.0) + sign * value
+
+
+def add_trajectory(c: Counters, sign: float, fact: Any, zero_variance: bool) -> None:
     """Add (sign +1) or retract (-1) one trajectory's counters into ``c``.
 
-    fact: (group_pk, idx, dataset, policy_version, bucket, finish_reason, num_tokens, total, outcome,
-    action, reason); components: (name, value, error) under the group's spec version.
+    fact: (group_pk, idx, dataset, policy_version, hour, finish_reason, num_tokens, total, outcome,
+    action, reason, component names, component values); a component value None is a failed component.
     """
     length, total, outcome, action, reason = float(fact[6]), fact[7], fact[8], fact[9], fact[10]
-    for key, value in (("n", 1.0), (f"fin.{fact[5]}", 1.0), ("l.s", length), (f"h.l.{bucket_of(length)}", 1.0)):
-        _add(c, key, sign * value)
+    _add(c, sign, ("n", f"fin.{fact[5]}", "l.s", f"h.l.{bucket_of(length)}"), (1.0, 1.0, length, 1.0))
     if total is not None:
-        for key, value in (("t.n", 1.0), ("t.s", total), ("t.ss", total * total), ("lt.s", length),
-                           ("lt.ss", length * length), ("lt.st", length * total), (f"h.t.{bucket_of(total)}", 1.0)):
-            _add(c, key, sign * value)
+        _add(c, sign, _TOTAL_KEYS, (1.0, total, total * total, length, length * length, length * total))
+        _add(c, sign, (f"h.t.{bucket_of(total)}",), (1.0,))
     if outcome is not None:
-        _add(c, "o.n", sign)
-        _add(c, "o.s", sign * outcome)
+        _add(c, sign, ("o.n", "o.s"), (1.0, outcome))
     if zero_variance:
-        _add(c, "zv", sign)
+        _add(c, sign, ("zv",), (1.0,))
     if action in _EXCLUDED:
-        _add(c, f"drop.{reason or action}", sign)
-    for name, value, _error in components:
-        _add(c, f"c.n.{name}", sign)
+        _add(c, sign, (f"drop.{reason or action}",), (1.0,))
+    for name, value in zip(fact[11] or (), fact[12] or (), strict=True):
+        keys = _component_keys(name)
         if value is None:
-            _add(c, f"c.e.{name}", sign)
+            _add(c, sign, keys[6:], (1.0, 1.0))
             continue
-        for field, v in (("vn", 1.0), ("s", value), ("ss", value * value), ("ls", length),
-                         ("lss", length * length), ("lsv", length * value)):
-            _add(c, f"c.{field}.{name}", sign * v)
-        _add(c, f"hc.{bucket_of(value)}.{name}", sign)
+        values = (1.0, value, value * value, length, length * length, length * value, 1.0)
+        _add(c, sign, (*keys[:7], f"hc.{bucket_of(value)}.{name}"), (*values, 1.0))
 
 
-def cell_counters(facts: Sequence[Any], components: Sequence[Any], sign: float = 1.0) -> dict[CellKey, Counters]:
-    """Counters of every cell the trajectories fall in. ``facts`` ordered by group (see ``add_trajectory``),
-    ``components`` rows (group_pk, idx, name, value, error)."""
-    by_trajectory: dict[tuple[int, int], list[tuple[str, float | None, str | None]]] = {}
-    for pk, idx, name, value, error in components:
-        by_trajectory.setdefault((pk, idx), []).append((name, value, error))
-    fine: dict[tuple[str, int, datetime, str], Counters] = {}
+@lru_cache(maxsize=1 << 14)
+def _hour(epoch_seconds: int) -> datetime:
+    return datetime.fromtimestamp(epoch_seconds, UTC)
+
+
+def cell_counters(facts: Sequence[Any], sign: float = 1.0) -> dict[CellKey, Counters]:
+    """Counters of every cell the trajectories fall in; ``facts`` ordered by group (see ``add_trajectory``)."""
+    fine: dict[tuple[str, int, int, str], Counters] = {}
     for _pk, rows in groupby(facts, key=lambda f: f[0]):
         members = list(rows)
         zero_variance = any(f[10] == _ZERO_VARIANCE for f in members)
         for f in members:
-            c = fine.setdefault((f[2], f[3], f[4], f[5]), {})
-            add_trajectory(c, sign, f, zero_variance, by_trajectory.get((f[0], f[1]), ()))
+            add_trajectory(fine.setdefault((f[2], f[3], f[4], f[5]), {}), sign, f, zero_variance)
     cells: dict[CellKey, Counters] = {}
-    for (dataset, version, hour, finish), c in fine.items():
+    for (dataset, version, epoch, finish), c in fine.items():
         for dim, key in (("policy_version", str(version)), ("finish_reason", finish), ("all", "")):
-            for cell_dataset, bucket in ((dataset, hour), (dataset, ALL_TIME), (ALL_DATASETS, ALL_TIME)):
+            for cell_dataset, bucket in (
+                (dataset, _hour(epoch)),
+                (dataset, ALL_TIME),
+                (ALL_DATASETS, ALL_TIME),
+            ):
                 merge_into(cells.setdefault((dim, key, cell_dataset, bucket), {}), c)
     return cells
 
@@ -218,6 +221,7 @@ def _split(c: Mapping[str, float]) -> dict[str, dict[str, float]]:
 
 def component_summary(parts: Mapping[str, Mapping[str, float]], name: str) -> dict[str, Any]:
     """Distribution of one component's values, its error rate and its correlation with length."""
+
     def get(field: str) -> float:
         return parts.get(f"c.{field}", {}).get(name, 0.0)
 
@@ -244,16 +248,22 @@ def summarize(c: Mapping[str, float]) -> dict[str, Any]:
         "pass_rate": plain.get("o.s", 0.0) / o_n if o_n > 0 else None,
         "zero_variance_fraction": plain.get("zv", 0.0) / n if n > 0 else None,
         "drop_fraction": {r: v / n for r, v in sorted(parts.get("drop", {}).items()) if n > 0},
-        "truncation_rate": {f: v / n for f, v in sorted(parts.get("fin", {}).items()) if f != "stop" and n > 0},
-        "length": {"mean": plain.get("l.s", 0.0) / n if n > 0 else None, "p90": quantiles(parts.get("h.l", {}), (0.9,))[0]},
-        "length_reward_corr": _corr(t_n, plain.get("lt.s", 0.0), plain.get("lt.ss", 0.0), t_s, t_ss, plain.get("lt.st", 0.0)),
+        "truncation_rate": {
+            f: v / n for f, v in sorted(parts.get("fin", {}).items()) if f != "stop" and n > 0
+        },
+        "length": {
+            "mean": plain.get("l.s", 0.0) / n if n > 0 else None,
+            "p90": quantiles(parts.get("h.l", {}), (0.9,))[0],
+        },
+        "length_reward_corr": _corr(
+            t_n, plain.get("lt.s", 0.0), plain.get("lt.ss", 0.0), t_s, t_ss, plain.get("lt.st", 0.0)
+        ),
     }
 
 
 # -- the rollup --------------------------------------------------------------------------------------------
 def _apply(session: Session, group_pks: Sequence[int], sign: float) -> None:
-    pks = sorted(set(group_pks))
-    cells = cell_counters(repo.trajectory_facts(session, pks), repo.component_facts(session, pks), sign)
+    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks))), sign)
     repo.add_to_cells(session, cells)
 
 
@@ -276,7 +286,7 @@ def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
     cells: dict[CellKey, Counters] = {}
     after, groups = 0, 0
     while pks := repo.curated_group_pks(session, after, chunk):
-        part = cell_counters(repo.trajectory_facts(session, pks), repo.component_facts(session, pks))
+        part = cell_counters(repo.trajectory_facts(session, pks))
         for key, c in part.items():
             merge_into(cells.setdefault(key, {}), c)
         after, groups = pks[-1], groups + len(pks)
@@ -342,7 +352,6 @@ class _SummaryCache:
             self._rows[key] = rows
         return rows
 
-
     def clear(self) -> None:
         with self._lock:
             self._rows.clear()
@@ -372,14 +381,18 @@ def _all_time_rows(session: Session, by: str, dataset: str | None) -> list[tuple
     return [(key_of(key, ds), found[(key, ds)]) for key, ds, _v in versions if (key, ds) in found]
 
 
-def _hourly_rows(session: Session, by: str, dataset: str | None, hour: datetime) -> list[tuple[Any, list[dict[str, Any]]]]:
+def _hourly_rows(
+    session: Session, by: str, dataset: str | None, hour: datetime
+) -> list[tuple[Any, list[dict[str, Any]]]]:
     """(row key, rows) from the hourly cells from ``hour`` on, merged per key."""
     dim, key_of = _SOURCES[by]
     merged = _merged(repo.read_cells(session, dim, dataset, hour, ALL_TIME, per_dataset=False), key_of)
     return [(key, _rows_of(by, counters)) for key, counters in merged.items()]
 
 
-def get_stats(session: Session, by: str, dataset: str | None = None, since: datetime | None = None) -> dict[str, Any]:
+def get_stats(
+    session: Session, by: str, dataset: str | None = None, since: datetime | None = None
+) -> dict[str, Any]:
     """``{"by", "dataset", "since", "rows": [...]}``; rows sorted by key (policy versions numerically)."""
     try:
         check_choice(by, STATS_BY, "by")

@@ -26,6 +26,14 @@ def test_results_come_back_in_order(pool: KillablePool) -> None:
     assert [f.result() for f in futures] == [2 * i for i in range(20)]
 
 
+def test_idle_workers_are_used_before_queueing_behind_a_busy_one(pool: KillablePool) -> None:
+    sleeper = pool.submit(tasks.sleep, 2.0, timeout_s=10)
+    quick = pool.submit(tasks.add, 1, 2, timeout_s=10)
+    assert quick.result(timeout=30) == 3
+    assert not sleeper.done()  # the quick task ran on the other worker, not behind the sleeper
+    assert sleeper.result(timeout=30) == 2.0
+
+
 def test_exception_in_a_task_is_reported(pool: KillablePool) -> None:
     with pytest.raises(PoolTaskError, match="task raised ValueError: bad input"):
         pool.submit(tasks.fail, "bad input", timeout_s=10).result()
@@ -117,9 +125,9 @@ def test_a_worker_killed_while_idle_is_replaced() -> None:
 def test_deadline_counts_from_when_a_task_starts() -> None:
     """A queued task does not burn its deadline while the one before it runs."""
     with KillablePool(processes=1) as single:
-        first = single.submit(tasks.sleep, 0.6, timeout_s=5)
-        second = single.submit(tasks.sleep, 0.6, timeout_s=1.0)  # 1.2 s after submission, 0.6 s of work
-        assert first.result(timeout=30) == 0.6 and second.result(timeout=30) == 0.6
+        first = single.submit(tasks.sleep, 1.0, timeout_s=5)
+        second = single.submit(tasks.sleep, 1.0, timeout_s=1.6)  # done 2 s after submission, 1 s of work
+        assert first.result(timeout=30) == 1.0 and second.result(timeout=30) == 1.0
 
 
 def test_worker_start_up_does_not_count_against_a_deadline() -> None:

@@ -35,3 +35,15 @@ def test_concurrent_conflicting_bodies_one_wins_rest_409(live_server):
     with ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(post, range(8)))
     assert sorted(codes) == [201] + [409] * 7
+
+
+def test_acknowledged_means_committed(live_server):
+    """The transaction commits before the answer is sent: a 201 is visible to any other reader at once."""
+    engine = create_engine(live_server.db_url)
+    with httpx.Client(base_url=live_server.url, timeout=30) as http, engine.connect() as conn:
+        for i in range(30):
+            assert http.post("/v1/groups", json=make_group(f"dur-{i}", prompt_id=f"dp-{i}")).status_code == 201
+            seen = conn.execute(text("SELECT count(*) FROM groups WHERE id = :id"), {"id": f"dur-{i}"}).scalar_one()
+            conn.rollback()
+            assert seen == 1
+    engine.dispose()

@@ -19,8 +19,18 @@ from tests.helpers import make_group
 
 
 def _prompts(client, ids, dataset="toy", **extra):
-    body = {"prompts": [{"id": i, "dataset": dataset, "messages": [{"role": "user", "content": f"q {i}"}],
-                         "reference": {"answer": "42"}, **extra} for i in ids]}
+    body = {
+        "prompts": [
+            {
+                "id": i,
+                "dataset": dataset,
+                "messages": [{"role": "user", "content": f"q {i}"}],
+                "reference": {"answer": "42"},
+                **extra,
+            }
+            for i in ids
+        ]
+    }
     assert client.post("/v1/prompts", json=body).status_code == 200
 
 
@@ -33,8 +43,10 @@ def _get(client, **params):
 def _history(session, outcomes: dict[str, list[float]]):
     """Give prompts a curated history (and a group each, so they are not 'new')."""
     for pid, means in outcomes.items():
-        session.execute(text("UPDATE prompts SET n_groups = :n, recent_outcomes = CAST(:o AS jsonb) WHERE id = :id"),
-                        {"n": len(means), "o": str(means), "id": pid})
+        session.execute(
+            text("UPDATE prompts SET n_groups = :n, recent_outcomes = CAST(:o AS jsonb) WHERE id = :id"),
+            {"n": len(means), "o": str(means), "id": pid},
+        )
 
 
 def _request(session, **values) -> int:
@@ -51,13 +63,23 @@ class TestOrder:
     def test_resample_then_refill_then_new_then_curriculum(self, client, session):
         _prompts(client, ["a", "b", "c", "d"])
         _history(session, {"a": [1.0, 0.0], "b": [0.5], "c": [1.0]})  # d never sampled
-        rs = _request(session, prompt_id="a", dataset="toy", reason="resample", budget={"max_tokens": 32}, priority=2.0)
+        rs = _request(
+            session, prompt_id="a", dataset="toy", reason="resample", budget={"max_tokens": 32}, priority=2.0
+        )
         rf = _request(session, prompt_id=None, dataset="toy", reason="refill", n=8)
         got = _get(client, n=10, producer_id="p1", include_reference=True)
         assert [g["reason"] for g in got] == ["resample", "refill", "curriculum", "curriculum"]
         assert got[0] | {"prompt": None, "expires_at": None} == {
-            "request_id": rs, "prompt_id": "a", "dataset": "toy", "reason": "resample", "n": 4,
-            "budget": {"max_tokens": 32}, "priority": 2.0, "prompt": None, "expires_at": None}
+            "request_id": rs,
+            "prompt_id": "a",
+            "dataset": "toy",
+            "reason": "resample",
+            "n": 4,
+            "budget": {"max_tokens": 32},
+            "priority": 2.0,
+            "prompt": None,
+            "expires_at": None,
+        }
         # the refill takes the never-sampled prompt first (fewest groups); a is busy with its resample
         assert (got[1]["request_id"], got[1]["prompt_id"], got[1]["n"]) == (rf, "d", 8)
         assert [g["prompt_id"] for g in got[2:]] == ["b", "c"]  # both one group; b first by id
@@ -68,12 +90,16 @@ class TestOrder:
         _prompts(client, ["x", "y"])
         got = _get(client, n=5, group_size=6)
         assert [(g["reason"], g["prompt_id"], g["n"], g["budget"], g["request_id"]) for g in got] == [
-            ("new", "x", 6, {}, None), ("new", "y", 6, {}, None)]
+            ("new", "x", 6, {}, None),
+            ("new", "y", 6, {}, None),
+        ]
         assert got[0]["prompt"]["reference"] is None  # only with include_reference
         client.post("/v1/groups", json=make_group("gx", prompt_id="x", n=3, answers=["42", "1", "2"]))
         got = _get(client, n=5)
         assert [(g["reason"], g["prompt_id"], g["n"], g["budget"]) for g in got] == [
-            ("new", "y", 8, {}), ("curriculum", "x", 3, {"temperature": 1.0, "max_tokens": 16})]
+            ("new", "y", 8, {}),
+            ("curriculum", "x", 3, {"temperature": 1.0, "max_tokens": 16}),
+        ]
 
     def test_dataset_filter(self, client, session):
         _prompts(client, ["m1"], dataset="math")
@@ -126,16 +152,30 @@ class TestClaims:
 class TestCurriculum:
     def test_solved_and_failed_prompts_come_last(self, client, session):
         _prompts(client, ["solved", "failed", "mixed", "young"])
-        _history(session, {"solved": [1.0, 1.0, 1.0], "failed": [0.0, 0.0, 0.0, 0.0], "mixed": [1.0, 0.0, 1.0],
-                           "young": [1.0, 1.0]})
+        _history(
+            session,
+            {
+                "solved": [1.0, 1.0, 1.0],
+                "failed": [0.0, 0.0, 0.0, 0.0],
+                "mixed": [1.0, 0.0, 1.0],
+                "young": [1.0, 1.0],
+            },
+        )
         got = _get(client, n=4)
         assert [(g["prompt_id"], g["priority"]) for g in got] == [
-            ("young", 1.0), ("mixed", 1.0), ("solved", 0.1), ("failed", 0.1)]  # then fewest groups
+            ("young", 1.0),
+            ("mixed", 1.0),
+            ("solved", 0.1),
+            ("failed", 0.1),
+        ]  # then fewest groups
 
     def test_policy_config_dataset_then_prompt(self, client, session):
         pol = {"name": "strict", "curriculum": {"k": 2, "low_priority": 0.0}}
         assert client.post("/v1/curation-policies", json=pol).status_code == 201
-        assert client.post("/v1/curation-policies", json={"name": "lenient", "curriculum": {"k": 5}}).status_code == 201
+        assert (
+            client.post("/v1/curation-policies", json={"name": "lenient", "curriculum": {"k": 5}}).status_code
+            == 201
+        )
         assert client.put("/v1/datasets/toy", json={"curation_policy": "strict"}).status_code == 200
         _prompts(client, ["young", "mixed"])
         _prompts(client, ["own"], curation_policy="lenient")
@@ -145,10 +185,15 @@ class TestCurriculum:
 
     def test_sql_priority_matches_filters_curriculum(self, client, session):
         rng = random.Random(7)
-        configs = [CurriculumConfig(), CurriculumConfig(k=1), CurriculumConfig(k=4, solved=0.75, failed=0.25,
-                                                                               low_priority=0.3)]
-        cases = {f"p{i}": [rng.choice((0.0, 0.25, 0.5, 0.75, 1.0)) for _ in range(rng.randint(0, 16))]
-                 for i in range(60)}
+        configs = [
+            CurriculumConfig(),
+            CurriculumConfig(k=1),
+            CurriculumConfig(k=4, solved=0.75, failed=0.25, low_priority=0.3),
+        ]
+        cases = {
+            f"p{i}": [rng.choice((0.0, 0.25, 0.5, 0.75, 1.0)) for _ in range(rng.randint(0, 16))]
+            for i in range(60)
+        }
         _prompts(client, list(cases))
         _history(session, cases)
         for cfg in configs:
@@ -165,21 +210,27 @@ def test_refill_after_drops_with_two_producers(live_server):
 
     url = live_server.url
     for i in range(6):
-        assert httpx.post(f"{url}/v1/groups", json=make_group(f"g{i}", prompt_id=f"rp-{i}")).status_code == 201
+        assert (
+            httpx.post(f"{url}/v1/groups", json=make_group(f"g{i}", prompt_id=f"rp-{i}")).status_code == 201
+        )
     factory = make_sessionmaker(get_engine(live_server.db_url))
     with Scorer(processes=1, timeout_s=20) as scorer:
         assert drain(factory, scorer).dropped == 6
     with factory() as s:
         refills = set(s.scalars(select(SamplingRequest.pk).where(SamplingRequest.reason == "refill")))
     assert len(refills) == 6
-    httpx.post(f"{url}/v1/prompts", json={"prompts": [{"id": f"fresh-{j}", "dataset": "toy"} for j in range(4)]})
+    httpx.post(
+        f"{url}/v1/prompts", json={"prompts": [{"id": f"fresh-{j}", "dataset": "toy"} for j in range(4)]}
+    )
     barrier = threading.Barrier(2)
     taken: dict[str, list[dict]] = {"A": [], "B": []}
 
     def producer(name: str) -> None:
         with httpx.Client(base_url=url, timeout=30) as http:
             barrier.wait()
-            while got := http.get("/v1/sampling/requests", params={"n": 3, "producer_id": name}).json()["requests"]:
+            while got := http.get("/v1/sampling/requests", params={"n": 3, "producer_id": name}).json()[
+                "requests"
+            ]:
                 taken[name] += got
 
     threads = [threading.Thread(target=producer, args=(n,)) for n in taken]
@@ -190,9 +241,15 @@ def test_refill_after_drops_with_two_producers(live_server):
     items = taken["A"] + taken["B"]
     assert taken["A"] and taken["B"]
     assert {i["request_id"] for i in items if i["reason"] == "refill"} == refills
-    assert len({i["request_id"] for i in items}) == len(items) == 10  # one item per prompt: 6 refills + 4 more
-    assert sorted(i["prompt_id"] for i in items) == sorted([f"rp-{i}" for i in range(6)] + [f"fresh-{j}" for j in range(4)])
-    done = httpx.post(f"{url}/v1/sampling/requests/done", json={"request_ids": [i["request_id"] for i in items]})
+    assert (
+        len({i["request_id"] for i in items}) == len(items) == 10
+    )  # one item per prompt: 6 refills + 4 more
+    assert sorted(i["prompt_id"] for i in items) == sorted(
+        [f"rp-{i}" for i in range(6)] + [f"fresh-{j}" for j in range(4)]
+    )
+    done = httpx.post(
+        f"{url}/v1/sampling/requests/done", json={"request_ids": [i["request_id"] for i in items]}
+    )
     assert len(done.json()["done"]) == 10
     again = httpx.get(f"{url}/v1/sampling/requests", params={"n": 20, "producer_id": "A"}).json()["requests"]
     assert len(again) == 10 and all(i["reason"] in ("new", "curriculum") for i in again)

@@ -39,26 +39,74 @@ GROUP_C = [  # code, version 1, ready
 ]
 
 
-def _add_group(session: Session, gid: str, dataset: str, version: int, created: datetime, members: list,
-               *, status: str = "ready", drop_reason: str | None = None, curated: bool = True) -> int:
+def _add_group(
+    session: Session,
+    gid: str,
+    dataset: str,
+    version: int,
+    created: datetime,
+    members: list,
+    *,
+    status: str = "ready",
+    drop_reason: str | None = None,
+    curated: bool = True,
+) -> int:
     if session.get(Prompt, f"p-{dataset}") is None:
         session.add(Prompt(id=f"p-{dataset}", dataset=dataset, messages=[], reference={}, metadata_={}))
         session.flush()
-    g = Group(id=gid, prompt_id=f"p-{dataset}", dataset=dataset, policy_version=version, sampling={}, metadata_={},
-              body_hash="x", status=status, drop_reason=drop_reason, n_trajectories=len(members),
-              n_tokens=sum(m[1] for m in members), reward_spec_name=dataset, reward_spec_version=1,
-              created_at=created, curated_at=created if curated else None)
+    g = Group(
+        id=gid,
+        prompt_id=f"p-{dataset}",
+        dataset=dataset,
+        policy_version=version,
+        sampling={},
+        metadata_={},
+        body_hash="x",
+        status=status,
+        drop_reason=drop_reason,
+        n_trajectories=len(members),
+        n_tokens=sum(m[1] for m in members),
+        reward_spec_name=dataset,
+        reward_spec_version=1,
+        created_at=created,
+        curated_at=created if curated else None,
+    )
     session.add(g)
     session.flush()
     for idx, (finish, tokens, total, outcome, action, reason, comps) in enumerate(members):
-        session.add(Trajectory(group_pk=g.pk, idx=idx, messages=[], final_answer="", seq_len=tokens, num_tokens=tokens,
-                               num_turns=1, finish_reason=finish, metadata_={}, total_reward=total, outcome=outcome,
-                               action=action, reason=reason))
+        session.add(
+            Trajectory(
+                group_pk=g.pk,
+                idx=idx,
+                messages=[],
+                final_answer="",
+                seq_len=tokens,
+                num_tokens=tokens,
+                num_turns=1,
+                finish_reason=finish,
+                metadata_={},
+                total_reward=total,
+                outcome=outcome,
+                action=action,
+                reason=reason,
+            )
+        )
         for name, value in comps.items():
             err = value == "error"
-            session.add(Reward(group_pk=g.pk, idx=idx, spec_name=dataset, spec_version=1, component=name, kind="k",
-                               value=None if err else value, details={}, error="sandbox crashed" if err else None,
-                               latency_ms=0.0))
+            session.add(
+                Reward(
+                    group_pk=g.pk,
+                    idx=idx,
+                    spec_name=dataset,
+                    spec_version=1,
+                    component=name,
+                    kind="k",
+                    value=None if err else value,
+                    details={},
+                    error="sandbox crashed" if err else None,
+                    latency_ms=0.0,
+                )
+            )
     session.flush()
     return g.pk
 
@@ -107,13 +155,20 @@ class TestSeededDataset:
         assert t["p10"] == 0.0 and _close(t["p50"], 1.1) and _close(t["p90"], 1.1)
         assert math_row["pass_rate"] == pytest.approx(3 / 5)
         assert math_row["zero_variance_fraction"] == pytest.approx(2 / 6)
-        assert math_row["drop_fraction"] == pytest.approx({"finish_reason:env_error": 1 / 6, "zero_variance": 2 / 6})
+        assert math_row["drop_fraction"] == pytest.approx(
+            {"finish_reason:env_error": 1 / 6, "zero_variance": 2 / 6}
+        )
         assert math_row["truncation_rate"] == pytest.approx({"env_error": 1 / 6, "length": 1 / 6})
         assert math_row["length"]["mean"] == pytest.approx(140 / 6) and _close(math_row["length"]["p90"], 30)
         lengths = [10, 20, 40, 10, 30]
         assert math_row["length_reward_corr"] == pytest.approx(_corr(lengths, totals))
         correct, fmt = math_row["components"]["correct"], math_row["components"]["fmt"]
-        assert (correct["count"], correct["mean"], correct["error_rate"]) == (5, pytest.approx(0.6), pytest.approx(1 / 6))
+        assert (correct["count"], correct["mean"], correct["error_rate"]) == (
+            5,
+            pytest.approx(0.6),
+            pytest.approx(1 / 6),
+        )
+        assert (correct["p10"], correct["p50"], correct["p90"]) == (0.0, 1.0, 1.0)  # 0 and 1 are exact
         assert correct["length_reward_corr"] == pytest.approx(_corr([10, 20, 40, 10, 30], [1, 0, 0, 1, 1]))
         assert (fmt["count"], fmt["mean"], fmt["error_rate"]) == (6, pytest.approx(0.4 / 6), 0.0)
         assert fmt["std"] == pytest.approx(float(np.std([0.1, 0.1, 0, 0, 0.1, 0.1])))
@@ -140,10 +195,19 @@ class TestSeededDataset:
 
     def test_dataset_and_since_filters(self, client, seeded):
         assert list(_rows(client, by="dataset", dataset="code")) == ["code"]
-        late = client.get("/v1/stats", params={"by": "policy_version", "since": "2026-01-01T12:59:00+00:00"}).json()
+        late = client.get(
+            "/v1/stats", params={"by": "policy_version", "since": "2026-01-01T12:59:00+00:00"}
+        ).json()
         assert late["since"] == "2026-01-01T12:00:00+00:00"  # the hour that contains it
         assert {r["key"]: r["count"] for r in late["rows"]} == {1: 2, 2: 2}  # C and B; A is from 10:00
         assert _rows(client, by="dataset", since="2026-01-02T00:00:00Z") == {}
+        assert {k: r["count"] for k, r in _rows(client, by="policy_version", dataset="math").items()} == {
+            1: 4,
+            2: 2,
+        }
+        late_components = _rows(client, by="component", since="2026-01-01T12:00:00Z")  # B and C only
+        assert {k: r["count"] for k, r in late_components.items()} == {"correct": 2, "fmt": 2, "tests": 2}
+        assert _rows(client, by="dataset", since="1960-01-01T00:00:00Z") == _rows(client, by="dataset")
 
     def test_unknown_by_is_rejected_naming_the_field(self, client, seeded):
         r = client.get("/v1/stats", params={"by": "color"})
@@ -167,8 +231,10 @@ class TestRollupMaintenance:
         pks = seed(session)
         stats.record_groups(session, [pks["A"]])
         stats.retract_groups(session, [pks["A"]])  # a recurate sends A back ...
-        session.execute(text("UPDATE trajectories SET action = 'keep', reason = 'ok' WHERE group_pk = :pk"),
-                        {"pk": pks["A"]})
+        session.execute(
+            text("UPDATE trajectories SET action = 'keep', reason = 'ok' WHERE group_pk = :pk"),
+            {"pk": pks["A"]},
+        )
         stats.record_groups(session, [pks["A"]])  # ... and it is curated again, differently
         row = _rows(client, by="dataset")["math"]
         assert row["count"] == 4 and row["drop_fraction"] == {}
@@ -190,7 +256,9 @@ def test_concurrent_writers_add_up(fresh_db):
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(o,)) for o in ([pks["A"], pks["C"]], [pks["C"], pks["A"]])]
+    threads = [
+        threading.Thread(target=writer, args=(o,)) for o in ([pks["A"], pks["C"]], [pks["C"], pks["A"]])
+    ]
     for t in threads:
         t.start()
     for t in threads:
