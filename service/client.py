@@ -121,6 +121,7 @@ class CuratorClient:
         format: BatchFormat = "json",
         order: Literal["oldest", "freshest"] | None = None,
         as_numpy: bool = False,
+        min_groups: int | None = None,
     ) -> dict[str, Any] | None:
         """Lease a batch: ``{"batch_id", "expires_at", "groups": [...], "stats"}``, or None (204) when
         nothing was ready within ``wait_seconds``. Give exactly one of the three ``max_*`` sizes.
@@ -140,6 +141,7 @@ class CuratorClient:
             "wait_seconds": wait_seconds,
             "request_id": request_id,
             "order": order,
+            "min_groups": min_groups,
         }
         accept = ARROW_MEDIA_TYPE if format == "arrow" else "application/json"
         response = self._request(
@@ -198,6 +200,53 @@ class CuratorClient:
 
     def policy_history(self, limit: int = 100) -> dict[str, Any]:
         return self._json("GET", "/v1/policy/history", params={"limit": limit})
+
+    # -- specs, policies, datasets ---------------------------------------------------------------------
+    def create_reward_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/reward-specs", json=spec)
+
+    def get_reward_spec(self, name: str, version: int | None = None) -> dict[str, Any]:
+        return self._json("GET", f"/v1/reward-specs/{name}", params=_params(version=version))
+
+    def create_curation_policy(self, policy: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/curation-policies", json=policy)
+
+    def get_curation_policy(self, name: str, version: int | None = None) -> dict[str, Any]:
+        return self._json("GET", f"/v1/curation-policies/{name}", params=_params(version=version))
+
+    def set_dataset(self, name: str, *, reward_spec: str | None = None, curation_policy: str | None = None) -> dict[str, Any]:
+        body = {"reward_spec": reward_spec, "curation_policy": curation_policy}
+        return self._json("PUT", f"/v1/datasets/{name}", json=body)
+
+    def rescore(self, reward_spec: str, **filters: Any) -> dict[str, Any]:
+        return self._json("POST", "/v1/rescore", json={"reward_spec": reward_spec, **_params(**filters)})
+
+    def recurate(self, curation_policy: str, **filters: Any) -> dict[str, Any]:
+        return self._json("POST", "/v1/recurate", json={"curation_policy": curation_policy, **_params(**filters)})
+
+    # -- producers: what to sample next ------------------------------------------------------------------
+    def sampling_requests(self, n: int = 10, *, producer_id: str | None = None, dataset: str | None = None,
+                          group_size: int | None = None, lease_seconds: float | None = None,
+                          include_reference: bool = False) -> list[dict[str, Any]]:
+        """Requests to sample; with ``producer_id`` they are claimed for this producer."""
+        params = _params(n=n, producer_id=producer_id, dataset=dataset, group_size=group_size,
+                         lease_seconds=lease_seconds, include_reference=include_reference or None)
+        return self._json("GET", "/v1/sampling/requests", params=params)["requests"]
+
+    def sampling_done(self, request_ids: list[int]) -> dict[str, Any]:
+        ids = [i for i in request_ids if i is not None]
+        return self._json("POST", "/v1/sampling/requests/done", json={"request_ids": ids}) if ids else {"done": []}
+
+    # -- statistics -------------------------------------------------------------------------------------
+    def stats(self, by: str = "policy_version", **filters: Any) -> dict[str, Any]:
+        return self._json("GET", "/v1/stats", params=_params(by=by, **filters))
+
+    def summary(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/summary")
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def retry(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:

@@ -41,6 +41,7 @@ class LeaseIn(Strict):
     wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     order: LeaseOrder = "oldest"
+    min_groups: int | None = Field(default=None, ge=1, le=MAX_LEASE_GROUPS)
 
     @model_validator(mode="after")
     def _one_size(self) -> LeaseIn:
@@ -48,6 +49,8 @@ class LeaseIn(Strict):
         if len(given) != 1:
             got = ", ".join(given) if given else "none"
             raise ValueError(f"{' | '.join(SIZING_FIELDS)}: exactly one is required (got {got})")
+        if self.min_groups is not None and self.max_groups is not None and self.min_groups > self.max_groups:
+            raise ValueError(f"min_groups: {self.min_groups} is more than max_groups {self.max_groups}")
         return self
 
     def sizing(self) -> tuple[SizingField, int]:

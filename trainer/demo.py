@@ -74,7 +74,7 @@ def configure(url: str, curated: bool) -> None:
 def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> list[subprocess.Popen]:
     ckpt = str(out / "checkpoints")
     trainer = {"service_url": url, "trainer_id": "demo-trainer", "model_config": MODEL, "seed": 0, "lr": args.lr,
-               "max_groups": args.groups_per_step, "wait_seconds": 2.0, "checkpoint_dir": ckpt, "save_every": 1,
+               "max_groups": args.groups_per_step, "min_groups": args.groups_per_step, "wait_seconds": 5.0, "checkpoint_dir": ckpt, "save_every": 1,
                "max_staleness": 1, "loss": {"beta": 0.0}}
     producer = {"service_url": url, "producer_id": "demo-producer", "run_id": "demo", "model_config": MODEL, "seed": 0,
                 "tokenizer": "char:" + DEMO_ALPHABET, "checkpoint_dir": ckpt, "dataset": "letter-sum",

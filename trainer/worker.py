@@ -56,6 +56,7 @@ class LeaseClient(Protocol):
         max_staleness: int | None = None,
         lease_seconds: float = 300,
         wait_seconds: float = 0,
+        min_groups: int | None = None,
     ) -> dict[str, Any] | None: ...
     def ack(self, batch_id: str) -> dict[str, Any]: ...
     def publish_policy(self, version: int, metrics: dict[str, Any]) -> dict[str, Any]: ...
@@ -80,6 +81,7 @@ class TrainerConfig:
     max_trajectories: int | None = None
     max_tokens: int | None = None
     max_staleness: int | None = None
+    min_groups: int | None = None  # wait (up to wait_seconds) for this many ready groups, then take what is there
     lease_seconds: float = 300.0
     wait_seconds: float = 5.0
     max_idle_polls: int | None = None  # stop after this many empty polls in a row (None: never)
@@ -186,6 +188,7 @@ def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str
         max_staleness=cfg.max_staleness,
         lease_seconds=cfg.lease_seconds,
         wait_seconds=cfg.wait_seconds,
+        min_groups=cfg.min_groups,
     )
 
 

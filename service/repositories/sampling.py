@@ -61,7 +61,7 @@ def in_flight_prompts(session: Session, cutoff: datetime, dataset: str | None) -
     )
     if dataset is not None:
         stmt = stmt.where(SamplingRequest.dataset == dataset)
-    return set(session.execute(stmt).scalars())
+    return {pid for pid in session.execute(stmt).scalars() if pid is not None}
 
 
 def dataset_policies(session: Session, dataset: str | None) -> dict[str, str]:
@@ -69,7 +69,7 @@ def dataset_policies(session: Session, dataset: str | None) -> dict[str, str]:
     stmt = select(Dataset.name, Dataset.curation_policy).where(Dataset.curation_policy.is_not(None))
     if dataset is not None:
         stmt = stmt.where(Dataset.name == dataset)
-    return {name: ref for name, ref in session.execute(stmt)}
+    return {name: ref for name, ref in session.execute(stmt) if ref is not None}
 
 
 def prompt_policies(session: Session, dataset: str | None) -> list[str]:
@@ -77,7 +77,7 @@ def prompt_policies(session: Session, dataset: str | None) -> list[str]:
     stmt = select(Prompt.curation_policy).distinct().where(Prompt.curation_policy.is_not(None))
     if dataset is not None:
         stmt = stmt.where(Prompt.dataset == dataset)
-    return list(session.execute(stmt).scalars())
+    return [ref for ref in session.execute(stmt).scalars() if ref is not None]
 
 
 def _low_condition(cfg: CurriculumConfig, i: int) -> str:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import delete, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from service.models import Group, StatsCell
@@ -72,8 +72,8 @@ def lock_cells(session: Session) -> None:
     session.execute(text("LOCK TABLE stats_cells IN EXCLUSIVE MODE"))
 
 
-def delete_cells(session: Session) -> int:
-    return session.execute(StatsCell.__table__.delete()).rowcount
+def delete_cells(session: Session) -> None:
+    session.execute(delete(StatsCell))
 
 
 def curated_group_pks(session: Session, after_pk: int, limit: int) -> list[int]:

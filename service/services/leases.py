@@ -172,8 +172,9 @@ def _replay(session: Session, lease: Lease, body: LeaseIn) -> BatchColumns:
     return _columns(session, lease, body, replayed=True)
 
 
-def lease_once(session: Session, body: LeaseIn, lease_seconds: float) -> BatchColumns | None:
-    """One attempt: reap, replay a known request_id, or claim and record a new lease; None when empty."""
+def lease_once(session: Session, body: LeaseIn, lease_seconds: float, final: bool = True) -> BatchColumns | None:
+    """One attempt: reap, replay a known request_id, or claim and record a new lease; None when empty,
+    or (before the ``final`` attempt) when fewer than ``min_groups`` groups are ready."""
     reap_expired(session)
     if body.request_id is not None:
         lease_repo.lock_request_id(session, body.request_id)
@@ -183,8 +184,8 @@ def lease_once(session: Session, body: LeaseIn, lease_seconds: float) -> BatchCo
     policy_version = current_version(session)
     min_version = None if body.max_staleness is None else policy_version - body.max_staleness
     claim = claim_groups(session, body, min_version)
-    if not claim.pks:
-        return None
+    if not claim.pks or (not final and body.min_groups is not None and len(claim.pks) < body.min_groups):
+        return None  # the caller rolls back, releasing the claimed rows
     lease_id = uuid.uuid4().hex
     lease_repo.mark_leased(session, claim.pks, lease_id)
     row = {
@@ -211,6 +212,8 @@ async def lease(
     disconnected: Callable[[], Awaitable[bool]],
 ) -> BatchColumns | None:
     """Lease a batch, long-polling up to ``wait_seconds``; None (-> 204) when nothing became ready.
+    With ``min_groups`` the poll waits for that many ready groups and, at the deadline, returns the
+    partial batch there is (a filtered stream that cannot be refilled in time is not an error).
 
     Between empty attempts the transaction is rolled back (it stored nothing) and the request sleeps
     without holding a thread; a client that went away stops the polling so no lease is made for it.
@@ -219,7 +222,8 @@ async def lease(
     deadline = time.monotonic() + body.wait_seconds
     delay = POLL_FIRST_S
     while True:
-        batch = await run_in_threadpool(lease_once, session, body, lease_seconds)
+        final = time.monotonic() >= deadline
+        batch = await run_in_threadpool(lease_once, session, body, lease_seconds, final)
         if batch is not None:
             return batch
         await run_in_threadpool(session.rollback)

@@ -381,3 +381,33 @@ class TestFormats:
             np.float32,
         )
         assert t0["token_ids"].tolist() == lists["groups"][0]["trajectories"][0]["token_ids"]
+
+
+def test_min_groups_waits_for_a_full_batch_then_returns_partial(fresh_db):
+    """With min_groups the long poll does not hand out a thin batch early; at the deadline it returns
+    the partial batch there is instead of failing."""
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+    from sqlalchemy import create_engine
+
+    from service.app import create_app
+    from tests.service.delivery_helpers import seed_ready
+
+    engine = create_engine(fresh_db)
+    with TestClient(create_app(database_url=fresh_db)) as c:
+        seed_ready(c, engine, 1, prefix="mg0")
+        later = threading.Timer(0.6, lambda: seed_ready(c, engine, 1, prefix="mg1"))
+        later.start()
+        t0 = time.monotonic()
+        full = c.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 2, "min_groups": 2, "wait_seconds": 10})
+        later.join()
+        assert full.status_code == 200 and len(full.json()["groups"]) == 2
+        assert time.monotonic() - t0 < 10
+        seed_ready(c, engine, 1, prefix="mg2")
+        partial = c.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 4, "min_groups": 4, "wait_seconds": 0.5})
+        assert partial.status_code == 200 and [g["id"] for g in partial.json()["groups"]] == ["mg2-0"]
+        bad = c.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 2, "min_groups": 3})
+        assert bad.status_code == 422 and "min_groups" in bad.json()["error"]
+    engine.dispose()
