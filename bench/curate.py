@@ -16,13 +16,30 @@ SQL, rollup rebuilt), beside the same aggregate computed from the raw tables. Ta
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
+import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Sequence
 
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+import service.workers.curation as curation
 from filters.curate import curate_group, curate_groups
 from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
+from reward_models.scoring import Scorer
+from service.app import create_app
+from service.db import get_engine, make_sessionmaker, to_sqlalchemy_url
+from service.migrate import upgrade
+from service.repositories.pipeline import claim_groups
+from service.services import stats
+from service.workers.curation import curate
+from service.workers.pipeline import curate_pass
+from service.workers.scoring import score_groups
 
 TARGET_GROUPS_PER_S = 50_000
 # A plausible mix for a math / agent run: mostly answered, some budget cut-offs, few infra failures.
@@ -109,14 +126,16 @@ def bench_pure(
 # -- DB part ---------------------------------------------------------------------------------------------------
 TARGET_DB_GROUPS_PER_S = 1_000
 TARGET_STATS_P99_MS = 200.0
-RULE_SPEC = {"name": "bench-rule", "components": [
-    {"name": "boxed", "kind": "rule.format", "params": {"pattern": r"\\boxed\{42\}"}, "outcome": True},
-    {"name": "short", "kind": "rule.length", "weight": 0.1, "params": {"target": 32, "limit": 64}}]}
+RULE_SPEC = {
+    "name": "bench-rule",
+    "components": [
+        {"name": "boxed", "kind": "rule.format", "params": {"pattern": r"\\boxed\{42\}"}, "outcome": True},
+        {"name": "short", "kind": "rule.length", "weight": 0.1, "params": {"target": 32, "limit": 64}},
+    ],
+}
 
 
 def _admin(server: str, sql: str) -> None:
-    from sqlalchemy import create_engine, text
-
     engine = create_engine(server, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(text(sql))
@@ -125,12 +144,6 @@ def _admin(server: str, sql: str) -> None:
 
 def _temp_db(server: str) -> str:
     """A new database at the head migration."""
-    import uuid
-
-    from sqlalchemy.engine import make_url
-
-    from service.migrate import upgrade
-
     name = f"bench_curate_{uuid.uuid4().hex[:8]}"
     _admin(server, f'CREATE DATABASE "{name}"')
     url = make_url(server).set(database=name).render_as_string(hide_password=False)
@@ -144,25 +157,30 @@ def _bench_group(i: int, size: int, rng: random.Random) -> dict:
     difficulty, trajectories = rng.random(), []
     for _ in range(size):
         answer, n = ("42" if rng.random() > difficulty else "41"), rng.randint(8, 64)
-        trajectories.append({"messages": [{"role": "assistant", "content": f"so \\boxed{{{answer}}}"}],
-                             "token_ids": list(range(n)), "loss_mask": [1] * n,
-                             "finish_reason": rng.choices(reasons, weights)[0]})
-    return {"id": f"b{i}", "prompt_id": f"bp{i % 1000}", "policy_version": 0,
-            "prompt": {"dataset": "bench", "messages": [{"role": "user", "content": "6 * 7?"}],
-                       "reference": {"answer": "42"}},
-            "sampling": {"temperature": 1.0, "max_tokens": 64}, "trajectories": trajectories}
+        trajectories.append(
+            {
+                "messages": [{"role": "assistant", "content": f"so \\boxed{{{answer}}}"}],
+                "token_ids": list(range(n)),
+                "loss_mask": [1] * n,
+                "finish_reason": rng.choices(reasons, weights)[0],
+            }
+        )
+    return {
+        "id": f"b{i}",
+        "prompt_id": f"bp{i % 1000}",
+        "policy_version": 0,
+        "prompt": {
+            "dataset": "bench",
+            "messages": [{"role": "user", "content": "6 * 7?"}],
+            "reference": {"answer": "42"},
+        },
+        "sampling": {"temperature": 1.0, "max_tokens": 64},
+        "trajectories": trajectories,
+    }
 
 
 def _ingest_and_score(url: str, n_groups: int, size: int) -> None:
     """Groups through the API, scored by the real scoring stage (rule-only spec), left 'scored'."""
-    from fastapi.testclient import TestClient
-
-    from reward_models.scoring import Scorer
-    from service.app import create_app
-    from service.db import get_engine, make_sessionmaker
-    from service.repositories.pipeline import claim_groups
-    from service.workers.scoring import score_groups
-
     rng = random.Random(1)
     with TestClient(create_app(database_url=url)) as api:
         assert api.post("/v1/reward-specs", json=RULE_SPEC).status_code == 201
@@ -192,12 +210,6 @@ _RESET = (
 
 def _curate_rate(url: str, batch: int, with_stats: bool) -> tuple[float, dict[str, int]]:
     """groups/s of curate passes over every 'scored' group (each pass one transaction)."""
-    from service.db import get_engine, make_sessionmaker
-    from service.repositories.pipeline import claim_groups
-    from service.services import stats
-    from service.workers.curation import curate
-    from service.workers.pipeline import curate_pass
-
     _admin(url, _RESET)
     _admin(url, "VACUUM ANALYZE")
     factory, done, counts = make_sessionmaker(get_engine(url)), 0, {"ready": 0, "dropped": 0}
@@ -222,10 +234,6 @@ def _curate_rate(url: str, batch: int, with_stats: bool) -> tuple[float, dict[st
 
 def bench_db_curation(server: str, n_groups: int, size: int, batch: int = 256) -> dict[str, float]:
     """The curation stage with its DB writes, plain and with the stats rollup, side by side."""
-    import inspect
-
-    import service.workers.curation as curation
-
     url = _temp_db(server)
     try:
         _ingest_and_score(url, n_groups, size)
@@ -234,9 +242,14 @@ def bench_db_curation(server: str, n_groups: int, size: int, batch: int = 256) -
         rollup, counts = (plain, {}) if wired else max(_curate_rate(url, batch, True) for _ in range(2))
     finally:
         _admin(server, f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    return {"groups": n_groups, "curate_pass": plain, "with_rollup": rollup, "rollup_wired": float(wired),
-            "ready": counts.get("ready", 0), "dropped": counts.get("dropped", 0)}
-
+    return {
+        "groups": n_groups,
+        "curate_pass": plain,
+        "with_rollup": rollup,
+        "rollup_wired": float(wired),
+        "ready": counts.get("ready", 0),
+        "dropped": counts.get("dropped", 0),
+    }
 
 
 _SEED = """
@@ -287,7 +300,11 @@ STATS_QUERIES = {
     "by=policy_version": {"by": "policy_version"},
     "by=finish_reason": {"by": "finish_reason"},
     "by=component": {"by": "component"},
-    "by=policy_version&dataset&since": {"by": "policy_version", "dataset": "ds1", "since": "2026-11-02T12:00:00Z"},
+    "by=policy_version&dataset&since": {
+        "by": "policy_version",
+        "dataset": "ds1",
+        "since": "2026-11-02T12:00:00Z",
+    },
 }
 
 
@@ -297,13 +314,6 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 def bench_stats(server: str, n_trajectories: int, requests: int) -> dict[str, object]:
     """GET /v1/stats latency over `n_trajectories` stored trajectories (groups of 8), and the raw SQL."""
-    from fastapi.testclient import TestClient
-    from sqlalchemy import text
-
-    from service.app import create_app
-    from service.db import get_engine, make_sessionmaker
-    from service.services import stats
-
     url = _temp_db(server)
     try:
         t0 = time.perf_counter()
@@ -317,7 +327,10 @@ def bench_stats(server: str, n_trajectories: int, requests: int) -> dict[str, ob
         rebuild_s = time.perf_counter() - t0
         latencies: dict[str, list[float]] = {}
         with TestClient(create_app(database_url=url)) as api:
-            for name, params in [*STATS_QUERIES.items(), *((f"{k} (cold)", v) for k, v in STATS_QUERIES.items())]:
+            for name, params in [
+                *STATS_QUERIES.items(),
+                *((f"{k} (cold)", v) for k, v in STATS_QUERIES.items()),
+            ]:
                 api.get("/v1/stats", params=params)  # warm: connections, and the summaries of unchanged cells
                 for _ in range(requests):
                     if name.endswith("(cold)"):
@@ -335,34 +348,53 @@ def bench_stats(server: str, n_trajectories: int, requests: int) -> dict[str, ob
         _admin(server, f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
     every = sorted(v for vs in latencies.values() for v in vs)
     per = {k: (_percentile(sorted(v), 0.5), _percentile(sorted(v), 0.99)) for k, v in latencies.items()}
-    return {"trajectories": n_trajectories, "seed_s": seed_s, "rebuild_s": rebuild_s, **built, "per_query": per,
-            "p50_ms": _percentile(every, 0.5), "p99_ms": _percentile(every, 0.99), "raw_ms": sorted(raw)[1]}
+    return {
+        "trajectories": n_trajectories,
+        "seed_s": seed_s,
+        "rebuild_s": rebuild_s,
+        **built,
+        "per_query": per,
+        "p50_ms": _percentile(every, 0.5),
+        "p99_ms": _percentile(every, 0.99),
+        "raw_ms": sorted(raw)[1],
+    }
+
+
+def _line(label: str, text: str) -> None:
+    print(f"  {label:<41}: {text}")
 
 
 def main_db(n_groups: int, size: int, n_trajectories: int, requests: int) -> None:
-    import os
-
-    from service.db import to_sqlalchemy_url
-
-    server = to_sqlalchemy_url(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    server = to_sqlalchemy_url(
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     c = bench_db_curation(server, n_groups, size)
-    print(f"curation stage with DB writes, {c['groups']:,} groups of {size} (rule-only spec, batches of 256):")
-    print(f"  curate_pass                : {c['curate_pass']:>9,.0f} groups/s")
+    print(
+        f"curation stage with DB writes, {c['groups']:,} groups of {size} (rule-only spec, batches of 256):"
+    )
+    _line("curate_pass", f"{c['curate_pass']:>9,.0f} groups/s")
     if not c["rollup_wired"]:
-        print(f"  curate + stats rollup      : {c['with_rollup']:>9,.0f} groups/s"
-              f"  (ratio {c['with_rollup'] / c['curate_pass']:.2f}; {c['ready']:,} ready, {c['dropped']:,} dropped)")
+        ratio = c["with_rollup"] / c["curate_pass"]
+        _line(
+            "curate + stats rollup", f"{c['with_rollup']:>9,.0f} groups/s  (ratio {ratio:.2f} side by side)"
+        )
     ok = min(c["curate_pass"], c["with_rollup"]) >= TARGET_DB_GROUPS_PER_S
-    print(f"  target {TARGET_DB_GROUPS_PER_S:,} groups/s     : {'met' if ok else 'NOT met'}")
+    _line(f"target {TARGET_DB_GROUPS_PER_S:,} groups/s", "met" if ok else "NOT met")
     r = bench_stats(server, n_trajectories, requests)
-    print(f"GET /v1/stats over {r['trajectories']:,} trajectories ({r['groups']:,} groups; seeded in"
-          f" {r['seed_s']:.0f} s, rollup rebuilt in {r['rebuild_s']:.1f} s into {r['cells']:,} cells):")
+    print(
+        f"GET /v1/stats over {r['trajectories']:,} trajectories ({r['groups']:,} groups; seeded in {r['seed_s']:.0f}"
+        f" s, rollup rebuilt in {r['rebuild_s']:.1f} s into {r['cells']:,} cells):"
+    )
     for name, (p50, p99) in r["per_query"].items():  # type: ignore[attr-defined]
-        print(f"  {name:<41}: p50 {p50:7.1f} ms  p99 {p99:7.1f} ms")
-    print(f"  all requests                             : p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms")
+        _line(name, f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms")
+    _line("all requests", f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms")
     cold = r["per_query"]["by=policy_version (cold)"][0]  # type: ignore[index]
-    print(f"  raw SQL aggregate by version             : {r['raw_ms']:7.1f} ms  (raw / rollup cold p50 {r['raw_ms'] / cold:.0f}x)")
-    print(f"  target p99 {TARGET_STATS_P99_MS:.0f} ms                       : "
-          f"{'met' if r['p99_ms'] <= TARGET_STATS_P99_MS else 'NOT met'} (cold and warm requests together)")
+    _line(
+        "raw SQL aggregate by version",
+        f"{r['raw_ms']:7.1f} ms  (raw / rollup cold p50: {r['raw_ms'] / cold:.0f}x)",
+    )
+    met = "met" if r["p99_ms"] <= TARGET_STATS_P99_MS else "NOT met"
+    _line(f"target p99 {TARGET_STATS_P99_MS:.0f} ms", f"{met} (cold and warm requests together)")
 
 
 def main() -> None:

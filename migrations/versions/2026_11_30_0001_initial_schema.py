@@ -3,7 +3,7 @@
 Arrays (token ids, loss mask, log-probs) are raw little-endian bytea; see service/arrays.py.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 00:36:22.008860
 """
 

@@ -70,7 +70,7 @@ def test_multi_turn_tool_episode_masks_observations(tok, sampler):
     assert traj["messages"][0]["tool_calls"][0]["function"] == {"name": "calc", "arguments": "2+3"}
     assert traj["messages"][1] == {"role": "tool", "content": "5", "tool_call_id": "call-0"}
     assert traj["final_answer"] == "5"
-    assert all(lp == 0.0 for lp, m in zip(traj["logprobs"], traj["loss_mask"]) if m == 0)
+    assert all(lp == 0.0 for lp, m in zip(traj["logprobs"], traj["loss_mask"], strict=True) if m == 0)
     assert len(traj["logprobs"]) == len(script)
 
 
