@@ -104,13 +104,15 @@ class _Worker:
 class KillablePool:
     """``processes`` worker slots started with ``start_method``; ``memory_mb`` caps each worker's
     address space (a task that exceeds it fails with MemoryError or crashes its worker: an error
-    either way). ``preload`` names modules the forkserver imports once so fresh workers start warm.
-    A killed or crashed worker's slot is refilled when the next task needs it, so a worker that
-    cannot start costs one error per task, never a busy respawn loop.
+    either way). ``preload`` names modules imported before a worker says it is ready (by the
+    forkserver once, when it is not running yet, so fresh workers start warm). A killed or crashed
+    worker's slot is refilled when the next task needs it, so a worker that cannot start costs one
+    error per task, never a busy respawn loop.
 
     Each worker gets its next task while it runs the current one (``_DEPTH`` = 2), so it never waits
-    for a round trip to the dispatcher; a task's deadline starts when the dispatcher sees the task
-    before it finish. Tasks queued behind one that timed out or crashed go back to the queue."""
+    for a round trip to the dispatcher. A task's deadline starts when its worker is ready and the
+    task before it has finished (as the dispatcher sees it), so neither start-up nor queueing counts.
+    Tasks queued behind one that timed out or crashed go back to the queue."""
 
     def __init__(
         self,
@@ -208,26 +210,35 @@ class KillablePool:
         return None
 
     def _dispatch(self) -> None:
-        for index, worker in enumerate(self._slots):
-            while worker is None or len(worker.tasks) < _DEPTH:
-                task = self._next_task()
-                if task is None:
+        """Hand out queued tasks: first one to every idle slot, then a second to each busy worker."""
+        for depth in range(1, _DEPTH + 1):
+            for index in range(len(self._slots)):
+                if not self._fill(index, depth):
                     return
-                try:
-                    payload = ForkingPickler.dumps((task.task_id, task.fn, task.args))
-                except Exception as exc:  # noqa: BLE001 - pickling raises many types
-                    _fail(task, f"could not send the task: {type(exc).__name__}: {exc}")
-                    continue
-                if worker is None:
-                    worker = self._slots[index] = self._start_worker()
-                if not worker.tasks:
-                    task.deadline = time.monotonic() + task.timeout_s if worker.ready else math.inf
-                worker.tasks.append(task)
-                try:
-                    worker.conn.send_bytes(payload)
-                except OSError:  # the worker died since we last looked: refill the slot, go on
-                    self._unsent(worker, worker.tasks.pop())
-                    worker = None
+
+    def _fill(self, index: int, depth: int) -> bool:
+        """Send tasks to slot ``index`` until it holds ``depth``; False once the queue is empty."""
+        worker = self._slots[index]
+        while worker is None or len(worker.tasks) < depth:
+            task = self._next_task()
+            if task is None:
+                return False
+            try:
+                payload = ForkingPickler.dumps((task.task_id, task.fn, task.args))
+            except Exception as exc:  # noqa: BLE001 - pickling raises many types
+                _fail(task, f"could not send the task: {type(exc).__name__}: {exc}")
+                continue
+            if worker is None:
+                worker = self._slots[index] = self._start_worker()
+            if not worker.tasks:
+                task.deadline = time.monotonic() + task.timeout_s if worker.ready else math.inf
+            worker.tasks.append(task)
+            try:
+                worker.conn.send_bytes(payload)
+            except OSError:  # the worker died since we last looked: refill the slot, go on
+                self._unsent(worker, worker.tasks.pop())
+                worker = None
+        return True
 
     def _unsent(self, worker: _Worker, task: _Task) -> None:
         """``task`` could not be sent because ``worker`` died: retire the worker and put the task
