@@ -252,5 +252,7 @@ class StatsCell(Base):
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     counters: Mapped[dict[str, Any]] = mapped_column(JSONB)
     # a new value from a sequence at every write: (cell, version) names one content, across rebuilds too
-    version: Mapped[int] = mapped_column(BigInteger, server_default=text("nextval('stats_cells_version_seq')"))
+    version: Mapped[int] = mapped_column(
+        BigInteger, server_default=text("nextval('stats_cells_version_seq')")
+    )
     updated_at: Mapped[datetime] = _now()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.models import Group, Trajectory
@@ -24,11 +24,14 @@ def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, grou
     return stmt
 
 
-def requeue(session: Session, values: dict[str, Any], clear_scores: bool, **filters: Any) -> list[int]:
-    """Set ``values`` on the matching groups; reset their trajectories' decisions (and scores). -> pks."""
-    stmt = _filtered(update(Group), **filters).values(**values).returning(Group.pk)
-    pks = list(session.execute(stmt).scalars())
+def lock_matching(session: Session, **filters: Any) -> list[int]:
+    """Lock the matching groups (so no worker curates them meanwhile) -> their pks."""
+    return list(session.execute(_filtered(select(Group.pk), **filters).with_for_update()).scalars())
+
+
+def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scores: bool) -> None:
+    """Set ``values`` on the groups; reset their trajectories' decisions (and scores)."""
     if pks:
+        session.execute(update(Group).where(Group.pk.in_(pks)).values(**values))
         cleared = {**_CLEARED_TRAJECTORY, **({"total_reward": None, "outcome": None} if clear_scores else {})}
         session.execute(update(Trajectory).where(Trajectory.group_pk.in_(pks)).values(**cleared))
-    return pks

@@ -8,11 +8,19 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.repositories import rescore as repo
-from service.services import specs
+from service.services import specs, stats
 
 # leased and consumed groups belong to a trainer: they are never pulled back
 RESCORABLE = ("received", "scored", "ready", "dropped", "reward_error")
 RECURATABLE = ("scored", "ready", "dropped")
+
+
+def _requeue(session: Session, values: dict[str, Any], clear_scores: bool, **filters: Any) -> list[int]:
+    """Lock the matching groups, take them out of the statistics, then send them back."""
+    pks = repo.lock_matching(session, **filters)
+    stats.retract_groups(session, pks)
+    repo.requeue(session, pks, values, clear_scores)
+    return pks
 
 
 def rescore(session: Session, reward_spec: str, **filters: Any) -> dict[str, Any]:
@@ -20,7 +28,7 @@ def rescore(session: Session, reward_spec: str, **filters: Any) -> dict[str, Any
     values = {"status": "received", "reward_spec_name": v.name, "reward_spec_version": v.version,
               "score_attempts": 0, "score_error": None, "retry_at": None, "drop_reason": None,
               "curated_at": None, "ready_at": None}
-    pks = repo.requeue(session, values, clear_scores=True, statuses=RESCORABLE, **filters)
+    pks = _requeue(session, values, clear_scores=True, statuses=RESCORABLE, **filters)
     return {"groups": len(pks), "reward_spec": f"{v.name}@{v.version}"}
 
 
@@ -28,5 +36,5 @@ def recurate(session: Session, curation_policy: str, **filters: Any) -> dict[str
     v = specs.resolve_curation_policy(session, curation_policy)
     values = {"status": "scored", "curation_policy_name": v.name, "curation_policy_version": v.version,
               "drop_reason": None, "curated_at": None, "ready_at": None}
-    pks = repo.requeue(session, values, clear_scores=False, statuses=RECURATABLE, **filters)
+    pks = _requeue(session, values, clear_scores=False, statuses=RECURATABLE, **filters)
     return {"groups": len(pks), "curation_policy": f"{v.name}@{v.version}"}

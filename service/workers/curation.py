@@ -17,7 +17,7 @@ from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryS
 from service.models import Group
 from service.repositories import pipeline as repo
 from service.repositories import policy as policy_repo
-from service.services import specs
+from service.services import specs, stats
 
 _PLAIN_METRICS = ("outcome", "total")
 
@@ -126,4 +126,5 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
             writes.add(g, d, version, prompts[g.prompt_id].dataset)
             counts[d.status] = counts.get(d.status, 0) + 1
     writes.flush(session)
+    stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
     return counts

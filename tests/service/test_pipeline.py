@@ -175,6 +175,9 @@ class TestRescoreAndRecurate:
         assert g["curation_policy"] == "strict@1" and g["trajectories"][3]["action"] == "drop"
         logged = {(d["index"], d["action"], d["policy"]) for d in g["decisions"]}
         assert {(3, "mask", "default@1"), (3, "drop", "strict@1")} <= logged
+        # statistics count the group once, as last curated: retracted before re-curation
+        [row] = api.get("/v1/stats", params={"by": "policy_version"}).json()["rows"]
+        assert row["count"] == 4 and row["truncation_rate"]["length"] == 0.25
 
     def test_unknown_spec_is_422_naming_the_field(self, api):
         r = api.post("/v1/rescore", json={"reward_spec": "nope"})
