@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
 
 from service.settings import get_settings
 
@@ -51,15 +50,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lazy(module: str, func: str = "main") -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
-
-    return run
-
-
 LATER = {
     "score-worker": ("service.workers.main", "score / curate worker: claims received groups, scores and curates them"),
     "train": ("trainer.cli", "GRPO trainer: lease -> train -> ack -> publish"),
@@ -81,15 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default="head")
     p.add_argument("--downgrade")
     p.set_defaults(func=cmd_migrate)
-    for name, (module, help_text) in LATER.items():
-        p = sub.add_parser(name, help=help_text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_lazy(module))
+    for name, (_module, help_text) in LATER.items():  # dispatched in main(); listed here for --help
+        sub.add_parser(name, help=help_text + f" (grpo-curator {name} --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in LATER:  # these parse their own options (argparse's REMAINDER drops leading --flags)
+        import importlib
+
+        return int(importlib.import_module(LATER[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,111 @@
+"""The rollout producer against the real service, and the demo end to end through real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from service.client import CuratorClient
+from tests.conftest import ROOT
+from trainer.rollout import RolloutConfig, Spool, build_group, run
+from trainer.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
+from trainer.worker import tiny_model_config
+
+
+@pytest.fixture
+def producer_cfg(live_server, tmp_path):
+    with CuratorClient(live_server.url) as c:
+        c.upsert_prompts(letter_sum_prompts())
+        c.create_reward_spec(letter_sum_spec())
+        c.set_dataset("letter-sum", reward_spec="letter-sum")
+    return RolloutConfig(service_url=live_server.url, producer_id="p1", run_id="t", seed=1,
+                         model_config=tiny_model_config(vocab_size=3 + len(DEMO_ALPHABET)),
+                         tokenizer="char:" + DEMO_ALPHABET, dataset="letter-sum", group_size=4, max_tokens=2,
+                         requests_per_poll=2, spool_dir=str(tmp_path / "spool"))
+
+
+def test_producer_posts_valid_groups_with_length_when_cut(live_server, producer_cfg):
+    with CuratorClient(live_server.url) as c:
+        assert run(producer_cfg, c, max_groups=4) == 4
+        ids = [g["id"] for g in c.list_groups()["groups"]]
+        assert len(ids) == 4
+        finishes = []
+        for gid in ids:
+            g = c.get_group(gid, include_tokens=True)
+            assert g["policy_version"] == 0 and g["dataset"] == "letter-sum"
+            for t in g["trajectories"]:
+                prompt_len = t["loss_mask"].index(1)
+                response = t["token_ids"][prompt_len:]
+                assert t["loss_mask"] == [0] * prompt_len + [1] * len(response)
+                assert all(lp < 0 for lp in t["logprobs"][prompt_len:])
+                assert (t["finish_reason"] == "stop") == (response[-1] == EOS)
+                if t["finish_reason"] == "length":
+                    assert len(response) == producer_cfg.max_tokens and EOS not in response
+                finishes.append(t["finish_reason"])
+        assert "length" in finishes
+        # every claimed request was marked done: a peek shows no resample/refill left taken by us
+        assert not list(Spool(f"{producer_cfg.spool_dir}/p1").pending())
+
+
+def test_restart_reposts_spooled_groups_without_duplicates(live_server, producer_cfg):
+    from trainer.rollout import Policy
+    from trainer.tasks import load_tokenizer
+
+    with CuratorClient(live_server.url) as c:
+        policy = Policy(producer_cfg, load_tokenizer(producer_cfg.tokenizer))
+        policy.refresh()
+        [req_a, req_b] = c.sampling_requests(2, producer_id="p1", dataset="letter-sum")
+        spool = Spool(f"{producer_cfg.spool_dir}/p1")
+        posted = build_group(policy, req_a, producer_cfg)  # crash after the post, before unspooling
+        c.post_group(posted)
+        spool.put(posted)
+        unposted = build_group(policy, req_b, producer_cfg)  # crash after spooling, before the post
+        spool.put(unposted)
+        assert build_group(policy, req_b, producer_cfg) == unposted  # sampling is deterministic per id
+        run(producer_cfg, c, max_groups=0)  # a restarted producer re-posts what the spool holds
+        assert spool.pending() == []
+        stored = [g["id"] for g in c.list_groups()["groups"]]
+        assert sorted(stored) == sorted([posted["id"], unposted["id"]])
+
+
+def test_producer_killed_mid_run_then_restarted(live_server, producer_cfg, tmp_path):
+    cfg_path = tmp_path / "producer.json"
+    raw = {k: getattr(producer_cfg, k) for k in producer_cfg.__dataclass_fields__}
+    cfg_path.write_text(json.dumps(raw))
+    cmd = [sys.executable, "-m", "trainer.rollout", "--config", str(cfg_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    with CuratorClient(live_server.url) as c:
+        while time.monotonic() < deadline and len(c.list_groups()["groups"]) < 3:
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = {g["id"] for g in c.list_groups(limit=1000)["groups"]}
+        assert len(before) >= 3
+        again = subprocess.run([*cmd, "--max-groups", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "conflicts" not in again.stderr
+        after = [g["id"] for g in c.list_groups(limit=1000)["groups"]]
+        assert len(after) == len(set(after)) and before <= set(after)
+        assert Spool(f"{producer_cfg.spool_dir}/p1").pending() == []
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    r = subprocess.run([sys.executable, "-m", "service.cli", "demo", "--versions", "3", "--minutes", "2",
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [result] = json.loads((out / "demo.json").read_text())
+    assert result["label"] == "curated" and len(result["rows"]) >= 2
+    assert (out / "demo.png").stat().st_size > 10_000
+    assert "policy v" in r.stdout
+    versions = [int(row["key"]) for row in result["rows"]]
+    assert max(versions) >= 1  # groups were sampled by a policy the trainer published
