@@ -13,7 +13,6 @@ import random
 import subprocess
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import httpx
 import numpy as np
 import orjson
 import psycopg
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+
+from service.dbadmin import create_database, drop_database, libpq_url
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 1024
@@ -46,22 +45,6 @@ def make_group(i: int, rng: random.Random) -> bytes:
         "prompt": {"dataset": "bench", "messages": [{"role": "user", "content": "q"}], "reference": {"answer": "42"}},
         "sampling": {"temperature": 1.0, "max_tokens": TOKENS}, "trajectories": trajs,
     })
-
-
-def create_db(server: str) -> str:
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    eng = create_engine(server, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    eng.dispose()
-    return make_url(server).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_db(server: str, url: str) -> None:
-    eng = create_engine(server, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
-    eng.dispose()
 
 
 def rss_mb(pid: int) -> float:
@@ -114,7 +97,7 @@ def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict
 
 def bench_copy(url: str, bodies: list[bytes]) -> float:
     """The same rows written with raw psycopg COPY (bytea arrays): the floor for what the API could do."""
-    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conninfo = libpq_url(url)
     t0 = time.perf_counter()
     with psycopg.connect(conninfo) as conn:
         for n, body in enumerate(bodies):
@@ -152,13 +135,13 @@ def main() -> None:
     rng = random.Random(0)
     bodies = [make_group(i, rng) for i in range(args.groups)]
     mb = sum(map(len, bodies)) / 1e6
-    url = create_db(server)
+    url = create_database(server, 'bench')
     try:
         upgrade(url)
         api = bench_api(url, bodies, args.clients, args.workers)
         copy_s = bench_copy(url, bodies)
     finally:
-        drop_db(server, url)
+        drop_database(server, url)
     api_gps, copy_gps = args.groups / api["s"], args.groups / copy_s
     print(f"payload: {args.groups} groups x {PER_GROUP} trajectories x {TOKENS} tokens, {mb / args.groups * 1e3:.0f} KB/group JSON")
     print(f"API  ({args.clients} clients, {args.workers} workers): {api_gps:7.1f} groups/s  {mb / api['s']:6.1f} MB/s  "

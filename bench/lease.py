@@ -17,13 +17,12 @@ import multiprocessing
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import psycopg
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+
+from service.dbadmin import create_database, drop_database, libpq_url
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 1024
@@ -31,32 +30,12 @@ PER_GROUP = 8
 PROMPT_TOKENS = 128
 
 
-def create_db(server: str) -> str:
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    eng = create_engine(server, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    eng.dispose()
-    return make_url(server).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_db(server: str, url: str) -> None:
-    eng = create_engine(server, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
-    eng.dispose()
-
-
-def conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def store(url: str, n_trajectories: int, seed: int = 0) -> int:
     """Setup: ready groups of PER_GROUP trajectories x TOKENS tokens, written with binary COPY; -> groups."""
     rng = np.random.default_rng(seed)
     n_groups = n_trajectories // PER_GROUP
     mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(TOKENS - PROMPT_TOKENS, np.uint8)].tobytes()
-    with psycopg.connect(conninfo(url)) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         conn.execute(
             "INSERT INTO prompts (id, dataset, messages, reference, metadata) VALUES ('bp', 'bench', '[]', '{}', '{}')"
         )
@@ -110,7 +89,7 @@ def _copy_trajectories(
 
 def reset(url: str) -> None:
     """Every group ready again, no leases: each configuration starts from the same queue."""
-    with psycopg.connect(conninfo(url), autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute(
             "UPDATE groups SET status = 'ready', lease_id = NULL, consumed_at = NULL, staleness = NULL"
         )
@@ -190,7 +169,7 @@ def raw_select(url: str, batch: int, n: int, binary: bool) -> dict[str, float]:
         " ORDER BY t.group_pk, t.idx"
     )
     lat = []
-    with psycopg.connect(conninfo(url)) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         for i in range(n):
             pks = list(range(1 + i * groups, 1 + (i + 1) * groups))
             t0 = time.perf_counter()
@@ -250,7 +229,7 @@ def main() -> int:
     server = to_sqlalchemy_url(
         os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
-    url = create_db(server)
+    url = create_database(server, 'bench')
     try:
         upgrade(url)
         t0 = time.perf_counter()
@@ -268,7 +247,7 @@ def main() -> int:
         finally:
             stop_server(live)
     finally:
-        drop_db(server, url)
+        drop_database(server, url)
     report(results, args.batch)
     return 0
 

@@ -245,6 +245,22 @@ class CuratorClient:
         return self._json("GET", "/v1/summary")
 
 
+def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:
+    """Poll ``GET /healthz`` until it answers 200. ``proc`` (a Popen) exiting first, or the time running
+    out, raises RuntimeError (the server's log is the place to look)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
+        try:
+            if httpx.get(url.rstrip("/") + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
+
+
 def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 

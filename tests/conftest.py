@@ -14,18 +14,16 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from service.client import wait_healthy
 from service.db import to_sqlalchemy_url
+from service.dbadmin import create_database, drop_database
 from service.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,30 +45,13 @@ def server_url() -> str:
     return _server_url()
 
 
-def _create_database(server_url: str, prefix: str = "gct") -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
-
-
-def _drop_database(server_url: str, url: str) -> None:
-    name = make_url(url).database
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
 @pytest.fixture(scope="session")
 def make_db(server_url: str) -> Iterator[Callable[..., str]]:
     """Factory: a new database, migrated to head unless migrate=False; all dropped at the end."""
     made: list[str] = []
 
     def make(migrate: bool = True) -> str:
-        url = _create_database(server_url)
+        url = create_database(server_url, 'gct')
         made.append(url)
         if migrate:
             upgrade(url)
@@ -78,7 +59,7 @@ def make_db(server_url: str) -> Iterator[Callable[..., str]]:
 
     yield make
     for url in made:
-        _drop_database(server_url, url)
+        drop_database(server_url, url)
 
 
 @pytest.fixture(scope="session")
@@ -152,17 +133,12 @@ def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int
     cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
     proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return LiveServer(url, db_url, proc)
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become healthy in 60 s")
+    try:
+        wait_healthy(url, proc, timeout_s=60)
+    except RuntimeError as exc:
+        proc.kill()
+        raise RuntimeError(f"{exc}: {proc.stderr.read().decode()[-2000:]}") from None  # type: ignore[union-attr]
+    return LiveServer(url, db_url, proc)
 
 
 def stop_server(server: LiveServer) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from service.client import wait_healthy
 from trainer.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,17 +50,12 @@ def start_service(out: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str
     port = _free_port()
     proc = _spawn(["-m", "service.cli", "serve", "--port", str(port)], env, out / "service.log")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the service exited; see {out / 'service.log'}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("the service did not start within 120 s")
+    try:
+        wait_healthy(url, proc, timeout_s=120)
+    except RuntimeError as exc:
+        proc.kill()
+        raise RuntimeError(f"{exc}; see {out / 'service.log'}") from None
+    return proc, url
 
 
 def configure(url: str, curated: bool) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 
+from service.client import wait_healthy
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
 
@@ -21,16 +21,8 @@ def _serve(data_dir, port):
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError("embedded server did not start")
+    wait_healthy(url, proc, timeout_s=90)
+    return proc, url
 
 
 def _stop(proc):
