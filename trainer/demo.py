@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "tie_word_embeddings": True}
-CURATED = {"name": "demo-curated"}
+CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}}
+CURATED_MASK = {"name": "demo-curated-mask"}  # the default policy: truncated samples masked
 UNCURATED = {"name": "demo-uncurated", "zero_variance": {"action": "keep"}, "min_group_size": 1,
              "finish_reason_actions": {r: "keep" for r in ("length", "max_turns")}}
 
@@ -58,13 +59,19 @@ def start_service(out: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str
     return proc, url
 
 
-def configure(url: str, curated: bool) -> None:
+def _policy(curated: bool, truncation: str) -> dict[str, Any]:
+    if not curated:
+        return UNCURATED
+    return CURATED if truncation == "penalize" else CURATED_MASK
+
+
+def configure(url: str, policy: dict[str, Any]) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         for path, body in (("/v1/prompts", {"prompts": letter_sum_prompts()}), ("/v1/reward-specs", letter_sum_spec()),
-                           ("/v1/curation-policies", CURATED if curated else UNCURATED)):
+                           ("/v1/curation-policies", policy)):
             http.post(path, json=body).raise_for_status()
-        policy = (CURATED if curated else UNCURATED)["name"]
-        http.put("/v1/datasets/letter-sum", json={"reward_spec": "letter-sum", "curation_policy": policy}).raise_for_status()
+        body = {"reward_spec": "letter-sum", "curation_policy": policy["name"]}
+        http.put("/v1/datasets/letter-sum", json=body).raise_for_status()
 
 
 def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> list[subprocess.Popen]:
@@ -89,8 +96,8 @@ def per_version(url: str) -> list[dict[str, Any]]:
 
 def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
     """One full run; returns the per-version rows and the steps to reach the threshold."""
-    label = "curated" if curated else "no-curation"
-    out = Path(args.out) / label
+    label = f"curated ({args.truncation} truncated)" if curated else "no-curation"
+    out = Path(args.out) / label.replace(" ", "-").replace("(", "").replace(")", "")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "GRPO_CURATOR_DATABASE_URL")}
@@ -99,7 +106,7 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
     service, url = start_service(out, env)
     procs = [service]
     try:
-        configure(url, curated)
+        configure(url, _policy(curated, args.truncation))
         procs += start_workers(url, out, env, args)
         rows = _watch(url, procs, args, label)
     finally:
@@ -122,7 +129,7 @@ def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, la
         time.sleep(3)
         dead = [p for p in procs if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"a demo process exited early (see the logs in {args.out}/{label})")
+            raise RuntimeError(f"a demo process exited early (see the logs under {args.out})")
         version = int(httpx.get(url + "/v1/policy", timeout=10).json()["version"])
         rows = per_version(url)
         last = rows[-1] if rows else {}
@@ -188,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=80, help="stop after this many policy versions")
     ap.add_argument("--minutes", type=float, default=8.0, help="stop after this long")
     ap.add_argument("--threshold", type=float, default=0.8, help="pass rate that counts as learned")
+    ap.add_argument("--truncation", choices=("penalize", "mask"), default="penalize",
+                    help="what the curated run does with samples cut by the token budget: DAPO's soft overlong "
+                         "penalty (default) or the service's default, mask (see the README on why mask can stall)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
