@@ -102,12 +102,13 @@ class Policy:
     def _build(self, ckpt: Path | None) -> Sampler:
         eos = self.tokenizer.eos_token_id
         use_vllm = self.cfg.backend == "vllm" or (self.cfg.backend == "auto" and vllm_available())
-        if use_vllm and (ckpt or self.cfg.model):
-            return VLLMSampler(ckpt or self.cfg.model, eos, self.cfg.temperature)
+        weights = ckpt or self.cfg.model  # a directory vLLM / from_pretrained can read, else a config
+        if use_vllm and weights is not None:
+            return VLLMSampler(weights, eos, self.cfg.temperature)
         from transformers import AutoModelForCausalLM
 
-        if ckpt is not None or self.cfg.model is not None:
-            model = AutoModelForCausalLM.from_pretrained(str(ckpt or self.cfg.model))
+        if weights is not None:
+            model = AutoModelForCausalLM.from_pretrained(str(weights))
         else:
             from trainer.worker import TrainerConfig, build_model
 
