@@ -38,7 +38,9 @@ class CharTokenizer:
             raise ValueError(f"text: character {bad!r} is not in the tokenizer's alphabet") from None
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.alphabet[i - _SPECIALS] for i in ids if i >= _SPECIALS)
+        """Special tokens inside generated text become U+FFFD, never nothing: a policy must not be able to
+        pad an answer with PAD / BOS tokens that a verifier cannot see (a reward hack seen in the demo)."""
+        return "".join(self.alphabet[i - _SPECIALS] if i >= _SPECIALS else "\ufffd" for i in ids)
 
     def render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """BOS + the text of every message (this tokenizer has no chat template)."""

@@ -91,3 +91,8 @@ def test_calculator_parses_instead_of_evaluating():
     assert calculator("6*7") == "42"
     with pytest.raises(ValueError):
         calculator("__import__('os')")
+
+
+def test_special_tokens_in_generated_text_are_visible(tok):
+    a = tok.encode("a")[0]
+    assert tok.decode([a, 0, 1]) == "a\ufffd\ufffd"  # padding an answer cannot pass a one-letter check
