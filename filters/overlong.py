@@ -18,10 +18,14 @@ import numpy as np
 
 
 def overlong_buffer_tokens(buffer: float, max_tokens: int) -> int:
-    """The buffer L_cache in tokens: a fraction in [0, 1) of max_tokens, or a whole token count >= 1."""
+    """The buffer L_cache in tokens: a fraction in [0, 1) of max_tokens, or a whole token count >= 1.
+
+    A positive fraction is at least one token: with a small budget (0.2 x 3 tokens) rounding down to 0 would
+    make the penalty 0 for a response cut exactly at the budget -- truncation would go unpunished.
+    """
     if buffer < 0:
         raise ValueError(f"overlong buffer must be >= 0, got {buffer}")
-    tokens = math.floor(buffer * max_tokens) if buffer < 1 else int(buffer)
+    tokens = (max(1, math.floor(buffer * max_tokens)) if buffer > 0 else 0) if buffer < 1 else int(buffer)
     return min(tokens, max_tokens)
 
 

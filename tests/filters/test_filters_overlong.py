@@ -33,6 +33,9 @@ def test_buffer_fraction_or_tokens() -> None:
     assert overlong_buffer_tokens(256, 1024) == 256
     assert overlong_buffer_tokens(4096, 1024) == 1024
     assert overlong_buffer_tokens(0.0, 1024) == 0
+    # a positive fraction of a tiny budget is still one token, so a response cut at the budget is penalised
+    assert overlong_buffer_tokens(0.2, 3) == 1
+    assert soft_overlong_penalty(3, 3, overlong_buffer_tokens(0.2, 3)) == -1.0
     with pytest.raises(ValueError):
         overlong_buffer_tokens(-0.1, 1024)
 
