@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "tie_word_embeddings": True}
-# zero variance on the total: here the format component (stop after the letter) is real signal, not shaping
-# noise; on the outcome alone, groups that differ only in stopping would be dropped and EOS never learned
-CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}, "zero_variance": {"metric": "total"}}
+# DAPO's recipe: zero-variance filtering on the binary outcome, the soft overlong penalty on truncated samples
+CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}}
 CURATED_MASK = {"name": "demo-curated-mask"}  # the default policy: truncated samples masked
 UNCURATED = {"name": "demo-uncurated", "zero_variance": {"action": "keep"}, "min_group_size": 1,
              "finish_reason_actions": {r: "keep" for r in ("length", "max_turns")}}
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--truncation", choices=("penalize", "mask"), default="penalize",
                     help="what the curated run does with samples cut by the token budget: DAPO's soft overlong "
                          "penalty (default) or the service's default, mask (see the README on why mask can stall)")
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
     args = ap.parse_args(argv)

@@ -86,17 +86,17 @@ def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> l
     ]
 
 
-def letter_sum_spec(name: str = "letter-sum") -> dict[str, Any]:
-    """Outcome: the first character is the right letter. Format: the answer is that one letter alone
-    (so ending right is rewarded too; a sample cut by the token budget never satisfies it)."""
-    return {
-        "name": name,
-        "components": [
-            {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "weight": 1.0,
-             "params": {"extract_pattern": r"^(\w)"}},
-            {"name": "one_letter", "kind": "rule.format", "weight": 0.2, "params": {"pattern": r"^\w$"}},
-        ],
-    }
+def letter_sum_spec(name: str = "letter-sum", format_weight: float = 0.0) -> dict[str, Any]:
+    """Outcome: the first character is the right letter. With ``format_weight`` > 0, a format component
+    also rewards answering with that one letter alone (a shaping term the policy can learn to farm)."""
+    components: list[dict[str, Any]] = [
+        {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "weight": 1.0,
+         "params": {"extract_pattern": r"^(\w)"}},
+    ]
+    if format_weight > 0:
+        components.append({"name": "one_letter", "kind": "rule.format", "weight": format_weight,
+                           "params": {"pattern": r"^\w$"}})
+    return {"name": name, "components": components}
 
 
 # -- tools for multi-turn episodes -------------------------------------------------------------------
