@@ -193,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="grpo-curator demo", description=__doc__.splitlines()[0])
     ap.add_argument("--no-curation", action="store_true", help="zero-variance filtering and truncation masking off")
     ap.add_argument("--compare", action="store_true", help="run with and without curation, one after the other")
-    ap.add_argument("--versions", type=int, default=80, help="stop after this many policy versions")
+    ap.add_argument("--versions", type=int, default=120, help="stop after this many policy versions")
     ap.add_argument("--minutes", type=float, default=8.0, help="stop after this long")
     ap.add_argument("--threshold", type=float, default=0.8, help="pass rate that counts as learned")
     ap.add_argument("--truncation", choices=("penalize", "mask"), default="penalize",
                     help="what the curated run does with samples cut by the token budget: DAPO's soft overlong "
                          "penalty (default) or the service's default, mask (see the README on why mask can stall)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
     args = ap.parse_args(argv)

@@ -70,8 +70,8 @@ DEMO_ALPHABET = LETTERS + "="
 def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> list[dict[str, Any]]:
     """``xy=`` -> the letter at (index(x) + index(y)) mod K: K*K prompts, one answer each.
 
-    A random-initialised model answers right ~1/(K+4) of the time, so groups of 8 are a mix of
-    all-fail (zero variance) and mixed groups at first; learning turns them into all-correct groups.
+    A random-initialised model answers a letter and then stops ~1/64 of the time, so most groups of 8 start
+    all-fail (zero variance) and many samples hit the token budget; learning turns them into all-correct groups.
     """
     k = len(letters)
     return [
@@ -86,17 +86,16 @@ def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> l
     ]
 
 
-def letter_sum_spec(name: str = "letter-sum", format_weight: float = 0.0) -> dict[str, Any]:
-    """Outcome: the first character is the right letter. With ``format_weight`` > 0, a format component
-    also rewards answering with that one letter alone (a shaping term the policy can learn to farm)."""
-    components: list[dict[str, Any]] = [
-        {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "weight": 1.0,
-         "params": {"extract_pattern": r"^(\w)"}},
-    ]
-    if format_weight > 0:
-        components.append({"name": "one_letter", "kind": "rule.format", "weight": format_weight,
-                           "params": {"pattern": r"^\w$"}})
-    return {"name": name, "components": components}
+def letter_sum_spec(name: str = "letter-sum") -> dict[str, Any]:
+    """Outcome: the answer is exactly the right letter (then EOS). No SQuAD normalisation: it would strip
+    the article-like letter "a" and punctuation such as "=" to "", making "=" match the answer "a"."""
+    return {
+        "name": name,
+        "components": [
+            {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "weight": 1.0,
+             "params": {"normalize": False}},
+        ],
+    }
 
 
 # -- tools for multi-turn episodes -------------------------------------------------------------------
