@@ -124,7 +124,7 @@ def bench_copy(url: str, bodies: list[bytes]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=1000)
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     args = ap.parse_args()
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
