@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
-from service.deps import get_session
+from service.deps import SessionDep
 from service.services import sampling
 
 router = APIRouter(prefix="/v1/sampling", tags=["sampling"])
 
-TxSession = Annotated[Session, Depends(get_session, scope="function")]
 
 
 class PromptBody(BaseModel):
@@ -54,7 +52,7 @@ class DoneOut(BaseModel):
 
 @router.get("/requests", response_model=SamplingRequestsOut)
 def get_requests(
-    session: TxSession,
+    session: SessionDep,
     n: Annotated[int, Query(ge=1, le=1000)] = 10,
     producer_id: Annotated[
         str | None, Query(min_length=1, max_length=256, description="claim (else peek)")
@@ -78,5 +76,5 @@ def get_requests(
 
 
 @router.post("/requests/done", response_model=DoneOut)
-def post_done(body: DoneIn, session: TxSession) -> DoneOut:
+def post_done(body: DoneIn, session: SessionDep) -> DoneOut:
     return DoneOut(**sampling.mark_done(session, body.request_ids))

@@ -5,17 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
-from sqlalchemy.orm import Session
 
-from service.deps import get_session
+from service.deps import SessionDep
 from service.services import stats
 from service.services.stats import StatsBy
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
-TxSession = Annotated[Session, Depends(get_session, scope="function")]
 
 
 class Distribution(BaseModel):
@@ -75,7 +73,7 @@ class RebuildOut(BaseModel):
 
 @router.get("", response_model=StatsOut, response_model_exclude_unset=True)
 def get_stats(
-    session: TxSession,
+    session: SessionDep,
     by: StatsBy = "dataset",
     dataset: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
     since: Annotated[
@@ -87,6 +85,6 @@ def get_stats(
 
 
 @router.post("/rebuild", response_model=RebuildOut)
-def rebuild_stats(session: TxSession) -> RebuildOut:
+def rebuild_stats(session: SessionDep) -> RebuildOut:
     """Recompute the rollup from the stored groups (after a migration, or to check it)."""
     return RebuildOut(**stats.rebuild(session))
