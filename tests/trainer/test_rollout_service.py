@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient
 from tests.conftest import ROOT
@@ -49,8 +50,13 @@ def test_producer_posts_valid_groups_with_length_when_cut(live_server, producer_
                     assert len(response) == producer_cfg.max_tokens and EOS not in response
                 finishes.append(t["finish_reason"])
         assert "length" in finishes
-        # every claimed request was marked done: a peek shows no resample/refill left taken by us
         assert not list(Spool(f"{producer_cfg.spool_dir}/p1").pending())
+    # every request the producer claimed was marked done after its group was posted
+    engine = create_engine(live_server.db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, count(*) FROM sampling_requests WHERE taken_by = 'p1' GROUP BY status")).all()
+    engine.dispose()
+    assert dict(rows) == {"done": 4}
 
 
 def test_restart_reposts_spooled_groups_without_duplicates(live_server, producer_cfg):
