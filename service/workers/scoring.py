@@ -81,53 +81,73 @@ def _errors(scored: list[ScoredSample]) -> list[str]:
     return [f"[{i}] {name}: {r.error}" for i, s in enumerate(scored) for name, r in s.components.items() if r.error]
 
 
-def score_groups(session: Session, scorer: Scorer, groups: list[Group], max_attempts: int) -> ScoreOutcome:
-    """Score every trajectory of ``groups`` (already locked by the caller) and write the results."""
-    prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
-    cache: dict = {}
-    reward_rows: list[dict] = []
-    score_rows: list[tuple[int, int, float | None, float | None]] = []
-    group_rows: list[dict] = []
-    decisions: list[dict] = []
-    outcome = ScoreOutcome([], 0, 0)
-    by_spec: dict[int, tuple[specs.Versioned, RewardSpec, list[Group]]] = {}
+def _score_all(scorer: Scorer, groups: list[Group], spec_of: dict[int, tuple[specs.Versioned, RewardSpec]],
+               prompts: dict[str, Prompt]) -> dict[int, list[ScoredSample]]:
+    """One scorer call per spec over all its groups' trajectories (keeps the pool busy) -> pk -> results."""
+    by_spec: dict[int, tuple[RewardSpec, list[Group]]] = {}
     for g in groups:
-        version, spec = _spec_for(session, g, prompts[g.prompt_id], cache)
-        by_spec.setdefault(id(spec), (version, spec, []))[2].append(g)
+        spec = spec_of[g.pk][1]
+        by_spec.setdefault(id(spec), (spec, []))[1].append(g)
     results: dict[int, list[ScoredSample]] = {}
-    for _version, spec, members in by_spec.values():  # one scorer call per spec: the pool stays busy
+    for spec, members in by_spec.values():
         items = [(sample_of(t), prompt_info(prompts[g.prompt_id])) for g in members for t in g.trajectories]
         flat = iter(scorer.score(spec, items))
         for g in members:
             results[g.pk] = [next(flat) for _ in g.trajectories]
-    for g in groups:
-        version, spec = _spec_for(session, g, prompts[g.prompt_id], cache)
-        scored = results[g.pk]
-        kinds = {c.name: c.kind for c in spec.components}
-        reward_rows += _reward_rows(g, version, kinds, scored)
+    return results
+
+
+class _Writes:
+    """Rows of one batch of scored groups, written with one statement each."""
+
+    def __init__(self, max_attempts: int) -> None:
+        self.max_attempts = max_attempts
+        self.rewards: list[dict] = []
+        self.scores: list[tuple[int, int, float | None, float | None]] = []
+        self.groups: list[dict] = []
+        self.decisions: list[dict] = []
+        self.outcome = ScoreOutcome([], 0, 0)
+
+    def add(self, g: Group, version: specs.Versioned, spec: RewardSpec, scored: list[ScoredSample]) -> None:
+        self.rewards += _reward_rows(g, version, {c.name: c.kind for c in spec.components}, scored)
         errors = _errors(scored)
+        attempts = g.score_attempts + 1
         row = {"pk": g.pk, "reward_spec_name": version.name, "reward_spec_version": version.version,
-               "score_attempts": g.score_attempts + 1, "score_error": "; ".join(errors)[:4000] or None,
+               "score_attempts": attempts, "score_error": "; ".join(errors)[:4000] or None,
                "status": "scored", "retry_at": None, "scored_at": datetime.now(UTC), "drop_reason": None}
         if not errors:
             for t, s in zip(g.trajectories, scored, strict=True):
-                score_rows.append((g.pk, t.idx, s.total, s.outcome))
-                # the bulk UPDATE below writes the row; keep the loaded object in step without dirtying it
+                self.scores.append((g.pk, t.idx, s.total, s.outcome))
+                # the bulk UPDATE writes the row; keep the loaded object in step without dirtying it
                 set_committed_value(t, "total_reward", s.total)
                 set_committed_value(t, "outcome", s.outcome)
-            outcome.scored.append(g)
-        elif g.score_attempts + 1 < max_attempts:
-            row.update(status="received", retry_at=repo.backoff_until(g.score_attempts + 1), scored_at=None)
-            outcome.retried += 1
+            self.outcome.scored.append(g)
+        elif attempts < self.max_attempts:
+            row.update(status="received", retry_at=repo.backoff_until(attempts), scored_at=None)
+            self.outcome.retried += 1
         else:
             row.update(status="reward_error", drop_reason="reward_error")
-            decisions.append({"group_pk": g.pk, "idx": None, "policy_name": version.name,
-                              "policy_version": version.version, "action": "drop", "rule": "reward_error",
-                              "reason": f"scoring failed {max_attempts} times: {row['score_error']}"[:4000]})
-            outcome.failed += 1
-        group_rows.append(row)
-    repo.upsert_rewards(session, reward_rows)
-    repo.update_trajectory_scores(session, score_rows)
-    repo.update_groups(session, group_rows)
-    repo.insert_decisions(session, decisions)
-    return outcome
+            self.decisions.append({"group_pk": g.pk, "idx": None, "policy_name": version.name,
+                                   "policy_version": version.version, "action": "drop", "rule": "reward_error",
+                                   "reason": f"scoring failed {attempts} times: {row['score_error']}"[:4000]})
+            self.outcome.failed += 1
+        self.groups.append(row)
+
+    def flush(self, session: Session) -> ScoreOutcome:
+        repo.upsert_rewards(session, self.rewards)
+        repo.update_trajectory_scores(session, self.scores)
+        repo.update_groups(session, self.groups)
+        repo.insert_decisions(session, self.decisions)
+        return self.outcome
+
+
+def score_groups(session: Session, scorer: Scorer, groups: list[Group], max_attempts: int) -> ScoreOutcome:
+    """Score every trajectory of ``groups`` (already locked by the caller) and write the results."""
+    prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
+    cache: dict = {}
+    spec_of = {g.pk: _spec_for(session, g, prompts[g.prompt_id], cache) for g in groups}
+    results = _score_all(scorer, groups, spec_of, prompts)
+    writes = _Writes(max_attempts)
+    for g in groups:
+        writes.add(g, *spec_of[g.pk], results[g.pk])
+    return writes.flush(session)
