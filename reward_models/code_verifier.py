@@ -81,7 +81,7 @@ class CodeVerifier(RewardComponent):
     Params = CodeParams
 
     def deadline_s(self) -> float:
-        """How long the Scorer's pool gives one sample: the program's time plus sandbox start-up."""
+        """The pool's limit for one sample: the program's time plus sandbox start-up."""
         return self.params.timeout_s + _STARTUP_SLACK_S
 
     def _limits(self) -> SandboxLimits:

@@ -112,6 +112,8 @@ class Channel:
         try:
             self._wait()
             return self.sock.recv(n)
+        except ConnectionResetError:  # the program exited leaving input unread: its output came first
+            return b""
         except TimeoutError:
             raise ChannelTimeout from None
         except OSError as exc:
