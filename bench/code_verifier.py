@@ -30,7 +30,10 @@ from reward_models import PromptInfo, RewardSpec, Sample, Scorer
 
 TIMEOUT_S = 3.0
 SPEC = RewardSpec(
-    name="code", components=[{"name": "tests", "kind": "verifier.code", "params": {"timeout_s": TIMEOUT_S}, "outcome": True}]
+    name="code",
+    components=[
+        {"name": "tests", "kind": "verifier.code", "params": {"timeout_s": TIMEOUT_S}, "outcome": True}
+    ],
 )
 Job = tuple[str, str, str, bool]  # entry point, program, tests, expected verdict
 
@@ -83,7 +86,10 @@ def run_bare(work: list[Job], workers: int) -> tuple[float, list[bool]]:
 
 def _items(work: list[Job]) -> list[tuple[Sample, PromptInfo]]:
     return [
-        (Sample([], program, "stop", 1, 1), PromptInfo([], {"tests": tests, "entry_point": entry}, {}, "bench"))
+        (
+            Sample([], program, "stop", 1, 1),
+            PromptInfo([], {"tests": tests, "entry_point": entry}, {}, "bench"),
+        )
         for entry, program, tests, _ in work
     ]
 
@@ -97,7 +103,9 @@ def run_ours(scorer: Scorer, work: list[Job]) -> tuple[float, list[bool]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
@@ -119,8 +127,10 @@ def main() -> None:
                 assert verdicts == expected, f"{name}: wrong verdicts"
                 best[name] = max(best[name], rate)
     n = args.processes
-    print(f"code verifier: {len(work)} executions ({len(PROBLEMS)} problems x solution/stub x {args.copies}), "
-          f"best of {args.rounds} interleaved rounds; isolation: {isolation}")
+    print(
+        f"code verifier: {len(work)} executions ({len(PROBLEMS)} problems x solution/stub x {args.copies}), "
+        f"best of {args.rounds} interleaved rounds; isolation: {isolation}"
+    )
     for name, rate in best.items():
         print(f"  {name:>8} process(es): {rate:8.1f} executions/s")
     print(f"  ours / bare, 1 process:      {best['ours 1'] / best['bare 1']:6.2f}x  (target >= 1.0)")

@@ -95,7 +95,9 @@ class _Session:
             try:
                 return from_plain(reply["value"])
             except PlainDataError as exc:
-                raise self.abort("failed", f"{name} returned something that is not plain data: {exc}") from None
+                raise self.abort(
+                    "failed", f"{name} returned something that is not plain data: {exc}"
+                ) from None
         if "raised" in reply:
             raise _candidate_exception(str(reply["raised"]), str(reply.get("message", "")))
         reason = reply.get("not_plain", "a malformed reply")
@@ -126,7 +128,9 @@ class CandidateFunction:
         return f"<candidate function {self.__name__}>"
 
 
-def _pick_candidate(proxies: dict[str, CandidateFunction], entry_point: str | None) -> CandidateFunction | None:
+def _pick_candidate(
+    proxies: dict[str, CandidateFunction], entry_point: str | None
+) -> CandidateFunction | None:
     if entry_point is not None:
         return proxies.get(entry_point)
     return next(iter(proxies.values())) if len(proxies) == 1 else None
@@ -147,7 +151,10 @@ def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: s
         check = namespace.get("check")
         if callable(check):
             if candidate is None:
-                return Outcome("failed", f"check(candidate) needs one entry point; the program defines {len(proxies)} functions (set reference.entry_point)")
+                return Outcome(
+                    "failed",
+                    f"check(candidate) needs one entry point; the program defines {len(proxies)} functions (set reference.entry_point)",
+                )
             check(candidate)
     except SystemExit as exc:
         if exc.code not in (0, None):
@@ -171,7 +178,9 @@ def _finish(sandbox: Sandbox, channel: Channel, outcome: Outcome, kill: bool = T
     return outcome
 
 
-def run_function_tests(sandbox: Sandbox, limits: Any, source: str, tests: str, entry_point: str | None) -> Outcome:
+def run_function_tests(
+    sandbox: Sandbox, limits: Any, source: str, tests: str, entry_point: str | None
+) -> Outcome:
     """Define the program's functions in the sandbox, run ``tests`` here against proxies."""
     channel = sandbox.task("fn", limits)
     session = _Session(channel)
@@ -195,7 +204,9 @@ def normalize_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
-def _io_case(sandbox: Sandbox, limits: Any, source: str, stdin: str, expected: str, deadline: float) -> Outcome:
+def _io_case(
+    sandbox: Sandbox, limits: Any, source: str, stdin: str, expected: str, deadline: float
+) -> Outcome:
     channel = sandbox.task("io", limits)
     channel.deadline = min(channel.deadline, deadline)
     cap = max(4 * len(expected.encode()) + 4096, 65536)
@@ -214,7 +225,9 @@ def _io_case(sandbox: Sandbox, limits: Any, source: str, stdin: str, expected: s
     outcome = _finish(sandbox, channel, outcome or Outcome("passed"), kill=not complete)
     if outcome.verdict == "passed" and outcome.exit != 0:
         outcome.verdict, outcome.reason = "failed", f"the program exited with status {outcome.exit}"
-    elif outcome.verdict == "passed" and normalize_output(data.decode("utf-8", "replace")) != normalize_output(expected):
+    elif outcome.verdict == "passed" and normalize_output(
+        data.decode("utf-8", "replace")
+    ) != normalize_output(expected):
         outcome.verdict, outcome.reason = "failed", "wrong output"
     return outcome
 
@@ -245,7 +258,11 @@ def run_in_process(sandbox: Sandbox, limits: Any, source: str, tests: str) -> Ou
     session = _Session(channel)
     try:
         reply = session.request({"source": source, "tests": tests})
-        outcome = Outcome("passed") if reply.get("finished") is True else Outcome("failed", "the tests did not finish")
+        outcome = (
+            Outcome("passed")
+            if reply.get("finished") is True
+            else Outcome("failed", "the tests did not finish")
+        )
     except CandidateAborted:
         outcome = session.fatal or Outcome("failed", "the program stopped")
     return _finish(sandbox, channel, outcome)

@@ -63,8 +63,12 @@ def _io_cases(io: Any) -> list[tuple[str, str]]:
         raise ComponentError("reference.io must be a non-empty list of {input, output}")
     cases = []
     for i, case in enumerate(io):
-        if not isinstance(case, dict) or not isinstance(case.get("input"), str) or not isinstance(case.get("output"), str):
-            raise ComponentError(f"reference.io[{i}] must be {{\"input\": str, \"output\": str}}")
+        if (
+            not isinstance(case, dict)
+            or not isinstance(case.get("input"), str)
+            or not isinstance(case.get("output"), str)
+        ):
+            raise ComponentError(f'reference.io[{i}] must be {{"input": str, "output": str}}')
         cases.append((case["input"], case["output"]))
     return cases
 
@@ -87,8 +91,11 @@ class CodeVerifier(RewardComponent):
     def _limits(self) -> SandboxLimits:
         p = self.params
         return SandboxLimits(
-            timeout_s=p.timeout_s, memory_mb=p.memory_mb, max_processes=p.max_processes,
-            max_file_mb=p.max_file_mb, max_output_bytes=p.max_output_bytes,
+            timeout_s=p.timeout_s,
+            memory_mb=p.memory_mb,
+            max_processes=p.max_processes,
+            max_file_mb=p.max_file_mb,
+            max_output_bytes=p.max_output_bytes,
         )
 
     def _run(self, source: str, reference: dict) -> tuple[Outcome, str]:
@@ -123,7 +130,9 @@ class CodeVerifier(RewardComponent):
             "exit": outcome.exit,
             "output": outcome.output,
             "isolation": isolation,
-            "mode": "io" if "io" in prompt.reference and "tests" not in prompt.reference else self.params.mode,
+            "mode": "io"
+            if "io" in prompt.reference and "tests" not in prompt.reference
+            else self.params.mode,
             "wall_ms": round((time.perf_counter() - start) * 1000.0, 1),
             **outcome.extra,
         }

@@ -124,7 +124,9 @@ class Channel:
         while left:
             chunk = self.read(min(left, 2**20))
             if not chunk:
-                raise ChannelBroken("the program exited" if left == n == _HEADER.size else "a frame was cut short")
+                raise ChannelBroken(
+                    "the program exited" if left == n == _HEADER.size else "a frame was cut short"
+                )
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
@@ -165,8 +167,13 @@ class Sandbox:
         cmd = [*backend.prefix, interpreter(), "-I", "-S", "-c", zygote_source(), json.dumps(config)]
         try:
             self.proc = subprocess.Popen(
-                cmd, cwd=self._tmp or "/", env=_ENV, stdin=subprocess.DEVNULL, stdout=self._log,
-                stderr=self._log, pass_fds=(theirs.fileno(),),
+                cmd,
+                cwd=self._tmp or "/",
+                env=_ENV,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=self._log,
+                pass_fds=(theirs.fileno(),),
             )
         except OSError as exc:
             self.close()
@@ -198,7 +205,10 @@ class Sandbox:
         self._seq += 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         message = {
-            "op": "run", "seq": self._seq, "mode": mode, "output_bytes": limits.max_output_bytes,
+            "op": "run",
+            "seq": self._seq,
+            "mode": mode,
+            "output_bytes": limits.max_output_bytes,
             "limits": limits.rlimits(self.settings.allow_subprocess),
         }
         try:

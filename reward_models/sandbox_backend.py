@@ -30,7 +30,9 @@ INSTALL_HINT = (
     "(unsafe: only on a machine that holds nothing else)"
 )
 SANDBOX_UID = 65534
-PROBE = "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd')"
+PROBE = (
+    "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd')"
+)
 
 
 class SandboxError(RuntimeError):

@@ -129,14 +129,31 @@ def test_worker_environment_is_unreachable() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [str(REPO / "reward_models" / "sandbox.py"), "/etc/passwd", "/root/.bashrc", "/work", "/run/postgresql", "/home"]
+    "path",
+    [
+        str(REPO / "reward_models" / "sandbox.py"),
+        "/etc/passwd",
+        "/root/.bashrc",
+        "/work",
+        "/run/postgresql",
+        "/home",
+    ],
 )
 def test_host_files_are_not_visible(path: str) -> None:
-    assert probe(f"return None if not os.path.exists({path!r}) else sorted(os.listdir({path!r}))[:3] if os.path.isdir({path!r}) else 'READ'\n") is None
+    assert (
+        probe(
+            f"return None if not os.path.exists({path!r}) else sorted(os.listdir({path!r}))[:3] if os.path.isdir({path!r}) else 'READ'\n"
+        )
+        is None
+    )
 
 
 def test_writes_do_not_reach_the_host(tmp_path: Path) -> None:
-    targets = [str(tmp_path / "escaped"), f"/tmp/escaped-{uuid.uuid4().hex}", str(REPO / f"escaped-{uuid.uuid4().hex}")]
+    targets = [
+        str(tmp_path / "escaped"),
+        f"/tmp/escaped-{uuid.uuid4().hex}",
+        str(REPO / f"escaped-{uuid.uuid4().hex}"),
+    ]
     body = "wrote = []\n"
     for target in targets:
         body += f"try:\n    open({target!r}, 'w').write('x')\n    wrote.append({target!r})\nexcept OSError:\n    pass\n"
@@ -147,8 +164,12 @@ def test_writes_do_not_reach_the_host(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("family", "address"),
-    [("AF_INET", ("127.0.0.1", 5432)), ("AF_UNIX", "/run/postgresql/.s.PGSQL.5432"), ("AF_UNIX", "/var/run/postgresql/.s.PGSQL.5432"),
-     ("AF_INET", ("1.1.1.1", 53))],
+    [
+        ("AF_INET", ("127.0.0.1", 5432)),
+        ("AF_UNIX", "/run/postgresql/.s.PGSQL.5432"),
+        ("AF_UNIX", "/var/run/postgresql/.s.PGSQL.5432"),
+        ("AF_INET", ("1.1.1.1", 53)),
+    ],
 )
 def test_database_and_network_are_unreachable(family: str, address: object) -> None:
     found = probe(

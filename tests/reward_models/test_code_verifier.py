@@ -16,7 +16,9 @@ CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert cand
 FAST = {"timeout_s": 3.0, "memory_mb": 256}  # generous: a busy CI machine must not turn passes into timeouts
 
 
-def run_code(answer: str, tests: str | None = TESTS, reference: dict | None = None, **params: object) -> ComponentResult:
+def run_code(
+    answer: str, tests: str | None = TESTS, reference: dict | None = None, **params: object
+) -> ComponentResult:
     component = make_component("verifier.code", {**FAST, **params})
     ref = reference if reference is not None else {"tests": tests}
     return component.score(make_sample(answer), make_prompt(ref))
@@ -61,8 +63,23 @@ def test_helpers_from_the_prompt_are_callable_from_the_tests() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -(2**100), 1.5, float("inf"), -0.0, 2 + 3j, "é\x00", b"\x00\xff", [1, [2]], (1, (2,)),
-     {1: "a", (1, 2): frozenset({3})}, {1, 2}, frozenset()],
+    [
+        None,
+        True,
+        0,
+        -(2**100),
+        1.5,
+        float("inf"),
+        -0.0,
+        2 + 3j,
+        "é\x00",
+        b"\x00\xff",
+        [1, [2]],
+        (1, (2,)),
+        {1: "a", (1, 2): frozenset({3})},
+        {1, 2},
+        frozenset(),
+    ],
 )
 def test_plain_data_results_cross_exactly(value: object) -> None:
     answer = f"from math import inf\ndef f():\n    return {value!r}\n"
@@ -102,7 +119,9 @@ def test_infinite_loop_times_out_as_a_fail_or_an_error() -> None:
 def test_sandbox_is_reused_and_clean_after_each_task() -> None:
     leave = "import os\nopen('/tmp/left-behind', 'w').write('x')\nopen('here', 'w').write('x')\ndef add(a, b): return a + b\n"
     assert run_code(leave).value == 1.0
-    look = "import os\ndef add(a, b):\n    return a + b + len(os.listdir('/tmp')) - 2 + len(os.listdir('.'))\n"
+    look = (
+        "import os\ndef add(a, b):\n    return a + b + len(os.listdir('/tmp')) - 2 + len(os.listdir('.'))\n"
+    )
     assert run_code(look).value == 1.0  # /tmp holds only the fresh work dir and the output file
 
 
@@ -121,7 +140,11 @@ SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
     [
         (SUM, "passed", ""),
         (SUM + "print()\n", "passed", ""),  # trailing blank lines are ignored
-        ("import sys\na, b = map(int, sys.stdin.read().split())\nsys.stdout.write(f'{a+b}   \\n')\n", "passed", ""),
+        (
+            "import sys\na, b = map(int, sys.stdin.read().split())\nsys.stdout.write(f'{a+b}   \\n')\n",
+            "passed",
+            "",
+        ),
         ("print(3)\n", "failed", "wrong output"),
         ("print('3')\nimport sys\nsys.exit(0)\n", "failed", "wrong output"),  # right on case 0 only
         (SUM + "raise SystemExit(2)\n", "failed", "exited with status 2"),
@@ -160,8 +183,15 @@ def test_trusted_tests_in_process_mode_is_explicit() -> None:
 
 @pytest.mark.parametrize(
     "reference",
-    [{}, {"answer": "1"}, {"io": []}, {"io": [{"input": 1, "output": "x"}]}, {"io": "1 2"}, {"tests": TESTS, "entry_point": "a b"},
-     {"tests": "def check(:\n"}],
+    [
+        {},
+        {"answer": "1"},
+        {"io": []},
+        {"io": [{"input": 1, "output": "x"}]},
+        {"io": "1 2"},
+        {"tests": TESTS, "entry_point": "a b"},
+        {"tests": "def check(:\n"},
+    ],
 )
 def test_unusable_references_are_errors_not_zeros(reference: dict) -> None:
     result = run_code("def add(a, b): return a + b", reference=reference)
@@ -175,14 +205,22 @@ def test_tests_passing_non_plain_arguments_are_a_reference_error() -> None:
 
 @pytest.mark.parametrize("param", ["allow_network", "allow_subprocess", "backend", "isolation", "tmpfs_mb"])
 def test_sandbox_weakening_params_are_rejected_naming_the_param(param: str) -> None:
-    with pytest.raises(ValueError, match=f"param '{param}'.*deployment setting.*GRPO_CURATOR_SANDBOX_{param.upper()}"):
+    with pytest.raises(
+        ValueError, match=f"param '{param}'.*deployment setting.*GRPO_CURATOR_SANDBOX_{param.upper()}"
+    ):
         make_component("verifier.code", {param: True})
 
 
 @pytest.mark.parametrize(
     ("params", "name"),
-    [({"timeout_s": 0}, "timeout_s"), ({"timeout_s": 601}, "timeout_s"), ({"memory_mb": 1}, "memory_mb"),
-     ({"mode": "fast"}, "mode"), ({"max_processes": 0}, "max_processes"), ({"colour": 1}, "colour")],
+    [
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": 601}, "timeout_s"),
+        ({"memory_mb": 1}, "memory_mb"),
+        ({"mode": "fast"}, "mode"),
+        ({"max_processes": 0}, "max_processes"),
+        ({"colour": 1}, "colour"),
+    ],
 )
 def test_bad_params_name_the_param(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=f"param '{name}'"):

@@ -27,7 +27,11 @@ hashables = st.recursive(
 )
 plain = st.recursive(
     hashables | st.complex_numbers(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hashables, inner, max_size=3) | st.sets(hashables, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(hashables, inner, max_size=3)
+        | st.sets(hashables, max_size=3)
+    ),
     max_leaves=20,
 )
 
@@ -37,7 +41,7 @@ def same(a: object, b: object) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)  # type: ignore[attr-defined,index]
     if isinstance(a, (float, complex)):
@@ -51,7 +55,8 @@ def test_plain_data_round_trips_with_exact_types(value: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [type("I", (int,), {})(1), object(), print, [1, lambda: 1], {"k": type("S", (str,), {})("x")}, range(3)]
+    "value",
+    [type("I", (int,), {})(1), object(), print, [1, lambda: 1], {"k": type("S", (str,), {})("x")}, range(3)],
 )
 def test_non_plain_values_are_refused(value: object) -> None:
     with pytest.raises(PlainDataError):
@@ -60,8 +65,19 @@ def test_non_plain_values_are_refused(value: object) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"[1, 2]", b'{"l": 1}', b'{"x": []}', b'{"s": [{"l": []}]}', b'{"d": [[{"l": []}, 1]]}', b'{"b": "zz"}',
-     b'{"l": [], "t": []}', b"\xff", b"1" * 5000, b'{"l": ' * 100 + b"[]" + b"}" * 100, b"[" * 100_000],
+    [
+        b"[1, 2]",
+        b'{"l": 1}',
+        b'{"x": []}',
+        b'{"s": [{"l": []}]}',
+        b'{"d": [[{"l": []}, 1]]}',
+        b'{"b": "zz"}',
+        b'{"l": [], "t": []}',
+        b"\xff",
+        b"1" * 5000,
+        b'{"l": ' * 100 + b"[]" + b"}" * 100,
+        b"[" * 100_000,
+    ],
 )
 def test_malformed_plain_data_is_refused(raw: bytes) -> None:
     with pytest.raises(PlainDataError):
@@ -100,13 +116,16 @@ def test_unsafe_none_backend_only_when_asked_and_says_so() -> None:
     settings = SandboxSettings(backend="none")
     assert "UNSAFE" in describe_backend(settings)
     with checkout(settings) as sandbox:
-        outcome = run_function_tests(sandbox, LIMITS, "def add(a, b): return a + b", "assert add(1, 2) == 3\n", None)
+        outcome = run_function_tests(
+            sandbox, LIMITS, "def add(a, b): return a + b", "assert add(1, 2) == 3\n", None
+        )
         assert sandbox.backend.name == "none (unsafe)"
     assert outcome.verdict == "passed"
 
 
 def _zygote_children(sandbox: Sandbox) -> list[int]:
     """Host pids of the processes under the zygote (bwrap's child)."""
+
     def children(pid: int) -> list[int]:
         found = []
         for task in os.listdir(f"/proc/{pid}/task"):
@@ -135,7 +154,9 @@ def test_double_fork_setsid_process_is_gone_after_the_task() -> None:
         outcome = run_function_tests(sandbox, SandboxLimits(timeout_s=1.0), program, "add(1, 2)\n", None)
         assert outcome.verdict == "timeout"
         assert processes_with(marker) == [] and _zygote_children(sandbox) == []
-        again = run_function_tests(sandbox, LIMITS, "def add(a, b): return a + b", "assert add(1, 2) == 3\n", None)
+        again = run_function_tests(
+            sandbox, LIMITS, "def add(a, b): return a + b", "assert add(1, 2) == 3\n", None
+        )
         assert again.verdict == "passed"
 
 
@@ -155,18 +176,25 @@ def test_a_dead_sandbox_is_replaced() -> None:
         sandbox.proc.wait()
     with checkout(SandboxSettings()) as sandbox:
         assert sandbox is not first and sandbox.alive()
-        assert run_function_tests(sandbox, LIMITS, "def f(): return 1", "assert f() == 1\n", None).verdict == "passed"
+        assert (
+            run_function_tests(sandbox, LIMITS, "def f(): return 1", "assert f() == 1\n", None).verdict
+            == "passed"
+        )
 
 
 def test_scorer_pool_runs_code_with_the_components_own_deadline() -> None:
     spec = RewardSpec(
         name="code",
-        components=[{"name": "tests", "kind": "verifier.code", "params": {"timeout_s": 4.0}, "outcome": True}],
+        components=[
+            {"name": "tests", "kind": "verifier.code", "params": {"timeout_s": 4.0}, "outcome": True}
+        ],
     )
     slow = "import time\ndef add(a, b):\n    time.sleep(1.5)\n    return a + b\n"
     answers = [slow, "def add(a, b): return a - b", "def add(a, b): return a + b", "import os\nos._exit(0)"]
     items = [(make_sample(a), make_prompt({"tests": "assert add(2, 3) == 5\n"})) for a in answers]
-    with Scorer(processes=2, timeout_s=1.0) as scorer:  # shorter than the slow program: the component's deadline wins
+    with Scorer(
+        processes=2, timeout_s=1.0
+    ) as scorer:  # shorter than the slow program: the component's deadline wins
         results = scorer.score(spec, items)
     assert [r.outcome for r in results] == [1.0, 0.0, 1.0, 0.0]
     assert results[0].components["tests"].details["isolation"] == "bubblewrap"
