@@ -181,8 +181,9 @@ class Sandbox:
         finally:
             theirs.close()
         if "ready" not in self._control(_STARTUP_S):
+            tail = self._log_tail()
             self.close()
-            raise SandboxError(f"the sandbox ({backend.name}) did not start: {self._log_tail()}")
+            raise SandboxError(f"the sandbox ({backend.name}) did not start: {tail}")
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
@@ -215,8 +216,9 @@ class Sandbox:
             socket.send_fds(self.ctrl, [json.dumps(message).encode()], [theirs.fileno()])
         except OSError as exc:
             ours.close()
+            tail = self._log_tail()
             self.close()
-            raise SandboxError(f"the sandbox is gone: {exc.strerror}; {self._log_tail()}") from None
+            raise SandboxError(f"the sandbox is gone: {exc.strerror}; {tail}") from None
         finally:
             theirs.close()
         return Channel(ours, time.monotonic() + limits.timeout_s)
@@ -231,11 +233,13 @@ class Sandbox:
             pass
         reply = self._control(_FINISH_S)
         if reply.get("done") != self._seq:
+            tail = self._log_tail()
             self.close()
-            raise SandboxError(f"the sandbox ({self.backend.name}) stopped answering: {self._log_tail()}")
+            raise SandboxError(f"the sandbox ({self.backend.name}) stopped answering: {tail}")
         return reply
 
     def close(self) -> None:
+        """Kill the zygote (and so everything in the sandbox); idempotent."""
         proc = getattr(self, "proc", None)
         if proc is not None and self.owner == os.getpid() and proc.poll() is None:
             proc.kill()

@@ -73,6 +73,8 @@ FORGERIES = {
         "        except OSError:\n            pass\n"
         "    return 0\n"
     ),
+    "kills itself": "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    "kills its process group": "import os, signal\ndef add(a, b):\n    os.killpg(0, signal.SIGKILL)\n",
     "fork bomb": "import os\nwhile True:\n    os.fork()\n",
     "_posixsubprocess.fork_exec": (
         "import _posixsubprocess, os\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import uuid
 
 import pytest
@@ -14,7 +15,7 @@ from reward_models import RewardSpec, Scorer
 from reward_models.code_harness import run_function_tests
 from reward_models.plaindata import PlainDataError, dumps, from_plain, loads, to_plain
 from reward_models.sandbox import Sandbox, SandboxLimits, checkout
-from reward_models.sandbox_backend import BackendUnavailable, describe_backend, resolve_backend
+from reward_models.sandbox_backend import BackendUnavailable, SandboxError, describe_backend, resolve_backend
 from reward_models.sandbox_settings import SandboxSettings
 from tests.reward_models.helpers import make_prompt, make_sample, processes_with
 
@@ -198,3 +199,11 @@ def test_scorer_pool_runs_code_with_the_components_own_deadline() -> None:
         results = scorer.score(spec, items)
     assert [r.outcome for r in results] == [1.0, 0.0, 1.0, 0.0]
     assert results[0].components["tests"].details["isolation"] == "bubblewrap"
+
+
+def test_sandbox_dying_under_a_task_is_an_error_not_a_fail() -> None:
+    program = "import time\ndef add(a, b):\n    time.sleep(10)\n"
+    with pytest.raises(SandboxError, match="stopped answering"):
+        with checkout(SandboxSettings()) as sandbox:
+            threading.Timer(0.5, sandbox.proc.kill).start()  # the infrastructure fails, not the program
+            run_function_tests(sandbox, SandboxLimits(timeout_s=5.0), program, "add(1, 2)\n", None)
