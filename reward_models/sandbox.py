@@ -65,7 +65,8 @@ class SandboxLimits:
             "cpu_s": int(self.timeout_s) + 2,
             "file_bytes": self.max_file_mb * 2**20,
             "open_files": self.open_files,
-            "extra_processes": self.max_processes if allow_subprocess else 0,
+            "extra_processes": self.max_processes,  # processes and threads (RLIMIT_NPROC)
+            "subprocess": allow_subprocess,  # False: a seccomp filter refuses fork / exec
         }
 
 

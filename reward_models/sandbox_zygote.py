@@ -71,7 +71,7 @@ def count_tasks(uid):
 
 
 def set_limits(lim):
-    nproc = count_tasks(os.getuid()) + lim["extra_processes"]
+    nproc = count_tasks(os.getuid()) + lim["extra_processes"]  # threads count too
     for name, value in (("RLIMIT_AS", lim["memory_bytes"]), ("RLIMIT_CPU", lim["cpu_s"]),
                         ("RLIMIT_FSIZE", lim["file_bytes"]), ("RLIMIT_CORE", 0),
                         ("RLIMIT_NOFILE", lim["open_files"]), ("RLIMIT_NPROC", nproc)):
@@ -84,10 +84,10 @@ SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execv
             "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281})}
 
 
-def no_new_processes():
+def seccomp_program():
     """A seccomp filter: no fork / vfork / exec, clone only for threads, clone3 answers ENOSYS (libc
     falls back to clone). It holds whatever uid the program runs as (RLIMIT_NPROC does not bind
-    when the sandbox's uid maps to root outside)."""
+    when the sandbox's uid maps to root outside). Built once, installed in each child."""
     arch, nrs = SYSCALLS[os.uname().machine]
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
     prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), (0x20, 0, 0, 0),
@@ -105,8 +105,15 @@ def no_new_processes():
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
 
     filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(prog), filters)), 0, 0) != 0:
+    return Program(len(prog), filters), filters
+
+
+SECCOMP = seccomp_program()
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def no_new_processes():
+    if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(SECCOMP[0]), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
 
@@ -180,7 +187,7 @@ def child(task, fd):
         os.close(null)
         sock = socket.socket(fileno=fd)
         set_limits(task["limits"])
-        if task["limits"]["extra_processes"] == 0:
+        if not task["limits"]["subprocess"]:
             no_new_processes()
         sock_task = recv_frame(sock)
         if sock_task is not None:
