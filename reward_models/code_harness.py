@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import keyword
 import threading
 import time
 import traceback
@@ -93,11 +94,14 @@ class _Session:
         reply = self.request(message)
         if "value" in reply:
             try:
-                return from_plain(reply["value"])
+                value = from_plain(reply["value"])
             except PlainDataError as exc:
                 raise self.abort(
                     "failed", f"{name} returned something that is not plain data: {exc}"
                 ) from None
+            if self.channel.remaining() <= 0:  # our clock, decoding included
+                raise self.abort("timeout", "the time limit passed")
+            return value
         if "raised" in reply:
             raise _candidate_exception(str(reply["raised"]), str(reply.get("message", "")))
         reason = reply.get("not_plain", "a malformed reply")
@@ -136,12 +140,21 @@ def _pick_candidate(
     return next(iter(proxies.values())) if len(proxies) == 1 else None
 
 
+def _visible(name: str, entry_point: str | None) -> bool:
+    """May the tests see this program function by name? Never as a builtin (``def abs(x): return 0``
+    would rig ``abs(candidate(x) - y) < 1e-6``), a dunder or a keyword, unless it is the entry point."""
+    if name == entry_point:
+        return True
+    return not (name.startswith("__") or hasattr(builtins, name) or keyword.iskeyword(name))
+
+
 def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: str | None) -> Outcome:
-    proxies = {name: CandidateFunction(session, name) for name in defined}
+    proxies = {name: CandidateFunction(session, name) for name in defined if name.isidentifier()}
     candidate = _pick_candidate(proxies, entry_point)
     if entry_point is not None and candidate is None:
         return Outcome("failed", f"the program does not define {entry_point}()")
-    namespace: dict[str, Any] = {"__name__": "__main__", **proxies}
+    visible = {name: proxy for name, proxy in proxies.items() if _visible(name, entry_point)}
+    namespace: dict[str, Any] = {"__name__": "__main__", **visible}
     try:
         code = compile(tests, "<tests>", "exec")
     except SyntaxError as exc:
@@ -149,7 +162,7 @@ def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: s
     try:
         exec(code, namespace)  # noqa: S102 - the reference's tests: trusted, and never the program's code
         check = namespace.get("check")
-        if callable(check):
+        if callable(check) and not isinstance(check, CandidateFunction):  # the tests' own check
             if candidate is None:
                 return Outcome(
                     "failed",

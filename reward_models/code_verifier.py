@@ -42,7 +42,7 @@ class CodeParams(ParamsModel):
     memory_mb: int = Field(default=512, ge=64, le=65536)
     max_processes: int = Field(default=32, ge=1, le=4096)
     max_file_mb: int = Field(default=16, ge=1, le=4096)
-    max_output_bytes: int = Field(default=4096, ge=0, le=2**20)
+    max_output_bytes: int = Field(default=4096, ge=0, le=16384)
     on_timeout: Literal["fail", "error"] = "fail"
 
     @model_validator(mode="before")

@@ -5,13 +5,16 @@ set, frozenset, checked by exact type (a subclass of ``int`` with a rigged ``__e
 JSON scalars stand for themselves; every container is a one-key object naming its type:
 ``{"l": [...]}`` list, ``{"t": [...]}`` tuple, ``{"s": [...]}`` set, ``{"f": [...]}`` frozenset,
 ``{"d": [[k, v], ...]}`` dict, ``{"b": "<hex>"}`` bytes, ``{"c": [re, im]}`` complex. Nesting is
-capped at ``MAX_DEPTH``; decoding rebuilds fresh built-ins, so what comes out of the sandbox cannot
+capped at ``MAX_DEPTH`` and sets / dicts at ``MAX_HASHED`` entries (crafted hash collisions cost
+quadratic time to rebuild); decoding rebuilds fresh built-ins, so what comes out of the sandbox cannot
 carry code. This module uses only the standard library: its source is also run inside the sandbox.
 """
 
 import json
 
 MAX_DEPTH = 64
+MAX_HASHED = 20_000
+_HASHED = ("s", "f", "d")
 _SCALARS = (type(None), bool, int, float, str)
 _SEQUENCES = {list: "l", tuple: "t", set: "s", frozenset: "f"}
 _BUILDERS = {"l": list, "t": tuple, "s": set, "f": frozenset}
@@ -49,6 +52,8 @@ def from_plain(data, depth=0):
     if kind is not dict or len(data) != 1:
         raise PlainDataError(f"malformed plain data: {kind.__name__}")
     ((tag, body),) = data.items()
+    if tag in _HASHED and type(body) is list and len(body) > MAX_HASHED:
+        raise PlainDataError(f"more than {MAX_HASHED} entries in a set or dict")  # bounds hash-collision work
     try:
         if tag in _BUILDERS and type(body) is list:
             return _BUILDERS[tag](from_plain(v, depth + 1) for v in body)

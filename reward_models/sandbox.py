@@ -189,6 +189,13 @@ class Sandbox:
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
 
+    def _exited(self, within_s: float) -> bool:
+        try:
+            self.proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def _log_tail(self) -> str:
         self._log.seek(0)
         return self._log.read()[-800:].decode("utf-8", "replace").strip() or f"exit {self.proc.poll()}"
@@ -233,11 +240,16 @@ class Sandbox:
         except OSError:
             pass
         reply = self._control(_FINISH_S)
-        if reply.get("done") != self._seq:
-            tail = self._log_tail()
-            self.close()
+        if reply.get("done") == self._seq and reply.get("clean") is True:
+            return reply
+        crashed = reply.get("done") != self._seq and self._exited(2.0)
+        tail = self._log_tail()
+        self.close()  # the next task gets a fresh sandbox
+        if crashed:  # the zygote cannot be signalled from inside: its death is the infrastructure's
             raise SandboxError(f"the sandbox ({self.backend.name}) stopped answering: {tail}")
-        return reply
+        if reply.get("done") == self._seq:
+            return reply  # the program left a mess the zygote could not remove
+        return {"exit": None, "output": "", "unfinished": "the sandbox could not clean up after the program"}
 
     def close(self) -> None:
         """Kill the zygote (and so everything in the sandbox); idempotent."""

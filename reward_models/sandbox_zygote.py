@@ -18,7 +18,7 @@ me" is then ``kill(-1, SIGKILL)``, which no double-fork or ``setsid`` escapes.
 from pathlib import Path
 
 _BODY = r'''
-import builtins, json, os, resource, select, signal, socket, struct, sys, traceback, types
+import builtins, json, os, resource, select, signal, socket, stat, struct, sys, traceback, types
 import ctypes
 for _name in ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
               "fractions", "decimal", "statistics", "typing", "dataclasses", "copy", "operator",
@@ -225,23 +225,43 @@ def kill_rest(pid):
 
 
 def output_tail(limit):
+    """The tail of the task's output file; never blocks on, or follows, what the program put there."""
     try:
-        with open(OUT, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(size - limit, 0))
-            text = fh.read().decode("utf-8", "replace")
+        fd = os.open(OUT, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        size = os.lseek(fd, 0, os.SEEK_END)
+        os.lseek(fd, max(size - limit, 0), os.SEEK_SET)
+        text = os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return "[truncated]\n" + text if size > limit else text
 
 
 def wipe(path):
+    os.chmod(path, 0o700)
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
             wipe(entry.path)
             os.rmdir(entry.path)
         else:
             os.unlink(entry.path)
+
+
+def fresh_scratch():
+    """Empty the scratch directory and make the next work dir; False when the program's leftovers
+    resist (the harness then replaces this whole sandbox)."""
+    try:
+        wipe(SCRATCH)
+        os.mkdir(os.path.join(SCRATCH, "work"))
+        return True
+    except (OSError, RecursionError):
+        return False
 
 
 def supervise(pid):
@@ -263,6 +283,8 @@ def supervise(pid):
 
 
 def serve():
+    if not fresh_scratch():
+        os._exit(125)
     CTRL.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         message, fds, _, _ = socket.recv_fds(CTRL, 65536, 1)
@@ -273,8 +295,6 @@ def serve():
             for fd in fds:
                 os.close(fd)
             continue  # a "kill" that arrived after its task had ended
-        wipe(SCRATCH)
-        os.mkdir(os.path.join(SCRATCH, "work"))
         pid = os.fork()
         if pid == 0:
             child(task, fds[0])
@@ -282,7 +302,11 @@ def serve():
         code = supervise(pid)
         kill_rest(pid)
         reply = {"done": task["seq"], "exit": code, "output": output_tail(task["output_bytes"])}
+        clean = fresh_scratch()
+        reply["clean"] = clean
         CTRL.send(json.dumps(reply).encode())
+        if not clean:
+            os._exit(0)
 
 
 serve()

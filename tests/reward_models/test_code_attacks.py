@@ -75,6 +75,15 @@ FORGERIES = {
     ),
     "kills itself": "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
     "kills its process group": "import os, signal\ndef add(a, b):\n    os.killpg(0, signal.SIGKILL)\n",
+    "fifo as the output file": "import os\nos.remove('/tmp/.output')\nos.mkfifo('/tmp/.output')\ndef add(a, b):\n    return 0\n",
+    "unremovable leftovers": (
+        "import os\nos.makedirs('/tmp/work/a/b/c')\nos.chmod('/tmp/work/a/b', 0)\nos.chmod('/tmp/work/a', 0)\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "directory tree deeper than the recursion limit": (
+        "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\ndef add(a, b):\n    return 0\n"
+    ),
+    "hash-collision set": "def add(a, b):\n    return {k * (2**61 - 1) for k in range(30_000)}\n",
     "fork bomb": "import os\nwhile True:\n    os.fork()\n",
     "_posixsubprocess.fork_exec": (
         "import _posixsubprocess, os\n"
@@ -102,7 +111,15 @@ def test_patched_check_helper_cannot_skip_check() -> None:
 
 
 def test_a_correct_solution_still_passes_after_every_attack() -> None:
-    for name in ("killing the parent", "fork bomb", "memory hog", "tmpfs filler"):
+    for name in (
+        "killing the parent",
+        "fork bomb",
+        "memory hog",
+        "tmpfs filler",
+        "fifo as the output file",
+        "unremovable leftovers",
+        "directory tree deeper than the recursion limit",
+    ):
         verdict(FORGERIES[name])
         assert verdict("def add(a, b):\n    return a + b\n")["verdict"] == "passed", name
 
@@ -199,3 +216,19 @@ def test_only_the_interpreter_and_usr_are_mounted() -> None:
         "return files or None\n"
     )
     assert found is None
+
+
+def test_program_functions_cannot_shadow_builtins_the_tests_use() -> None:
+    tests = "assert abs(add(2, 3) - 5) < 1e-9\nassert len([add(1, 1)]) == 1 and sorted([add(0, 1)]) == [1]\n"
+    rigged = "def abs(x):\n    return 0\ndef len(x):\n    return 1\ndef sorted(x):\n    return [1]\ndef add(a, b):\n    return 0\n"
+    assert verdict(rigged, tests)["verdict"] == "failed"
+    honest_with_helpers = (
+        "def abs(x):\n    return 0\ndef add(a, b):\n    return a + b\n"  # helpers stay private
+    )
+    assert verdict(honest_with_helpers, tests)["verdict"] == "passed"
+    assert (
+        verdict(
+            "def sorted(xs):\n    return list(xs)[::-1]\n", "assert sorted([1, 2]) == [2, 1]\n", "sorted"
+        )["verdict"]
+        == "passed"
+    )

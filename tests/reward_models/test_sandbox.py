@@ -207,3 +207,13 @@ def test_sandbox_dying_under_a_task_is_an_error_not_a_fail() -> None:
         with checkout(SandboxSettings()) as sandbox:
             threading.Timer(0.5, sandbox.proc.kill).start()  # the infrastructure fails, not the program
             run_function_tests(sandbox, SandboxLimits(timeout_s=5.0), program, "add(1, 2)\n", None)
+
+
+@pytest.mark.parametrize("tag", ["s", "f", "d"])
+def test_hashed_containers_are_capped(tag: str) -> None:
+    from reward_models.plaindata import MAX_HASHED
+
+    entry = [0, 0] if tag == "d" else 0
+    assert from_plain({tag: [entry] * MAX_HASHED}) is not None  # at the cap: fine
+    with pytest.raises(PlainDataError, match="entries"):
+        from_plain({tag: [entry] * (MAX_HASHED + 1)})
