@@ -20,9 +20,11 @@ from __future__ import annotations
 import builtins
 import json
 import keyword
+import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -154,11 +156,15 @@ def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: s
     if entry_point is not None and candidate is None:
         return Outcome("failed", f"the program does not define {entry_point}()")
     visible = {name: proxy for name, proxy in proxies.items() if _visible(name, entry_point)}
-    namespace: dict[str, Any] = {"__name__": "__main__", **visible}
+    module = types.ModuleType("__main__")  # unittest.main() looks for its tests in __main__
+    module.__dict__.update(visible)
+    namespace: dict[str, Any] = module.__dict__
     try:
         code = compile(tests, "<tests>", "exec")
     except SyntaxError as exc:
         raise ReferenceProblem(f"reference tests do not compile: {exc}") from None
+    saved = sys.argv, sys.modules["__main__"]
+    sys.argv, sys.modules["__main__"] = ["tests"], module  # one task at a time per harness process
     try:
         exec(code, namespace)  # noqa: S102 - the reference's tests: trusted, and never the program's code
         check = namespace.get("check")
@@ -176,6 +182,8 @@ def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: s
         if isinstance(exc, ReferenceProblem):
             raise
         return session.fatal or Outcome("failed", _test_failure(exc))
+    finally:
+        sys.argv, sys.modules["__main__"] = saved
     return session.fatal or Outcome("passed")
 
 

@@ -172,6 +172,18 @@ def test_normalize_output_sweeps_whitespace_edges() -> None:
     assert normalize_output("") == normalize_output("\n\n")
 
 
+def test_unittest_tests_run_in_the_harness_with_their_exit_code() -> None:
+    tests = (
+        "import unittest\nclass T(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\n"
+        "    def test_raises(self):\n        with self.assertRaises(ZeroDivisionError):\n            add(1, 0)\n"
+        "unittest.main()\n"
+    )
+    answer = "def add(a, b):\n    if b == 0:\n        1 / 0\n    return a + b\n"
+    assert run_code(answer, tests).value == 1.0
+    assert run_code("def add(a, b): return a * 3", tests).value == 0.0
+
+
 def test_trusted_tests_in_process_mode_is_explicit() -> None:
     tests = "import unittest\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\n"
     tests += "unittest.main(argv=['t'], exit=False)\nassert add(1, 1) == 2\n"
