@@ -3,7 +3,8 @@
 ``bubblewrap`` (the ``bwrap`` tool) is the standard backend: new user, PID, network, IPC, UTS and
 cgroup namespaces; read-only binds of ``/usr`` and the interpreter's prefix only (its
 ``site-packages`` hidden under an empty tmpfs), a fresh ``/proc`` and ``/dev``, a private
-size-limited tmpfs as ``/tmp`` and working directory, uid/gid 65534 inside, no capabilities,
+size-limited tmpfs as ``/tmp`` and working directory (the only writable place: ``/`` and ``/dev``
+are remounted read-only), uid/gid 65534 inside, no capabilities,
 ``--die-with-parent``, ``--new-session`` and the zygote as PID 1. No host runtime directory (no
 database socket), no project directory, no ``/etc``, no home directory, no inherited environment.
 
@@ -95,7 +96,7 @@ def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
     args += ["--proc", "/proc", "--dev", "/dev"]
     if _supports_size(bwrap):  # bubblewrap >= 0.8; older ones give /tmp the kernel's default size
         args += ["--size", str(settings.tmpfs_mb * 2**20)]
-    args += ["--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
+    args += ["--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]
     return tuple(args)
 
 

@@ -232,3 +232,14 @@ def test_program_functions_cannot_shadow_builtins_the_tests_use() -> None:
         )["verdict"]
         == "passed"
     )
+
+
+def test_only_the_private_tmp_is_writable() -> None:
+    found = probe(
+        "wrote = []\n"
+        "for d in ('/', '/dev/shm', '/dev', '/usr', '/proc', '/root', '/tmp'):\n"
+        "    try:\n        open(os.path.join(d, 'x'), 'w').write('x')\n        wrote.append(d)\n"
+        "    except OSError:\n        pass\n"
+        "return None if wrote == ['/tmp'] else wrote\n"
+    )
+    assert found is None
