@@ -84,6 +84,30 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _proc_covers() -> list[str]:
+    """Hide the kernel knobs of the fresh /proc. When the worker runs as root the sandbox's uid maps
+    to root outside, and file permissions alone would let it write /proc/sys (core_pattern,
+    modprobe: a way out of the sandbox) or the files below; bubblewrap's own cover skips /proc/sys
+    because the directory itself is not writable."""
+    args: list[str] = []
+    for directory in ("sys", "irq", "bus", "pressure", "acpi", "scsi", "fs", "driver"):
+        if os.path.isdir(f"/proc/{directory}"):
+            args += ["--tmpfs", f"/proc/{directory}", "--remount-ro", f"/proc/{directory}"]
+    for name in (
+        "sysrq-trigger",
+        "mtrr",
+        "kcore",
+        "kmsg",
+        "kpagecount",
+        "kpageflags",
+        "kpagecgroup",
+        "timer_list",
+    ):
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return args
+
+
 def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
     """The bubblewrap command line up to (not including) the interpreter."""
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
@@ -93,7 +117,7 @@ def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
         args += ["--cap-drop", "ALL"]
     args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     args += _system_binds() + _interpreter_binds(interpreter())
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
     if _supports_size(bwrap):  # bubblewrap >= 0.8; older ones give /tmp the kernel's default size
         args += ["--size", str(settings.tmpfs_mb * 2**20)]
     args += ["--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]

@@ -243,3 +243,21 @@ def test_only_the_private_tmp_is_writable() -> None:
         "return None if wrote == ['/tmp'] else wrote\n"
     )
     assert found is None
+
+
+def test_kernel_knobs_in_proc_are_not_writable() -> None:
+    found = probe(
+        "writable = []\n"
+        "for root, dirs, files in os.walk('/proc'):\n"
+        "    top = root.split('/')[2] if root.count('/') > 1 else ''\n"
+        "    if top.isdigit() or top in ('self', 'thread-self'):\n"
+        "        dirs[:] = []\n        continue\n"
+        "    for name in files:\n"
+        "        path = os.path.join(root, name)\n"
+        "        try:\n            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))\n"
+        "        except OSError:\n            continue\n"
+        "        if os.path.realpath(path) != '/dev/null' and os.stat(path).st_rdev != os.stat('/dev/null').st_rdev:\n"
+        "            writable.append(path)\n"
+        "return writable or None\n"
+    )
+    assert found is None
