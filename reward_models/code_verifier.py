@@ -98,7 +98,8 @@ class CodeVerifier(RewardComponent):
             max_output_bytes=p.max_output_bytes,
         )
 
-    def _run(self, source: str, reference: dict) -> tuple[Outcome, str]:
+    def _run(self, source: str, reference: dict) -> tuple[Outcome, str, str]:
+        """(outcome, backend name, mode actually used)."""
         tests, io, entry = reference.get("tests"), reference.get("io"), reference.get("entry_point")
         if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
             raise ComponentError("reference.entry_point must be a Python identifier")
@@ -106,19 +107,20 @@ class CodeVerifier(RewardComponent):
             raise ComponentError("prompt reference has no 'tests' (Python source) and no 'io' cases")
         cases = _io_cases(io) if not isinstance(tests, str) else None
         limits = self._limits()
+        mode = "io" if cases is not None else self.params.mode
         with checkout(get_sandbox_settings()) as sandbox:
             if cases is not None:
                 outcome = run_io_tests(sandbox, limits, source, cases)
-            elif self.params.mode == "trusted_tests_in_process":
+            elif mode == "trusted_tests_in_process":
                 outcome = run_in_process(sandbox, limits, source, tests)
             else:
                 outcome = run_function_tests(sandbox, limits, source, tests, entry)
-            return outcome, sandbox.backend.name
+            return outcome, sandbox.backend.name, mode
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         start = time.perf_counter()
         try:
-            outcome, isolation = self._run(extract_code(sample.final_answer), prompt.reference)
+            outcome, isolation, mode = self._run(extract_code(sample.final_answer), prompt.reference)
         except ReferenceProblem as exc:
             raise ComponentError(f"reference: {exc}") from None
         except SandboxError as exc:
@@ -130,9 +132,7 @@ class CodeVerifier(RewardComponent):
             "exit": outcome.exit,
             "output": outcome.output,
             "isolation": isolation,
-            "mode": "io"
-            if "io" in prompt.reference and "tests" not in prompt.reference
-            else self.params.mode,
+            "mode": mode,
             "wall_ms": round((time.perf_counter() - start) * 1000.0, 1),
             **outcome.extra,
         }
