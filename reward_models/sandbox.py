@@ -14,6 +14,7 @@ started it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -276,6 +277,16 @@ def _spawner() -> ThreadPoolExecutor:
             _spawners.clear()  # inherited through fork: its thread does not exist here
             _spawners[pid] = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
         return _spawners[pid]
+
+
+@atexit.register
+def _close_idle() -> None:
+    """Stop this process's idle sandboxes (and remove the ``none`` backend's temp dirs) at exit."""
+    with _lock:
+        sandboxes = [s for pool in _idle.values() for s in pool if s.owner == os.getpid()]
+        _idle.clear()
+    for sandbox in sandboxes:
+        sandbox.close()
 
 
 def _take(settings: SandboxSettings) -> Sandbox | None:
