@@ -4,8 +4,8 @@
 - math verification: bare ``math_verify.parse`` + ``verify`` in a loop in this process, then the same
   samples through the Scorer's KillablePool with 1 and 2 worker processes. Targets (issue 3):
   ours / bare >= 0.9 per process, 2 processes >= 1.7x one;
-- sandboxed code execution: per-run wall time of ``run_python`` vs a bare ``subprocess.run`` of
-  ``python -I -c`` with the same snippet (the difference is the sandbox's overhead);
+- sandboxed code execution: per-run wall time of ``verifier.code`` vs a bare ``subprocess.run`` of
+  ``python -I -c`` with the same snippet (throughput against a bare exec loop: ``bench.code_verifier``);
 - reward model: trajectories/s of ``judge.reward_model`` on CPU (a small random Llama from a config).
 
     python -m bench.score                 # all four
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from reward_models import PromptInfo, RewardSpec, Sample, Scorer, make_component
-from reward_models.sandbox import isolation_prefix, run_python
 
 TARGET_RATIO = 0.9
 TARGET_SPEEDUP = 1.7
@@ -196,18 +195,22 @@ def bench_math(n: int, repeats: int) -> None:
 
 
 def bench_sandbox(runs: int) -> None:
-    snippet = "total = sum(i * i for i in range(10_000))\n"
-    tests = "assert total == 333283335000\n"
-    bare, ours = [], []
+    snippet = "def total():\n    return sum(i * i for i in range(10_000))\n"
+    tests = "assert total() == 333283335000\n"
+    code = make_component("verifier.code", {})
+    sample, prompt = Sample([], snippet, "stop", 1, 1), _prompt({"tests": tests})
+    bare, ours, isolation = [], [], ""
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-I", "-c", snippet + tests], check=True)
+        subprocess.run([sys.executable, "-I", "-c", snippet + "assert total() == 333283335000\n"], check=True)
         bare.append((time.perf_counter() - start) * 1000)
         start = time.perf_counter()
-        assert run_python(snippet, tests).verdict == "passed"
+        result = code.score(sample, prompt)
+        assert result.value == 1.0, result
         ours.append((time.perf_counter() - start) * 1000)
+        isolation = result.details["isolation"]
     b, o = statistics.median(bare), statistics.median(ours)
-    print(f"sandbox    isolation: {isolation_prefix()[0]}")
+    print(f"sandbox    isolation: {isolation}")
     print(
         f"sandbox    bare subprocess.run: {b:7.1f} ms   sandboxed: {o:7.1f} ms   overhead: {o - b:+7.1f} ms"
         f"  ({o / b:.2f}x, medians of {runs})"

@@ -125,6 +125,10 @@ class RewardComponent(ABC):
             return error_result(f"{type(exc).__name__}: {exc}", {}, _ms_since(start))
         return ComponentResult(value=float(value), details=details, latency_ms=_ms_since(start))
 
+    def deadline_s(self) -> float:
+        """The least time a worker-pool task of this component needs (0: the Scorer's default)."""
+        return 0.0
+
     def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
         """Score many samples; the default loops over ``score``. Returns one result per item."""
         return [self.score(sample, prompt) for sample, prompt in items]

@@ -1,52 +1,92 @@
-"""``verifier.code``: run the trajectory's code followed by the prompt's unit tests in the sandbox.
+"""``verifier.code``: run the trajectory's program in a sandbox against the prompt's reference.
 
-The code is the last fenced python block of the final answer, else the whole final answer; the
-tests are ``reference["tests"]`` (Python source). Pass (1.0) means the tests ran to the end and
-the process exited 0 within its limits; anything else the program did is a fail (0.0). A sandbox
-that could not run is an error. The sandboxed subprocess is itself the killable unit (its whole
-process tree is SIGKILLed at the deadline), so this component runs in threads, not in the pool.
+The program is the last fenced python block of the final answer, else the whole final answer.
+The reference gives either ``tests`` (Python source: ``check(candidate)`` and / or top-level asserts
+calling the program's functions; ``entry_point`` names the candidate) or ``io`` (a list of
+``{"input", "output"}`` stdin / stdout cases). ``mode: "harness"`` (the default) runs the tests in a
+trusted harness and only the program in the sandbox (``reward_models.code_harness``);
+``mode: "trusted_tests_in_process"`` runs both in the program's interpreter, where a program can
+forge its own pass: use it only for tests that need the program's objects themselves.
+
+Pass (1.0) / fail (0.0) come from the harness's own observations; a sandbox that cannot start, or
+no acceptable backend, is an error (never a 0). Runs in the Scorer's KillablePool (``cpu_heavy``):
+each pool worker keeps warm sandboxes, and a hung harness is killed with its worker.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+import time
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from reward_models.base import (
-    ComponentError,
-    ComponentResult,
-    ParamsModel,
-    PromptInfo,
-    RewardComponent,
-    Sample,
+from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.code_harness import (
+    Outcome,
+    ReferenceProblem,
+    run_function_tests,
+    run_in_process,
+    run_io_tests,
 )
-from reward_models.sandbox import SandboxError, SandboxLimits, run_python
+from reward_models.sandbox import SandboxLimits, checkout
+from reward_models.sandbox_backend import SandboxError
+from reward_models.sandbox_settings import DEPLOYMENT_ONLY, get_sandbox_settings
 from reward_models.text import extract_code
+
+_STARTUP_SLACK_S = 15.0
 
 
 class CodeParams(ParamsModel):
+    mode: Literal["harness", "trusted_tests_in_process"] = "harness"
     timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
-    memory_mb: int = Field(default=512, ge=64)
-    max_processes: int = Field(default=32, ge=1)
-    max_output_bytes: int = Field(default=4096, ge=0)
-    allow_network: bool = False
-    allow_subprocess: bool = False
+    memory_mb: int = Field(default=512, ge=64, le=65536)
+    max_processes: int = Field(default=32, ge=1, le=4096)
+    max_file_mb: int = Field(default=16, ge=1, le=4096)
+    max_output_bytes: int = Field(default=4096, ge=0, le=16384)
     on_timeout: Literal["fail", "error"] = "fail"
-    max_parallel: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_weakening(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in sorted(DEPLOYMENT_ONLY & set(data)):
+                env = f"GRPO_CURATOR_SANDBOX_{key.upper()}"
+                raise ValueError(
+                    f"param '{key}' weakens or selects the sandbox: it is a deployment setting ({env}), "
+                    "not a reward-spec param"
+                )
+        return data
+
+
+def _io_cases(io: Any) -> list[tuple[str, str]]:
+    if not isinstance(io, list) or not io:
+        raise ComponentError("reference.io must be a non-empty list of {input, output}")
+    cases = []
+    for i, case in enumerate(io):
+        if (
+            not isinstance(case, dict)
+            or not isinstance(case.get("input"), str)
+            or not isinstance(case.get("output"), str)
+        ):
+            raise ComponentError(f'reference.io[{i}] must be {{"input": str, "output": str}}')
+        cases.append((case["input"], case["output"]))
+    return cases
 
 
 class CodeVerifier(RewardComponent):
-    """1.0 when the code passes ``reference["tests"]`` in the sandbox, else 0.0.
+    """1.0 when the program passes the reference's tests or io cases in the sandbox, else 0.0.
 
     ``on_timeout="error"`` records a time-out as "could not decide" instead of a fail (useful when
     the machine is overloaded and correct programs may be slow).
     """
 
     kind = "verifier.code"
+    cpu_heavy = True
     Params = CodeParams
+
+    def deadline_s(self) -> float:
+        """The pool's limit for one sample: the program's time plus sandbox start-up."""
+        return self.params.timeout_s + _STARTUP_SLACK_S
 
     def _limits(self) -> SandboxLimits:
         p = self.params
@@ -54,27 +94,48 @@ class CodeVerifier(RewardComponent):
             timeout_s=p.timeout_s,
             memory_mb=p.memory_mb,
             max_processes=p.max_processes,
+            max_file_mb=p.max_file_mb,
             max_output_bytes=p.max_output_bytes,
-            allow_network=p.allow_network,
-            allow_subprocess=p.allow_subprocess,
         )
 
+    def _run(self, source: str, reference: dict) -> tuple[Outcome, str, str]:
+        """(outcome, backend name, mode actually used)."""
+        tests, io, entry = reference.get("tests"), reference.get("io"), reference.get("entry_point")
+        if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
+            raise ComponentError("reference.entry_point must be a Python identifier")
+        if not isinstance(tests, str) and io is None:
+            raise ComponentError("prompt reference has no 'tests' (Python source) and no 'io' cases")
+        cases = _io_cases(io) if not isinstance(tests, str) else None
+        limits = self._limits()
+        mode = "io" if cases is not None else self.params.mode
+        with checkout(get_sandbox_settings()) as sandbox:
+            if cases is not None:
+                outcome = run_io_tests(sandbox, limits, source, cases)
+            elif mode == "trusted_tests_in_process":
+                outcome = run_in_process(sandbox, limits, source, tests)
+            else:
+                outcome = run_function_tests(sandbox, limits, source, tests, entry)
+            return outcome, sandbox.backend.name, mode
+
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
-        tests = prompt.reference.get("tests")
-        if not isinstance(tests, str):
-            raise ComponentError("prompt reference has no 'tests' (Python source)")
+        start = time.perf_counter()
         try:
-            result = run_python(extract_code(sample.final_answer), tests, self._limits())
+            outcome, isolation, mode = self._run(extract_code(sample.final_answer), prompt.reference)
+        except ReferenceProblem as exc:
+            raise ComponentError(f"reference: {exc}") from None
         except SandboxError as exc:
             raise ComponentError(f"sandbox error: {exc}") from None
-        details = result.details()
-        if result.verdict == "timeout" and self.params.on_timeout == "error":
+        details = {
+            "verdict": outcome.verdict,
+            "reason": outcome.reason,
+            "calls": outcome.calls,
+            "exit": outcome.exit,
+            "output": outcome.output,
+            "isolation": isolation,
+            "mode": mode,
+            "wall_ms": round((time.perf_counter() - start) * 1000.0, 1),
+            **outcome.extra,
+        }
+        if outcome.verdict == "timeout" and self.params.on_timeout == "error":
             raise ComponentError(f"timeout after {self.params.timeout_s}s", details)
-        return float(result.verdict == "passed"), details
-
-    def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
-        """Run up to ``max_parallel`` sandboxes at once (threads; each waits on its subprocess)."""
-        if len(items) <= 1:
-            return [self.score(s, p) for s, p in items]
-        with ThreadPoolExecutor(max_workers=min(self.params.max_parallel, len(items))) as pool:
-            return list(pool.map(lambda item: self.score(*item), items))
+        return float(outcome.verdict == "passed"), details

@@ -1,249 +1,319 @@
-"""Run untrusted Python (a solution, then its unit tests) in a sandboxed subprocess.
+"""Sandboxes seen from the trusted side: a warm zygote per sandbox, one forked child per task.
 
-Isolation, strongest available first (probed once per process):
-``unshare --user --map-root-user --net --pid --fork --kill-child`` (no network; the program is PID 1
-of its own namespace, so killing it kills every process it made), then ``unshare --net --pid``
-(root without user namespaces), then none. Always: ``python -I`` in a fresh temp dir, scrubbed
-environment, rlimits (address space, CPU, processes, file size, no core), an audit hook that refuses
-sockets and process creation, a wall-clock timeout after which the whole session is SIGKILLed, and
-stdout / stderr written to files (bounded by RLIMIT_FSIZE) of which only a few KB are kept.
-No ``signal.alarm`` anywhere: safe from any thread.
+A ``Sandbox`` starts the zygote (``reward_models.sandbox_zygote``) under the chosen backend and talks
+to it over a ``SOCK_SEQPACKET`` control socket. ``Sandbox.task`` hands the zygote one end of a fresh
+socketpair; the zygote forks a child that owns only that end. The trusted side talks to the child
+through a ``Channel`` (length-prefixed JSON frames, a wall-clock deadline from *our* clock, a size
+cap) and ends every task with ``Sandbox.finish``: the zygote kills every process the task left,
+wipes the scratch directory and reports the child's exit status and output tail.
+
+Sandboxes are reused (``checkout``) while their zygote is healthy. They are started from one
+long-lived thread per process, because ``--die-with-parent`` ties a sandbox to the *thread* that
+started it.
 """
 
 from __future__ import annotations
 
-import functools
+import atexit
 import json
-import math
 import os
-import secrets
 import shutil
-import signal
+import socket
+import struct
 import subprocess
-import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import BinaryIO, Literal
 
-from reward_models.proctree import kill_group
-from reward_models.sandbox_boot import BOOT
+from reward_models.sandbox_backend import Backend, SandboxError, interpreter, resolve_backend
+from reward_models.sandbox_settings import SandboxSettings
+from reward_models.sandbox_zygote import zygote_source
 
-Verdict = Literal["passed", "failed", "timeout", "exited_early"]
-_UNSHARE_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("userns+netns+pidns", ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")),
-    ("netns+pidns", ("--net", "--pid", "--fork", "--kill-child")),
-)
-_SETUP_FAILED = 125
-_WATCHDOG_EXIT = 124
+_HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 16 * 2**20
+_STARTUP_S = 30.0
+_FINISH_S = 10.0
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (could not start, crashed before running the program)."""
+class ChannelTimeout(Exception):
+    """The task's deadline passed while waiting for the program."""
+
+
+class ChannelBroken(Exception):
+    """The program closed its end, or sent something that is not a well-formed frame."""
 
 
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
-    """Limits for one run. ``timeout_s`` is wall time from process start; CPU time is capped at
-    ``ceil(timeout_s) + 1`` s; ``max_output_bytes`` is what is kept of stdout and of stderr."""
+    """Per-task limits. ``timeout_s`` is wall time on the trusted side's clock; CPU time is capped at
+    ``ceil(timeout_s) + 1`` s; ``max_output_bytes`` is how much of the output tail is kept."""
 
     timeout_s: float = 5.0
     memory_mb: int = 512
     max_processes: int = 32
     max_file_mb: int = 16
+    open_files: int = 64
     max_output_bytes: int = 4096
-    allow_network: bool = False
-    allow_subprocess: bool = False
 
-
-@dataclass(frozen=True, slots=True)
-class SandboxResult:
-    """What happened: ``verdict`` is ``passed`` only if the tests ran to the end and exit code was 0."""
-
-    verdict: Verdict
-    returncode: int | None
-    stdout: str
-    stderr: str
-    wall_ms: float
-    isolation: str
-
-    def details(self) -> dict:
-        """A JSON-able summary for ComponentResult.details."""
+    def rlimits(self, allow_subprocess: bool) -> dict:
         return {
-            "verdict": self.verdict,
-            "returncode": self.returncode,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "wall_ms": round(self.wall_ms, 1),
-            "isolation": self.isolation,
+            "memory_bytes": self.memory_mb * 2**20,
+            "cpu_s": int(self.timeout_s) + 2,
+            "file_bytes": self.max_file_mb * 2**20,
+            "open_files": self.open_files,
+            "extra_processes": self.max_processes,  # processes and threads (RLIMIT_NPROC)
+            "subprocess": allow_subprocess,  # False: a seccomp filter refuses fork / exec
         }
 
 
-@functools.lru_cache(maxsize=1)
-def isolation_prefix() -> tuple[str, tuple[str, ...]]:
-    """The strongest ``unshare`` prefix that works here, found by running a no-op once."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return "none", ()
-    for name, flags in _UNSHARE_MODES:
-        cmd = (unshare, *flags, "--", sys.executable, "-I", "-c", "pass")
+class Channel:
+    """The trusted end of one task's socket: frames in and out, all under one deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _wait(self) -> None:
+        left = self.remaining()
+        if left <= 0:
+            raise ChannelTimeout
+        self.sock.settimeout(left)
+
+    def send(self, obj: dict) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode()
         try:
-            ok = subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return name, (unshare, *flags, "--")
-    return "none", ()
+            self._wait()
+            self.sock.sendall(_HEADER.pack(len(data)) + data)
+        except TimeoutError:
+            raise ChannelTimeout from None
+        except OSError as exc:
+            raise ChannelBroken(f"the program closed its channel ({exc.strerror})") from None
 
+    def send_raw(self, data: bytes) -> None:
+        self.send_bytes(data)
+        self.sock.shutdown(socket.SHUT_WR)
 
-def _config(limits: SandboxLimits, isolation: str, status_fd: int) -> str:
-    nproc_relative = not isolation.startswith("userns") and os.geteuid() != 0
-    return json.dumps(
-        {
-            "memory_bytes": limits.memory_mb * 2**20,
-            "cpu_s": math.ceil(limits.timeout_s) + 1,
-            "file_bytes": limits.max_file_mb * 2**20,
-            "max_processes": limits.max_processes,
-            "nproc_relative": nproc_relative,
-            "wall_s": limits.timeout_s + 1.0,
-            "allow_network": limits.allow_network,
-            "allow_subprocess": limits.allow_subprocess,
-            "status_fd": status_fd,
-        }
-    )
+    def send_bytes(self, data: bytes) -> None:
+        try:
+            self._wait()
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise ChannelTimeout from None
+        except OSError as exc:
+            raise ChannelBroken(f"the program closed its channel ({exc.strerror})") from None
 
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (b"" at end of stream)."""
+        try:
+            self._wait()
+            return self.sock.recv(n)
+        except ConnectionResetError:  # the program exited leaving input unread: its output came first
+            return b""
+        except TimeoutError:
+            raise ChannelTimeout from None
+        except OSError as exc:
+            raise ChannelBroken(f"the channel failed ({exc.strerror})") from None
 
-def _environment(workdir: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "LANG": "C.UTF-8",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    """Kill the sandbox's process group (its session) and wait until every member is gone."""
-    kill_group(proc.pid)
-    proc.wait()
-
-
-def _read_head(fh: BinaryIO, limit: int) -> str:
-    fh.seek(0)
-    data = fh.read(limit + 1)
-    text = data[:limit].decode("utf-8", "replace")
-    return text + "\n[truncated]" if len(data) > limit else text
-
-
-def _read_tail(fh: BinaryIO, limit: int) -> str:
-    size = fh.seek(0, os.SEEK_END)
-    fh.seek(max(size - limit, 0))
-    text = fh.read().decode("utf-8", "replace")
-    return "[truncated]\n" + text if size > limit else text
-
-
-def _read_status(fd: int) -> list[str]:
-    """What the bootstrap wrote to the status pipe ("ready", then the token), without blocking."""
-    os.set_blocking(fd, False)
-    chunks = []
-    try:
-        while chunk := os.read(fd, 4096):
+    def _exact(self, n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = self.read(min(left, 2**20))
+            if not chunk:
+                raise ChannelBroken(
+                    "the program exited" if left == n == _HEADER.size else "a frame was cut short"
+                )
             chunks.append(chunk)
-            if sum(map(len, chunks)) > 65536:
-                break
-    except BlockingIOError:
-        pass  # a process the program started may still hold the pipe open
-    return b"".join(chunks).decode("utf-8", "replace").split()
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def recv(self) -> bytes:
+        """One frame's body (JSON bytes, not yet parsed); ChannelBroken at end of stream."""
+        (size,) = _HEADER.unpack(self._exact(_HEADER.size))
+        if size > MAX_FRAME_BYTES:
+            raise ChannelBroken(f"the program sent a {size}-byte message (limit {MAX_FRAME_BYTES})")
+        return self._exact(size)
+
+    def read_until_eof(self, cap: int) -> tuple[bytes, bool]:
+        """Everything until end of stream, or the first ``cap + 1`` bytes; (data, complete)."""
+        chunks, total = [], 0
+        while total <= cap:
+            chunk = self.read(min(2**20, cap + 1 - total))
+            if not chunk:
+                return b"".join(chunks), True
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks), False
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def _launch(
-    workdir: str, limits: SandboxLimits, token: str, out: BinaryIO, err: BinaryIO, status_fd: int
-) -> tuple[subprocess.Popen, str]:
-    isolation, prefix = isolation_prefix()
-    config = _config(limits, isolation, status_fd)
-    cmd = [*prefix, sys.executable, "-I", "-c", BOOT, config]
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=workdir,
-            env=_environment(workdir),
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            pass_fds=(status_fd,),
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise SandboxError(f"could not start the sandbox: {exc}") from exc
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(f"{token}\n".encode())
-        proc.stdin.close()
-    except OSError:
-        pass  # it died already; the status pipe tells why
-    return proc, isolation
+class Sandbox:
+    """One zygote under ``backend``; runs one task at a time."""
 
+    def __init__(self, backend: Backend, settings: SandboxSettings) -> None:
+        self.backend, self.settings, self.owner = backend, settings, os.getpid()
+        self._seq = 0
+        self._tmp = tempfile.mkdtemp(prefix="grpo-sandbox-") if backend.scratch is None else None
+        self._log = tempfile.TemporaryFile()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ctrl = ours
+        config = {"ctrl_fd": theirs.fileno(), "scratch": backend.scratch or self._tmp}
+        cmd = [*backend.prefix, interpreter(), "-I", "-S", "-c", zygote_source(), json.dumps(config)]
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=self._tmp or "/",
+                env=_ENV,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=self._log,
+                pass_fds=(theirs.fileno(),),
+            )
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f"could not start the sandbox ({backend.name}): {exc}") from None
+        finally:
+            theirs.close()
+        if "ready" not in self._control(_STARTUP_S):
+            tail = self._log_tail()
+            self.close()
+            raise SandboxError(f"the sandbox ({backend.name}) did not start: {tail}")
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait for the process; on timeout kill its whole session (before it is reaped, so its pid
-    cannot have been reused). True if it timed out."""
-    try:
-        proc.wait(timeout=timeout_s)
-        return False
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def _exited(self, within_s: float) -> bool:
+        try:
+            self.proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            return False
         return True
 
+    def _log_tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-800:].decode("utf-8", "replace").strip() or f"exit {self.proc.poll()}"
 
-def _verdict(timed_out: bool, returncode: int, status: list[str], token: str) -> Verdict:
-    if timed_out or returncode == _WATCHDOG_EXIT or returncode == -signal.SIGKILL:
-        return "timeout"
-    if returncode == 0 and token in status:
-        return "passed"
-    return "exited_early" if returncode == 0 else "failed"
-
-
-def run_python(solution: str, tests: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``solution`` then ``tests`` (Python source) under ``limits``; raise SandboxError when the
-    sandbox itself fails (not when the program fails, times out or runs out of memory).
-
-    stdout / stderr go to unlinked temp files and the status to a pipe, so nothing the program
-    does to its working directory can hide the outcome."""
-    limits = limits or SandboxLimits()
-    token = secrets.token_hex(16)
-    with (
-        tempfile.TemporaryDirectory(prefix="grpo-sandbox-") as workdir,
-        tempfile.TemporaryFile() as out,
-        tempfile.TemporaryFile() as err,
-    ):
-        for name, source in (("solution.py", solution), ("tests.py", tests)):
-            with open(os.path.join(workdir, name), "w", encoding="utf-8") as fh:
-                fh.write(source)
-        status_r, status_w = os.pipe()
+    def _control(self, timeout_s: float) -> dict:
+        """The zygote's next control message; {} when it is gone or silent for ``timeout_s``."""
+        self.ctrl.settimeout(timeout_s)
         try:
-            start = time.perf_counter()
-            try:
-                proc, isolation = _launch(workdir, limits, token, out, err, status_w)
-            finally:
-                os.close(status_w)
-            timed_out = _wait(proc, limits.timeout_s)
-            wall_ms = (time.perf_counter() - start) * 1000.0
-            status = _read_status(status_r)
+            data = self.ctrl.recv(2**20)
+            return json.loads(data) if data else {}
+        except (OSError, ValueError):
+            return {}
+
+    def task(self, mode: str, limits: SandboxLimits) -> Channel:
+        """Start one task (``fn``, ``io`` or ``inproc``) and return the channel to its child."""
+        self._seq += 1
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        message = {
+            "op": "run",
+            "seq": self._seq,
+            "mode": mode,
+            "output_bytes": limits.max_output_bytes,
+            "limits": limits.rlimits(self.settings.allow_subprocess),
+        }
+        try:
+            socket.send_fds(self.ctrl, [json.dumps(message).encode()], [theirs.fileno()])
+        except OSError as exc:
+            ours.close()
+            tail = self._log_tail()
+            self.close()
+            raise SandboxError(f"the sandbox is gone: {exc.strerror}; {tail}") from None
         finally:
-            os.close(status_r)
-        stderr = _read_tail(err, limits.max_output_bytes)
-        if not timed_out and ("ready" not in status or proc.returncode == _SETUP_FAILED):
-            raise SandboxError(
-                f"sandbox crashed before the program ran (exit {proc.returncode}): {stderr[-500:]}"
-            )
-        return SandboxResult(
-            verdict=_verdict(timed_out, proc.returncode, status, token),
-            returncode=None if timed_out else proc.returncode,
-            stdout=_read_head(out, limits.max_output_bytes),
-            stderr=stderr,
-            wall_ms=wall_ms,
-            isolation=isolation,
-        )
+            theirs.close()
+        return Channel(ours, time.monotonic() + limits.timeout_s)
+
+    def finish(self, channel: Channel, kill: bool) -> dict:
+        """End the current task: ``{"exit": status, "output": tail}`` once nothing of it runs."""
+        channel.close()
+        try:
+            if kill:
+                self.ctrl.send(b'{"op":"kill"}')
+        except OSError:
+            pass
+        reply = self._control(_FINISH_S)
+        if reply.get("done") == self._seq and reply.get("clean") is True:
+            return reply
+        crashed = reply.get("done") != self._seq and self._exited(2.0)
+        tail = self._log_tail()
+        self.close()  # the next task gets a fresh sandbox
+        if crashed:  # the zygote cannot be signalled from inside: its death is the infrastructure's
+            raise SandboxError(f"the sandbox ({self.backend.name}) stopped answering: {tail}")
+        if reply.get("done") == self._seq:
+            return reply  # the program left a mess the zygote could not remove
+        return {"exit": None, "output": "", "unfinished": "the sandbox could not clean up after the program"}
+
+    def close(self) -> None:
+        """Kill the zygote (and so everything in the sandbox); idempotent."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and self.owner == os.getpid() and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.ctrl.close()
+        self._log.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+_idle: dict[SandboxSettings, list[Sandbox]] = {}
+_lock = threading.Lock()
+_spawners: dict[int, ThreadPoolExecutor] = {}
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """A thread that lives as long as this process (``--die-with-parent`` watches the thread)."""
+    with _lock:
+        pid = os.getpid()
+        if pid not in _spawners:
+            _spawners.clear()  # inherited through fork: its thread does not exist here
+            _spawners[pid] = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
+        return _spawners[pid]
+
+
+@atexit.register
+def _close_idle() -> None:
+    """Stop this process's idle sandboxes (and remove the ``none`` backend's temp dirs) at exit."""
+    with _lock:
+        sandboxes = [s for pool in _idle.values() for s in pool if s.owner == os.getpid()]
+        _idle.clear()
+    for sandbox in sandboxes:
+        sandbox.close()
+
+
+def _take(settings: SandboxSettings) -> Sandbox | None:
+    with _lock:
+        pool = _idle.setdefault(settings, [])
+        while pool:
+            sandbox = pool.pop()
+            if sandbox.alive():
+                return sandbox
+            if sandbox.owner == os.getpid():
+                sandbox.close()
+    return None
+
+
+@contextmanager
+def checkout(settings: SandboxSettings) -> Iterator[Sandbox]:
+    """A healthy sandbox for the settings' backend, returned for reuse afterwards. Raises
+    BackendUnavailable (with the install hint) when no acceptable backend works."""
+    backend = resolve_backend(settings)
+    sandbox = _take(settings) or _spawner().submit(Sandbox, backend, settings).result()
+    try:
+        yield sandbox
+    except BaseException:
+        sandbox.close()
+        raise
+    if sandbox.alive():
+        with _lock:
+            _idle.setdefault(settings, []).append(sandbox)
+    else:
+        sandbox.close()

@@ -1,7 +1,7 @@
 """Scorer: run a reward spec over many samples.
 
 Cheap components run inline through ``score_batch`` (the reward model batches, the LLM judge and
-the code sandbox use threads); ``cpu_heavy`` ones (math verification) go to a KillablePool, one
+the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox) go to a KillablePool, one
 task per sample with a hard deadline. Heavy tasks are submitted first so they overlap the inline
 work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
 """
@@ -74,8 +74,9 @@ class Scorer:
         for c in spec.components:
             if components[c.name].cpu_heavy:
                 pool, key = self._get_pool(), params_key(c.params)
+                timeout_s = max(self.timeout_s, components[c.name].deadline_s())
                 pending[c.name] = [
-                    pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=self.timeout_s)
+                    pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=timeout_s)
                     for s, p in items
                 ]
         results: dict[str, list[ComponentResult]] = {}

@@ -31,3 +31,12 @@ def test_commands_are_real_cli_commands():
         if argv[1] in LATER:
             continue  # parsed by the subcommand's own module
         build_parser().parse_args(argv[1:])  # raises SystemExit on an unknown option
+
+
+def test_worker_can_start_bubblewrap_sandboxes_as_a_non_root_user():
+    worker = COMPOSE["services"]["worker"]
+    assert set(worker["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+    assert worker["environment"]["GRPO_CURATOR_SANDBOX_BACKEND"] == "bubblewrap"  # never a silent "none"
+    assert "cap_add" not in worker and not worker.get("privileged", False)
+    dockerfile = (Path(__file__).resolve().parents[1] / "Dockerfile").read_text()
+    assert "bubblewrap" in dockerfile and "\nUSER curator\n" in dockerfile

@@ -7,6 +7,8 @@ import logging
 import signal
 import threading
 
+from reward_models.sandbox_backend import describe_backend
+from reward_models.sandbox_settings import get_sandbox_settings
 from reward_models.scoring import Scorer
 from service.db import get_engine, make_sessionmaker
 from service.settings import Settings, get_settings
@@ -27,6 +29,7 @@ class WorkerThread:
 
     def _run(self) -> None:
         s = self.settings
+        log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
         self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb)
         try:
             run_forever(self.factory, self.scorer, self.stop, batch=s.worker_batch_groups,
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     url = resolve_database_url(settings)
     upgrade(url)
+    log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
     factory = make_sessionmaker(get_engine(url))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

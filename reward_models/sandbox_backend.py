@@ -1,0 +1,184 @@
+"""Which sandbox runs untrusted programs, and the command line that starts one.
+
+``bubblewrap`` (the ``bwrap`` tool) is the standard backend: new user, PID, network, IPC, UTS and
+cgroup namespaces; read-only binds of ``/usr`` and the interpreter's prefix only (its
+``site-packages`` hidden under an empty tmpfs), a fresh ``/proc`` and ``/dev``, a private
+size-limited tmpfs as ``/tmp`` and working directory (the only writable place: ``/`` and ``/dev``
+are remounted read-only), uid/gid 65534 inside, no capabilities,
+``--die-with-parent``, ``--new-session`` and the zygote as PID 1. No host runtime directory (no
+database socket), no project directory, no ``/etc``, no home directory, no inherited environment.
+
+When bubblewrap does not work the verifier refuses to score (``BackendUnavailable``, with the
+install hint) unless the deployment explicitly sets ``backend=none`` (unsafe, documented).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+from reward_models.sandbox_settings import SandboxSettings
+
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap; "
+    "Alpine: apk add bubblewrap) and let the worker create user namespaces (in a container: see "
+    "docs/sandbox.md), or set GRPO_CURATOR_SANDBOX_BACKEND=none to run programs without isolation "
+    "(unsafe: only on a machine that holds nothing else)"
+)
+SANDBOX_UID = 65534
+PROBE = (
+    "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd')"
+)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start, stopped answering): an error, never a verdict."""
+
+
+class BackendUnavailable(SandboxError):
+    """No backend that meets the guarantees works here, and ``none`` was not chosen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """``name`` as reported in ``details.isolation``; ``prefix`` goes before the interpreter's argv;
+    ``scratch`` is the sandbox's writable directory (None: a fresh host temp dir per sandbox)."""
+
+    name: str
+    prefix: tuple[str, ...]
+    scratch: str | None
+
+
+def interpreter() -> str:
+    """The real interpreter binary (not the virtualenv's link: the sandbox sees no virtualenv)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _interpreter_binds(python: str) -> list[str]:
+    prefix = os.path.realpath(sys.base_prefix)
+    args: list[str] = []
+    if not (prefix + "/").startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    if not python.startswith(("/usr/", prefix + "/")):
+        args += ["--ro-bind", python, python]
+    stdlib = os.path.realpath(sysconfig.get_paths(vars={"base": prefix, "installed_base": prefix})["stdlib"])
+    for hidden in (os.path.join(stdlib, "site-packages"), os.path.join(stdlib, "dist-packages")):
+        if os.path.isdir(hidden):
+            args += ["--tmpfs", hidden]
+    return args
+
+
+def _system_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _proc_covers() -> list[str]:
+    """Hide the kernel knobs of the fresh /proc. When the worker runs as root the sandbox's uid maps
+    to root outside, and file permissions alone would let it write /proc/sys (core_pattern,
+    modprobe: a way out of the sandbox) or the files below; bubblewrap's own cover skips /proc/sys
+    because the directory itself is not writable."""
+    args: list[str] = []
+    for directory in ("sys", "irq", "bus", "pressure", "acpi", "scsi", "fs", "driver"):
+        if os.path.isdir(f"/proc/{directory}"):
+            args += ["--tmpfs", f"/proc/{directory}", "--remount-ro", f"/proc/{directory}"]
+    for name in (
+        "sysrq-trigger",
+        "mtrr",
+        "kcore",
+        "kmsg",
+        "kpagecount",
+        "kpageflags",
+        "kpagecgroup",
+        "timer_list",
+    ):
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return args
+
+
+def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
+    """The bubblewrap command line up to (not including) the interpreter."""
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
+    if settings.allow_network:
+        args.append("--share-net")
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]
+    args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    args += _system_binds() + _interpreter_binds(interpreter())
+    args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
+    if _supports_size(bwrap):  # bubblewrap >= 0.8; older ones give /tmp the kernel's default size
+        args += ["--size", str(settings.tmpfs_mb * 2**20)]
+    args += ["--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]
+    return tuple(args)
+
+
+@functools.lru_cache(maxsize=4)
+def _supports_size(bwrap: str) -> bool:
+    try:
+        run = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in run.stdout + run.stderr
+
+
+def _probe(prefix: tuple[str, ...]) -> str | None:
+    """None when the sandbox starts and looks right, else why not."""
+    try:
+        run = subprocess.run(
+            [*prefix, interpreter(), "-I", "-S", "-c", PROBE],
+            capture_output=True,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if run.returncode != 0:
+        return (run.stderr.decode("utf-8", "replace").strip() or f"exit {run.returncode}")[-500:]
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _bubblewrap(settings: SandboxSettings) -> Backend | str:
+    bwrap = shutil.which(settings.bwrap)
+    if bwrap is None:
+        return f"bubblewrap ({settings.bwrap!r}) is not installed"
+    prefix = bwrap_prefix(settings, bwrap)
+    problem = _probe(prefix)
+    if problem is not None:
+        return f"bubblewrap cannot start a sandbox here: {problem}"
+    return Backend("bubblewrap", prefix, "/tmp")
+
+
+def resolve_backend(settings: SandboxSettings) -> Backend:
+    """The backend the settings ask for, probed once per process; BackendUnavailable (naming what is
+    missing and how to install it) when it does not work."""
+    if settings.backend == "none":
+        return Backend("none (unsafe)", (), None)
+    found = _bubblewrap(settings)
+    if isinstance(found, str):
+        _bubblewrap.cache_clear()  # probe again next time: someone may install it meanwhile
+        raise BackendUnavailable(f"verifier.code refuses to run programs: {found}; {INSTALL_HINT}")
+    return found
+
+
+def describe_backend(settings: SandboxSettings) -> str:
+    """One line for the worker's start-up log; never raises."""
+    try:
+        backend = resolve_backend(settings)
+    except BackendUnavailable as exc:
+        return f"unavailable: {exc}"
+    if backend.prefix:
+        return f"{backend.name} ({backend.prefix[0]}), network={'on' if settings.allow_network else 'off'}"
+    return "none: UNSAFE, programs run without isolation (GRPO_CURATOR_SANDBOX_BACKEND=none)"

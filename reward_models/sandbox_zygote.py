@@ -1,0 +1,322 @@
+"""The zygote: the one long-lived process inside a sandbox, kept as source text.
+
+Started once per sandbox (``python -I -S -c SOURCE config``) with stdlib modules preloaded, it
+waits on its control socket for a task (a small JSON message carrying one end of a fresh socketpair)
+and forks one child per task. The child gets its own session, a fresh working directory, rlimits and
+that socket only; then it runs the candidate program (``fn`` mode: define functions and answer calls
+with plain data; ``io`` mode: the socket is its stdin and stdout; ``inproc`` mode: run solution and
+tests and say "finished"). When the child exits, or when the harness says "kill", the zygote kills
+every other process it can see, reaps them, wipes the scratch directory and reports the child's exit
+status and the tail of its stderr.
+
+Under bubblewrap the zygote is PID 1 of its PID namespace (``--as-pid-1``): a program inside cannot
+signal it (the kernel drops signals to a namespace's init that it has no handler for), and it is not
+dumpable, so same-uid programs cannot ptrace it or open its ``/proc/1/fd``. Killing "everything but
+me" is then ``kill(-1, SIGKILL)``, which no double-fork or ``setsid`` escapes.
+"""
+
+from pathlib import Path
+
+_BODY = r'''
+import builtins, json, os, resource, select, signal, socket, stat, struct, sys, traceback, types
+import ctypes
+for _name in ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
+              "fractions", "decimal", "statistics", "typing", "dataclasses", "copy", "operator",
+              "random", "hashlib", "array", "datetime", "io"):
+    __import__(_name)
+CFG = json.loads(sys.argv[1])
+CTRL = socket.socket(fileno=CFG["ctrl_fd"])
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd by the programs
+PID1 = os.getpid() == 1
+SCRATCH = CFG["scratch"]
+OUT = os.path.join(SCRATCH, ".output")
+HEADER = struct.Struct(">I")
+
+
+def send_frame(sock, obj):
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    sock.sendall(HEADER.pack(len(data)) + data)
+
+
+def recv_exact(sock, n):
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock):
+    head = recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    body = recv_exact(sock, HEADER.unpack(head)[0])
+    return None if body is None else json.loads(body)
+
+
+def count_tasks(uid):
+    total = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                total += int(fields["Threads"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return total
+
+
+def set_limits(lim):
+    nproc = count_tasks(os.getuid()) + lim["extra_processes"]  # threads count too
+    for name, value in (("RLIMIT_AS", lim["memory_bytes"]), ("RLIMIT_CPU", lim["cpu_s"]),
+                        ("RLIMIT_FSIZE", lim["file_bytes"]), ("RLIMIT_CORE", 0),
+                        ("RLIMIT_NOFILE", lim["open_files"]), ("RLIMIT_NPROC", nproc)):
+        soft, hard = resource.getrlimit(getattr(resource, name))
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322}),
+            "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281})}
+
+
+def seccomp_program():
+    """A seccomp filter: no fork / vfork / exec, clone only for threads, clone3 answers ENOSYS (libc
+    falls back to clone). It holds whatever uid the program runs as (RLIMIT_NPROC does not bind
+    when the sandbox's uid maps to root outside). Built once, installed in each child."""
+    arch, nrs = SYSCALLS[os.uname().machine]
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+    prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), (0x20, 0, 0, 0),
+            (0x35, 0, 1, 0x40000000), (0x06, 0, 0, kill), (0x15, 0, 1, 435), (0x06, 0, 0, enosys)]
+    for name in ("fork", "vfork", "execve", "execveat"):
+        if name in nrs:
+            prog += [(0x15, 0, 1, nrs[name]), (0x06, 0, 0, eperm)]
+    prog += [(0x15, 0, 3, nrs["clone"]), (0x20, 0, 0, 16), (0x45, 1, 0, 0x10000), (0x06, 0, 0, eperm),
+             (0x06, 0, 0, allow)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
+    return Program(len(prog), filters), filters
+
+
+SECCOMP = seccomp_program()
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def no_new_processes():
+    if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(SECCOMP[0]), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
+
+
+def describe(exc):
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def run_fn(sock, task):
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        exec(compile(task["source"], "<candidate>", "exec"), namespace)
+    except BaseException as exc:
+        traceback.print_exc()
+        send_frame(sock, {"error": describe(exc)})
+        return
+    send_frame(sock, {"defined": [k for k, v in namespace.items() if type(v) is types.FunctionType]})
+    while (call := recv_frame(sock)) is not None:
+        try:
+            args, kwargs = from_plain(call["args"]), from_plain(call["kwargs"])
+            reply = {"value": to_plain(namespace[call["fn"]](*args, **kwargs))}
+        except PlainDataError as exc:
+            reply = {"not_plain": describe(exc)}
+        except BaseException as exc:
+            reply = {"raised": type(exc).__name__, "message": str(exc)[:2000]}
+        send_frame(sock, reply)
+
+
+def run_io(sock, task):
+    os.dup2(sock.fileno(), 0)
+    os.dup2(sock.fileno(), 1)
+    sock.close()
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(compile(task["source"], "<candidate>", "exec"), namespace)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stdout.flush()
+        os._exit(code)
+    sys.stdout.flush()
+
+
+def run_inproc(sock, task):
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    exec(compile(task["source"], "<candidate>", "exec"), namespace)
+    try:
+        exec(compile(task["tests"], "<tests>", "exec"), namespace)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    send_frame(sock, {"finished": True})
+
+
+MODES = {"fn": run_fn, "io": run_io, "inproc": run_inproc}
+
+
+def child(task, fd):
+    code = 0
+    try:
+        os.setsid()
+        CTRL.close()
+        workdir = os.path.join(SCRATCH, "work")
+        os.chdir(workdir)
+        out = os.open(OUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open("/dev/null", os.O_RDWR)
+        for target, source in ((0, null), (1, out), (2, out)):
+            os.dup2(source, target)
+        os.close(out)
+        os.close(null)
+        sock = socket.socket(fileno=fd)
+        set_limits(task["limits"])
+        if not task["limits"]["subprocess"]:
+            no_new_processes()
+        sock_task = recv_frame(sock)
+        if sock_task is not None:
+            MODES[task["mode"]](sock, sock_task)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def kill_child(pid):
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def kill_rest(pid):
+    kill_child(pid)
+    if PID1:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def output_tail(limit):
+    """The tail of the task's output file; never blocks on, or follows, what the program put there."""
+    try:
+        fd = os.open(OUT, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        size = os.lseek(fd, 0, os.SEEK_END)
+        os.lseek(fd, max(size - limit, 0), os.SEEK_SET)
+        text = os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return "[truncated]\n" + text if size > limit else text
+
+
+def wipe(path):
+    os.chmod(path, 0o700)
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            wipe(entry.path)
+            os.rmdir(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def fresh_scratch():
+    """Empty the scratch directory and make the next work dir; False when the program's leftovers
+    resist (the harness then replaces this whole sandbox)."""
+    try:
+        wipe(SCRATCH)
+        os.mkdir(os.path.join(SCRATCH, "work"))
+        return True
+    except (OSError, RecursionError):
+        return False
+
+
+def supervise(pid):
+    pidfd = os.pidfd_open(pid)
+    status = None
+    try:
+        while status is None:
+            ready, _, _ = select.select([CTRL, pidfd], [], [])
+            if pidfd in ready:
+                status = os.waitpid(pid, 0)[1]
+            elif not CTRL.recv(4096):
+                kill_rest(pid)
+                os._exit(0)
+            else:
+                kill_child(pid)
+    finally:
+        os.close(pidfd)
+    return os.waitstatus_to_exitcode(status)
+
+
+def serve():
+    if not fresh_scratch():
+        os._exit(125)
+    CTRL.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        message, fds, _, _ = socket.recv_fds(CTRL, 65536, 1)
+        if not message:
+            os._exit(0)
+        task = json.loads(message)
+        if task.get("op") != "run" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            continue  # a "kill" that arrived after its task had ended
+        pid = os.fork()
+        if pid == 0:
+            child(task, fds[0])
+        os.close(fds[0])
+        code = supervise(pid)
+        kill_rest(pid)
+        reply = {"done": task["seq"], "exit": code, "output": output_tail(task["output_bytes"])}
+        clean = fresh_scratch()
+        reply["clean"] = clean
+        try:
+            CTRL.send(json.dumps(reply).encode())
+        except OSError:  # e.g. an output tail too big for one message: the verdict needs no output
+            CTRL.send(json.dumps(dict(reply, output="[output dropped]")).encode())
+        if not clean:
+            os._exit(0)
+
+
+serve()
+'''
+
+
+def zygote_source() -> str:
+    """The zygote program: the plain-data codec followed by the loop above (stdlib only)."""
+    codec = Path(__file__).with_name("plaindata.py").read_text(encoding="utf-8")
+    return codec + "\n" + _BODY
