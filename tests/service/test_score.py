@@ -114,7 +114,7 @@ TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 def openrlhf_request(responses: list[str], labels: list) -> dict:
     """Shaped as OpenRLHF's remote_rm client sends it: query = prompt + response with special tokens."""
     prompts = [TEMPLATE.format(q="What is 6 * 7?") for _ in responses]
-    queries = ["<|endoftext|>" + p + r + "<|im_end|><|endoftext|><|endoftext|>" for p, r in zip(prompts, responses)]
+    queries = ["<|endoftext|>" + p + r + "<|im_end|><|endoftext|><|endoftext|>" for p, r in zip(prompts, responses, strict=True)]
     return {"query": queries, "prompts": prompts, "labels": labels}
 
 
