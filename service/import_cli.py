@@ -105,22 +105,21 @@ def import_prompts(client: httpx.Client, path: Path, fmt: str) -> ImportSummary:
     rows = _verl_rows(path) if fmt == "verl" else _jsonl_rows(path)
     batch: dict[str, PromptUpsert] = {}
     for prompt in _validated(rows, fmt, tally):
+        tally.taken += 1
         batch[prompt.id] = prompt  # the same id twice in one batch: the last row wins (as a second upsert would)
         if len(batch) >= BATCH:
-            tally.taken += _post(client, batch)
+            _post(client, batch)
     if batch:
-        tally.taken += _post(client, batch)
+        _post(client, batch)
     return tally.summary()
 
 
-def _post(client: httpx.Client, batch: dict[str, PromptUpsert]) -> int:
+def _post(client: httpx.Client, batch: dict[str, PromptUpsert]) -> None:
     body = b'{"prompts":[' + b",".join(p.model_dump_json(exclude_none=True).encode() for p in batch.values()) + b"]}"
     r = client.post("/v1/prompts", content=body, headers={"content-type": "application/json"})
     if r.status_code != 200:
         raise RuntimeError(f"POST /v1/prompts: {r.status_code} {r.text[:500]}")
-    n = len(batch)
     batch.clear()
-    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
