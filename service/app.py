@@ -57,6 +57,7 @@ def _lifespan(start_worker: bool, url: str):
 
             worker = WorkerThread(app.state.settings, url)
             worker.start()
+        app.state.worker = worker  # /v1/score shares its Scorer (pool, judge cache) when there is one
         yield
         if worker is not None:
             worker.close()
@@ -82,7 +83,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
-    app.state.scorer, app.state.scorer_lock = None, threading.Lock()
+    app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(PathKeyMiddleware)

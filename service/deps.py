@@ -27,8 +27,12 @@ def get_app_settings(request: Request) -> Settings:
 
 # scope="function": the transaction commits before the response is sent, so a 2xx means durable
 def get_scorer(request: Request) -> Scorer:
-    """The app's one Scorer (its process pool and component caches), built on first use."""
+    """The in-process worker's Scorer when ``serve`` runs one (one pool, one judge cache for both), else
+    the app's own, built on first use."""
     state = request.app.state
+    worker = getattr(state, "worker", None)
+    if worker is not None and worker.scorer is not None:
+        return worker.scorer
     with state.scorer_lock:
         if state.scorer is None:
             s: Settings = state.settings
