@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy import func, select
 
@@ -198,3 +200,22 @@ def test_path_key_middleware_sets_the_bearer_header() -> None:
         seen.clear()
         asyncio.run(PathKeyMiddleware(inner)({**scope, "path": other, "raw_path": other.encode()}, None, None))
         assert seen["path"] == other and (b"authorization", b"Bearer forged") in seen["headers"]
+
+
+def test_score_shares_the_in_process_workers_scorer(fresh_db: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(database_url=fresh_db, start_worker=True)
+    with TestClient(app) as c:
+        worker = app.state.worker
+        for _ in range(100):  # the worker builds its Scorer when its thread starts
+            if worker.scorer is not None:
+                break
+            time.sleep(0.05)
+        assert c.post("/v1/reward-specs", json=SPEC).status_code == 201
+        r = c.post("/v1/score", json={"reward_spec": "sync-math", "items": [item(R42)]})
+        assert r.status_code == 200 and r.json()["results"][0]["total"] == 1.5
+        assert app.state.scorer is None  # no second pool was started
+        assert ("rule.format", '{"required_tags":["answer"]}') in worker.scorer._components
