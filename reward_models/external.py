@@ -139,7 +139,8 @@ class PythonFunction(RewardComponent):
         if isinstance(out, dict):
             if "score" not in out:
                 raise ComponentError("compute_score returned a dict without 'score'")
-            details = {k: v for k, v in out.items() if k != "score" and _plain(v)}
+            details = {str(k)[:100]: v[:1000] if isinstance(v, str) else v
+                       for k, v in list(out.items())[:32] if k != "score" and _plain(v)}
             return finite_number(out["score"], "compute_score()['score']"), details
         return finite_number(out, "compute_score()"), {}
 

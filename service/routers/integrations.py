@@ -17,7 +17,7 @@ router = APIRouter(tags=["integrations"])
 @router.post("/v1/score", response_model=ScoreOut,
              responses={413: {"description": "more items than max_score_items"}})
 def post_score(body: ScoreIn, session: SessionDep, scorer: ScorerDep, settings: SettingsDep) -> ScoreOut:
-    return score_items(session, scorer, body, settings.max_score_items)
+    return score_items(session, scorer, body, settings.max_score_items, settings.max_group_size)
 
 
 @router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut,

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from reward_models.base import PromptInfo, Sample
 from reward_models.scoring import Scorer
 from reward_models.spec import RewardSpec, ScoredSample
-from service.errors import ServiceError
+from service.errors import BadRequest, ServiceError
 from service.integration_schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
 from service.schemas import GroupIn, Message
 from service.services import ingest, specs
@@ -64,13 +64,14 @@ def result_of(scored: ScoredSample) -> ScoreResult:
     return ScoreResult(total=scored.total, outcome=scored.outcome, rewards=rewards)
 
 
-def score_items(session: Session, scorer: Scorer, body: ScoreIn, max_items: int) -> ScoreOut:
+def score_items(session: Session, scorer: Scorer, body: ScoreIn, max_items: int,
+                max_group_size: int = 1024) -> ScoreOut:
     if len(body.items) > max_items:
         raise TooManyItems(f"items: {len(body.items)} items exceed the limit of {max_items} per request")
     version = specs.resolve_reward_spec(session, body.reward_spec)
     spec = RewardSpec.model_validate(version.body)
     scored = scorer.score(spec, [to_sample(item) for item in body.items])
-    stored = _store(session, body, version) if body.store else None
+    stored = _store(session, body, version, max_group_size) if body.store else None
     return ScoreOut(spec_name=version.name, spec_version=version.version,
                     results=[result_of(s) for s in scored], stored_groups=stored)
 
@@ -79,12 +80,15 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _store(session: Session, body: ScoreIn, version: specs.Versioned) -> list[str]:
+def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int) -> list[str]:
     """Items grouped by (dataset, prompt, reference) -> idempotent groups scored by the named spec."""
     by_prompt: dict[str, list[ScoreItem]] = {}
     for item in body.items:
         key = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
         by_prompt.setdefault(key, []).append(item)
+    largest = max(len(items) for items in by_prompt.values())
+    if largest > max_group_size:
+        raise BadRequest(f"items: {largest} items share one prompt; with store, a group holds at most {max_group_size}")
     groups = []
     for key, items in by_prompt.items():
         first = items[0]
@@ -99,6 +103,7 @@ def _store(session: Session, body: ScoreIn, version: specs.Versioned) -> list[st
             "prompt": prompt, "trajectories": trajectories,
             "sampling": {"max_tokens": first.max_tokens} if first.max_tokens else {},
         }))
-    acks = ingest.ingest_groups(session, groups, max_group_size=len(body.items), max_sequence_tokens=2**31,
+    # no token ids are stored, so the sequence limit never applies; the group-size limit does
+    acks = ingest.ingest_groups(session, groups, max_group_size=max_group_size, max_sequence_tokens=2**31,
                                 batched=True)
     return [a.id for a in acks]

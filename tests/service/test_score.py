@@ -108,6 +108,16 @@ def test_store_records_groups_idempotently(client, spec: str) -> None:
     assert [t["final_answer"] for t in g["trajectories"]] == [R42, r"\boxed{41}"]
 
 
+def test_store_respects_the_group_size_limit(client, session, spec: str, monkeypatch) -> None:
+    monkeypatch.setattr(client.app.state.settings, "max_group_size", 2)
+    before = session.scalar(select(func.count()).select_from(Group))
+    r = client.post("/v1/score", json={"reward_spec": spec, "store": True, "items": [item(R42)] * 3})
+    assert r.status_code == 422 and r.json()["error"].startswith("items: 3 items share one prompt")
+    assert session.scalar(select(func.count()).select_from(Group)) == before
+    ok = client.post("/v1/score", json={"reward_spec": spec, "store": True, "items": [item(R42)] * 2})
+    assert ok.status_code == 200 and len(ok.json()["stored_groups"]) == 1
+
+
 # --- OpenRLHF ---------------------------------------------------------------------------------------
 
 TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
