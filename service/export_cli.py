@@ -25,14 +25,18 @@ def export_to(client: httpx.Client, params: dict[str, Any], out: Path) -> int:
     filetype = "parquet" if out.suffix == ".parquet" else "jsonl"
     part = out.with_name(out.name + ".part")
     lines = 0
-    with client.stream("GET", "/v1/export", params={**params, "filetype": filetype}) as r:
-        if r.status_code != 200:
-            r.read()
-            raise RuntimeError(f"GET /v1/export: {r.status_code} {r.text[:500]}")
-        with part.open("wb") as f:
-            for chunk in r.iter_bytes():
-                f.write(chunk)
-                lines += chunk.count(b"\n")
+    try:
+        with client.stream("GET", "/v1/export", params={**params, "filetype": filetype}) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"GET /v1/export: {r.status_code} {r.text[:500]}")
+            with part.open("wb") as f:
+                for chunk in r.iter_bytes():
+                    f.write(chunk)
+                    lines += chunk.count(b"\n")
+    except BaseException:
+        part.unlink(missing_ok=True)  # an interrupted export leaves no file that looks complete
+        raise
     part.replace(out)
     if filetype == "parquet":
         import pyarrow.parquet as pq
