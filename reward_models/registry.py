@@ -7,6 +7,7 @@ from typing import Any
 from reward_models.agent_rules import RepetitionRule, ToolCallRule
 from reward_models.base import RewardComponent
 from reward_models.code_verifier import CodeVerifier
+from reward_models.external import ExternalReported, PythonFunction
 from reward_models.llm_judge import LLMJudge
 from reward_models.reward_model import RewardModelJudge
 from reward_models.rules import FormatRule, LengthRule, OverlongRule, TurnsRule
@@ -28,6 +29,8 @@ KINDS: dict[str, type[RewardComponent]] = {
         JsonSchemaVerifier,
         LLMJudge,
         RewardModelJudge,
+        ExternalReported,
+        PythonFunction,
     )
 }
 

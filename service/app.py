@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import logging
 import pkgutil
+import threading
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -16,6 +17,7 @@ import service.routers
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
+from service.integrations_middleware import PathKeyMiddleware
 from service.middleware import BodyLimitMiddleware
 from service.settings import Settings, get_settings
 
@@ -55,9 +57,12 @@ def _lifespan(start_worker: bool, url: str):
 
             worker = WorkerThread(app.state.settings, url)
             worker.start()
+        app.state.worker = worker  # /v1/score shares its Scorer (pool, judge cache) when there is one
         yield
         if worker is not None:
             worker.close()
+        if app.state.scorer is not None:  # the /v1/score pool
+            app.state.scorer.close()
 
     return lifespan
 
@@ -78,8 +83,10 @@ def create_app(
     app.state.settings = settings
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
+    app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(PathKeyMiddleware)
     for router in _routers():
         app.include_router(router)
     return app

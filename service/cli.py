@@ -56,6 +56,8 @@ LATER = {
     "rollout": ("trainer.rollout", "rollout producer: sample groups and post them"),
     "demo": ("trainer.demo", "the whole loop on a tiny model, embedded PostgreSQL"),
     "stats": ("service.stats_cli", "print reward statistics as a table"),
+    "import": ("service.import_cli", "import prompts from verl Parquet or JSONL"),
+    "export": ("service.export_cli", "export SFT / DPO / KTO / rollout datasets (Parquet or JSONL)"),
 }
 
 

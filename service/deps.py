@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
+from reward_models.scoring import Scorer
 from service.db import session_scope
 from service.errors import BadRequest
 from service.schemas import GroupIn, GroupsIn
@@ -25,8 +26,24 @@ def get_app_settings(request: Request) -> Settings:
 
 
 # scope="function": the transaction commits before the response is sent, so a 2xx means durable
+def get_scorer(request: Request) -> Scorer:
+    """The in-process worker's Scorer when ``serve`` runs one (one pool, one judge cache for both), else
+    the app's own, built on first use."""
+    state = request.app.state
+    worker = getattr(state, "worker", None)
+    if worker is not None and worker.scorer is not None:
+        return worker.scorer
+    with state.scorer_lock:
+        if state.scorer is None:
+            s: Settings = state.settings
+            state.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s,
+                                  memory_mb=s.component_memory_mb)
+        return state.scorer
+
+
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+ScorerDep = Annotated[Scorer, Depends(get_scorer)]
 
 
 def format_loc(loc: tuple[Any, ...]) -> str:

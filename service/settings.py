@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,14 @@ class Settings(BaseSettings):
     max_score_attempts: int = 3
     lease_seconds_default: float = 300.0
     log_level: str = "info"
+    # integrations (docs/integrations.md)
+    max_score_items: int = 512  # items per POST /v1/score (413 beyond)
+    openrlhf_on_error: Literal["fail", "value"] = "fail"  # an unscorable item: 503, or this value + a log flag
+    openrlhf_error_value: float = Field(default=0.0, allow_inf_nan=False)
+    # python.function allowlist, name -> "/path/file.py[:function]"; reward_models.external reads the same
+    # variable (GRPO_CURATOR_PYTHON_FUNCTIONS, JSON) in every worker process
+    python_functions: dict[str, str] = Field(default_factory=dict)
+    export_batch_rows: int = 1000
 
     @property
     def embedded_dir(self) -> Path:

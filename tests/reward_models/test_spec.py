@@ -24,6 +24,8 @@ EXPECTED_KINDS = {
     "verifier.json_schema",
     "judge.llm",
     "judge.reward_model",
+    "external.reported",
+    "python.function",
 }
 
 
@@ -41,7 +43,7 @@ def test_registry_has_exactly_the_design_kinds() -> None:
 
 
 def test_unknown_kind_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown kind 'rule.nope'; valid: judge.llm, .*verifier.math"):
+    with pytest.raises(ValueError, match=r"unknown kind 'rule.nope'; valid: external.reported, judge.llm, .*python.function, .*verifier.math"):
         make_component("rule.nope", {})
 
 

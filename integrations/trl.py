@@ -1,0 +1,89 @@
+"""TRL: one reward function per component of a reward spec, for ``GRPOTrainer(reward_funcs=...)``.
+
+    funcs, weights = reward_funcs("math-r1", url="http://curator:8000")
+    trainer = GRPOTrainer(model=..., reward_funcs=funcs, args=GRPOConfig(reward_weights=weights, ...),
+                          train_dataset=dataset)   # a column "answer" (or ground_truth / solution)
+
+Each function is named after its component, so TRL logs ``rewards/<component>/mean``; it returns the
+component's value per completion, or ``None`` where the component errored (TRL leaves those out of the
+mean). The functions share one ``POST /v1/score`` per batch: the first call scores every component and
+the others read its answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from integrations._http import Client, jsonable, target
+
+REFERENCE_COLUMNS = ("answer", "ground_truth", "solution")
+RewardFunc = Callable[..., list[float | None]]
+
+
+def _reference(kwargs: dict[str, Any], column: str | None, i: int) -> dict[str, Any]:
+    """The reference of completion ``i`` from TRL's column keyword arguments: ``column`` if given, else the
+    first of answer / ground_truth / solution. A dict cell is the whole reference."""
+    names = (column,) if column else REFERENCE_COLUMNS
+    for name in names:
+        values = kwargs.get(name)
+        if values is not None:
+            cell = jsonable(values[i])
+            return cell if isinstance(cell, dict) else {"answer": cell}
+    if column:
+        raise KeyError(f"reference_column {column!r} is not a dataset column (TRL passed: {sorted(kwargs)})")
+    return {}
+
+
+def _items(prompts: list[Any], completions: list[Any], completion_ids: list[Any] | None,
+           kwargs: dict[str, Any], column: str | None) -> list[dict[str, Any]]:
+    items = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        item: dict[str, Any] = {"prompt": jsonable(prompt), "completion": jsonable(completion),
+                                "reference": _reference(kwargs, column, i)}
+        if completion_ids is not None:
+            item["num_tokens"] = len(completion_ids[i])
+        items.append(item)
+    return items
+
+
+class _Batch:
+    """Scores a batch once for all the component functions (keyed by the batch's content)."""
+
+    def __init__(self, client: Client, column: str | None) -> None:
+        self.client, self.column = client, column
+        self._lock = threading.Lock()
+        self._key: str | None = None
+        self._results: list[dict[str, Any]] = []
+
+    def results(self, prompts: list[Any], completions: list[Any], completion_ids: list[Any] | None,
+                kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        items = _items(prompts, completions, completion_ids, kwargs, self.column)
+        key = hashlib.sha256(orjson.dumps(items, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        with self._lock:
+            if key != self._key:
+                self._results, self._key = self.client.score(items), key
+            return self._results
+
+
+def _component_func(name: str, batch: _Batch) -> RewardFunc:
+    def func(prompts: list[Any], completions: list[Any], completion_ids: list[Any] | None = None,
+             **kwargs: Any) -> list[float | None]:
+        return [r["rewards"][name]["value"] for r in batch.results(prompts, completions, completion_ids, kwargs)]
+
+    func.__name__ = func.__qualname__ = name
+    return func
+
+
+def reward_funcs(spec: str | None = None, url: str | None = None, api_key: str | None = None,
+                 reference_column: str | None = None) -> tuple[list[RewardFunc], list[float]]:
+    """``(functions, weights)``: one function per component of ``spec`` (``name`` or ``name@version``) and the
+    spec's weights, for ``GRPOConfig(reward_weights=weights)``."""
+    client = Client(target(url, spec, api_key))
+    components = client.spec()["components"]
+    batch = _Batch(client, reference_column)
+    return [_component_func(c["name"], batch) for c in components], [float(c["weight"]) for c in components]

@@ -1,0 +1,42 @@
+"""OpenRLHF's remote-reward client sends no auth header, so its key may travel in the path.
+
+``/compat/openrlhf/key/{api_key}/{spec}/get_reward`` is rewritten, before anything else sees the request,
+to ``/compat/openrlhf/{spec}/get_reward`` with ``Authorization: Bearer {api_key}``: authentication then
+treats it like any other request. (A key in a URL can reach access logs; prefer a key made for it.)
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+PREFIX = "/compat/openrlhf/key/"
+
+
+def rewrite(raw_path: str) -> tuple[str, str] | None:
+    """'/compat/openrlhf/key/K/rest' (percent-encoded) -> ('/compat/openrlhf/rest' still encoded, K decoded);
+    None for any other path."""
+    if not raw_path.startswith(PREFIX):
+        return None
+    key, sep, rest = raw_path[len(PREFIX):].partition("/")
+    if not key or not sep or not rest:
+        return None
+    return "/compat/openrlhf/" + rest, unquote(key)
+
+
+class PathKeyMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").partition("?")[0]
+            found = rewrite(raw)
+            if found is not None:
+                raw_rest, key = found
+                headers = [(k, v) for k, v in scope.get("headers", []) if k != b"authorization"]
+                headers.append((b"authorization", b"Bearer " + key.encode("latin-1", "replace")))
+                scope = {**scope, "path": unquote(raw_rest), "raw_path": raw_rest.encode("latin-1"),
+                         "headers": headers}
+        await self.app(scope, receive, send)

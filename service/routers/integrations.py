@@ -1,0 +1,28 @@
+"""Synchronous scoring and OpenRLHF's remote reward protocol (docs/integrations.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from service.deps import ScorerDep, SessionDep, SettingsDep
+from service.integration_schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreOut
+from service.services import openrlhf
+from service.services.score import score_items
+
+router = APIRouter(tags=["integrations"])
+
+
+@router.post("/v1/score", response_model=ScoreOut,
+             responses={413: {"description": "more items than max_score_items"}})
+def post_score(body: ScoreIn, session: SessionDep, scorer: ScorerDep, settings: SettingsDep) -> ScoreOut:
+    return score_items(session, scorer, body, settings.max_score_items, settings.max_group_size)
+
+
+@router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut,
+             responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"}})
+def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
+                         scorer: ScorerDep, settings: SettingsDep) -> OpenRLHFOut:
+    return openrlhf.get_reward(session, scorer, spec, body, on_error=settings.openrlhf_on_error,
+                               error_value=settings.openrlhf_error_value, max_items=settings.max_score_items)

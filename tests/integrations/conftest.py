@@ -1,0 +1,51 @@
+"""One live service (uvicorn subprocess, fresh database) for the integration tests, with a reward spec and an
+allowlisted python.function file (one that answers and one that never returns)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server, stop_server
+
+USER_FUNCTIONS = '''
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str.strip().endswith(str(ground_truth))), "source": data_source}
+
+def checksum(data_source, solution_str, ground_truth, extra_info=None):
+    return sum(ord(c) for c in solution_str) % 97 / 97
+
+def hang(data_source, solution_str, ground_truth, extra_info=None):
+    if "hang" in solution_str:
+        time.sleep(3600)
+    return 1.0
+'''
+
+SPEC = {
+    "name": "integ",
+    "components": [
+        {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "params": {"extract_pattern": "(\\d+)"}},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.5, "params": {"required_tags": ["answer"]}},
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def service(make_db: Callable[..., str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    path = Path(tmp_path_factory.mktemp("fn")) / "user_reward.py"
+    path.write_text(USER_FUNCTIONS)
+    env = {"GRPO_CURATOR_PYTHON_FUNCTIONS": json.dumps({"mine": str(path), "hang": f"{path}:hang",
+                                                         "checksum": f"{path}:checksum"}),
+           "GRPO_CURATOR_COMPONENT_TIMEOUT_S": "2", "GRPO_CURATOR_WORKER_PROCESSES": "2"}
+    server = start_server(make_db(), env=env)
+    try:
+        assert httpx.post(f"{server.url}/v1/reward-specs", json=SPEC).status_code == 201
+        yield server
+    finally:
+        stop_server(server)

@@ -1,0 +1,91 @@
+"""verl / OpenRLHF / TRL adapters against a live service, called the way each trainer calls them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from integrations import openrlhf, trl, verl
+from integrations._http import ScoringError
+from tests.conftest import ROOT, LiveServer
+
+GOOD, BAD = "<answer>42</answer>", "<answer>41</answer>"
+
+
+def test_adapters_import_without_torch_or_server_packages() -> None:
+    code = ("import sys\nfor m in ('torch', 'fastapi', 'sqlalchemy', 'uvicorn', 'transformers'): sys.modules[m] = None\n"
+            "import integrations.trl, integrations.verl, integrations.openrlhf\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_verl_compute_score_with_verls_argument_names(service: LiveServer) -> None:
+    kw = {"spec": "integ", "url": service.url}
+    good = verl.compute_score(data_source="gsm8k", solution_str=GOOD, ground_truth="42",
+                              extra_info={"split": "train", "index": 3}, **kw)
+    assert good == {"score": 1.5, "correct": 1.0, "fmt": 1.0}
+    assert verl.compute_score("gsm8k", "41", "42", **kw) == {"score": 0.0, "correct": 0.0, "fmt": 0.0}
+    batch = verl.compute_score_batch(data_sources=["a", "b", "c"], solution_strs=[GOOD, BAD, "42"],
+                                     ground_truths=["42", "42", "42"], extra_infos=[None, {}, {"i": 1}], **kw)
+    assert [b["score"] for b in batch] == [1.5, 0.5, 1.0]
+
+
+def test_verl_error_raises_or_is_flagged(service: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPO_CURATOR_URL", service.url)
+    monkeypatch.setenv("GRPO_CURATOR_REWARD_SPEC", "integ")
+    with pytest.raises(ScoringError, match="no 'answer'"):
+        verl.compute_score("gsm8k", GOOD, None)
+    flagged = verl.compute_score("gsm8k", GOOD, None, on_error=-1.0)
+    assert flagged == {"score": -1.0, "correct": -1.0, "fmt": 1.0, "reward_error": 1.0}
+    assert verl.compute_score("gsm8k", GOOD, "42", on_error=-1.0)["reward_error"] == 0.0
+    with pytest.raises(ScoringError, match="422 reward_spec: no reward spec .nope."):
+        verl.compute_score("gsm8k", GOOD, "42", spec="nope")
+
+
+def test_python_function_runs_in_the_killable_pool(service: LiveServer) -> None:
+    httpx.post(f"{service.url}/v1/reward-specs", json={"name": "fn", "components": [
+        {"name": "user", "kind": "python.function", "params": {"name": "mine"}},
+        {"name": "slow", "kind": "python.function", "params": {"name": "hang"}}]}).raise_for_status()
+    r = httpx.post(f"{service.url}/v1/score", timeout=60, json={"reward_spec": "fn", "items": [
+        {"prompt": "", "completion": "x 42", "reference": {"answer": "42"}, "dataset": "gsm8k"},
+        {"prompt": "", "completion": "hang 42", "reference": {"answer": "42"}}]}).json()
+    ok, hung = r["results"]
+    assert ok["total"] == 2.0 and ok["rewards"]["user"]["details"] == {"source": "gsm8k"}
+    assert hung["total"] is None and hung["rewards"]["user"]["value"] == 1.0
+    assert "timeout" in hung["rewards"]["slow"]["error"]
+    bad = httpx.post(f"{service.url}/v1/reward-specs", json={"name": "fn2", "components": [
+        {"name": "user", "kind": "python.function", "params": {"name": "/tmp/evil.py"}}]})
+    assert bad.status_code == 422 and "not an allowed function" in bad.json()["error"]
+
+
+def test_openrlhf_reward_func(service: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("GRPO_CURATOR_URL", service.url)
+    monkeypatch.setenv("GRPO_CURATOR_REWARD_SPEC", "integ")
+    prompts = ["<s>[INST] 6*7? [/INST]"] * 2
+    out = openrlhf.reward_func([p + r + "</s>" for p, r in zip(prompts, [GOOD, "42"], strict=True)], prompts, ["42", "42"])
+    assert torch.equal(out["rewards"], torch.tensor([1.5, 1.0]))
+    assert torch.equal(out["extra_logs"]["fmt"], torch.tensor([1.0, 0.0]))
+    with pytest.raises(ScoringError, match="503"):  # the service's default: an unscorable item fails loudly
+        openrlhf.reward_func([prompts[0] + GOOD], prompts[:1], [None])
+
+
+def test_trl_reward_funcs_named_weighted_and_none_on_error(service: LiveServer) -> None:
+    funcs, weights = trl.reward_funcs("integ", url=service.url)
+    assert [f.__name__ for f in funcs] == ["correct", "fmt"] and weights == [1.0, 0.5]
+    correct, fmt = funcs
+    prompts, completions = ["q1", "q2", "q3"], [GOOD, "42", GOOD]
+    assert correct(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 1.0, None]
+    assert fmt(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 0.0, 1.0]
+    assert correct(prompts, completions, None, solution=["41", "42", "42"]) == [0.0, 1.0, 1.0]
+    assert correct(prompts, completions, None, ground_truth=[{"answer": "42"}] * 3) == [1.0, 1.0, 1.0]
+    assert correct(prompts, completions, None, trainer_state=None) == [None, None, None]  # no reference column
+    chat = [[{"role": "assistant", "content": GOOD}]] * 3
+    assert correct([[{"role": "user", "content": "q"}]] * 3, chat, None, answer=["42"] * 3) == [1.0] * 3
+    pinned, _ = trl.reward_funcs("integ@1", url=service.url, reference_column="gold")
+    assert pinned[0](prompts, completions, None, gold=["42"] * 3) == [1.0, 1.0, 1.0]
+    with pytest.raises(KeyError, match="gold"):
+        pinned[0](prompts, completions, None, answer=["42"] * 3)

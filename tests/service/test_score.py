@@ -1,0 +1,231 @@
+"""POST /v1/score and OpenRLHF's remote reward route: real app, real PostgreSQL, real process pool."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from service.models import Group
+from service.services.openrlhf import split_response
+
+SPEC = {
+    "name": "sync-math",
+    "components": [
+        {"name": "correct", "kind": "verifier.math", "outcome": True},
+        {"name": "format", "kind": "rule.format", "weight": 0.5, "params": {"required_tags": ["answer"]}},
+    ],
+}
+
+
+@pytest.fixture
+def spec(client) -> str:
+    assert client.post("/v1/reward-specs", json=SPEC).status_code == 201
+    return "sync-math"
+
+
+R42 = r"<answer>\boxed{42}</answer>"
+
+
+def item(completion, answer="42", **kw) -> dict:
+    return {"prompt": "What is 6 * 7?", "completion": completion, "reference": {"answer": answer}, **kw}
+
+
+def test_scores_each_item_with_components_and_total(client, spec: str) -> None:
+    body = {"reward_spec": spec, "items": [
+        item(R42), item(r"\boxed{41}"),
+        item([{"role": "assistant", "content": "<answer>\\boxed{42}</answer>"}]),
+        {"prompt": [{"role": "user", "content": "x"}], "completion": r"<answer>\boxed{7}</answer>"},  # no reference
+    ]}
+    r = client.post("/v1/score", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["spec_name"], out["spec_version"]) == ("sync-math", 1)
+    right, wrong, chat, unref = out["results"]
+    assert (right["total"], right["outcome"]) == (1.5, 1.0)
+    assert (wrong["total"], wrong["outcome"]) == (0.0, 0.0)
+    assert wrong["rewards"]["format"]["value"] == 0.0
+    assert chat["total"] == 1.5
+    # an erroring component: null total and outcome, the error named, never 0
+    assert unref["total"] is None and unref["outcome"] is None
+    assert unref["rewards"]["correct"] == {"value": None, "error": "prompt reference has no 'answer'", "details": {}}
+    assert unref["rewards"]["format"]["value"] == 1.0
+
+
+def test_spec_version_pinned_and_unknown_spec(client, spec: str) -> None:
+    client.post("/v1/reward-specs", json={**SPEC, "components": SPEC["components"][:1]})
+    old = client.post("/v1/score", json={"reward_spec": f"{spec}@1", "items": [item(R42)]}).json()
+    new = client.post("/v1/score", json={"reward_spec": spec, "items": [item(R42)]}).json()
+    assert (old["spec_version"], old["results"][0]["total"]) == (1, 1.5)
+    assert (new["spec_version"], new["results"][0]["total"]) == (2, 1.0)
+    r = client.post("/v1/score", json={"reward_spec": "nope", "items": [item("1")]})
+    assert r.status_code == 422 and "reward_spec" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"items": []}, "items"),
+        ({"items": [{"prompt": "p"}]}, "items[0].completion"),
+        ({"items": [item("1", finish_reason="done")]}, "items[0].finish_reason"),
+        ({"items": [item("1", num_tokens=-1)]}, "items[0].num_tokens"),
+        ({"items": [item("1", metadata={"x": float("nan")})]}, "items[0]"),
+        ({"items": [item("1", extra=1)]}, "items[0].extra"),
+        ({"reward_spec": "a@b"}, "reward_spec"),
+    ],
+)
+def test_bad_input_names_the_field(client, spec: str, patch: dict, field: str) -> None:
+    body = {"reward_spec": spec, "items": [item("1")], **patch}
+    r = client.post("/v1/score", content=_dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert field in r.json()["error"]
+
+
+def _dumps(body: dict) -> str:
+    import json
+
+    return json.dumps(body)  # allows NaN, so the service sees it
+
+
+def test_item_limit_is_413_and_stores_nothing(client, session, spec: str) -> None:
+    limit = client.app.state.settings.max_score_items
+    before = session.scalar(select(func.count()).select_from(Group))
+    r = client.post("/v1/score", json={"reward_spec": spec, "store": True, "items": [item("1")] * (limit + 1)})
+    assert r.status_code == 413 and "items" in r.json()["error"]
+    assert session.scalar(select(func.count()).select_from(Group)) == before
+    assert client.post("/v1/score", json={"reward_spec": spec, "items": [item("1")] * limit}).status_code == 200
+
+
+def test_store_records_groups_idempotently(client, spec: str) -> None:
+    body = {"reward_spec": spec, "store": True, "policy_version": 3,
+            "items": [item(R42), item(r"\boxed{41}"), item(r"<answer>\boxed{9}</answer>", answer="9")]}
+    first = client.post("/v1/score", json=body).json()
+    assert len(first["stored_groups"]) == 2  # two distinct prompts + references
+    assert client.post("/v1/score", json=body).json()["stored_groups"] == first["stored_groups"]
+    g = client.get(f"/v1/groups/{first['stored_groups'][0]}").json()
+    assert (g["policy_version"], g["status"], len(g["trajectories"])) == (3, "received", 2)
+    assert [t["final_answer"] for t in g["trajectories"]] == [R42, r"\boxed{41}"]
+
+
+def test_store_respects_the_group_size_limit(client, session, spec: str, monkeypatch) -> None:
+    monkeypatch.setattr(client.app.state.settings, "max_group_size", 2)
+    before = session.scalar(select(func.count()).select_from(Group))
+    r = client.post("/v1/score", json={"reward_spec": spec, "store": True, "items": [item(R42)] * 3})
+    assert r.status_code == 422 and r.json()["error"].startswith("items: 3 items share one prompt")
+    assert session.scalar(select(func.count()).select_from(Group)) == before
+    ok = client.post("/v1/score", json={"reward_spec": spec, "store": True, "items": [item(R42)] * 2})
+    assert ok.status_code == 200 and len(ok.json()["stored_groups"]) == 1
+
+
+# --- OpenRLHF ---------------------------------------------------------------------------------------
+
+TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def openrlhf_request(responses: list[str], labels: list) -> dict:
+    """Shaped as OpenRLHF's remote_rm client sends it: query = prompt + response with special tokens."""
+    prompts = [TEMPLATE.format(q="What is 6 * 7?") for _ in responses]
+    queries = ["<|endoftext|>" + p + r + "<|im_end|><|endoftext|><|endoftext|>" for p, r in zip(prompts, responses, strict=True)]
+    return {"query": queries, "prompts": prompts, "labels": labels}
+
+
+@pytest.mark.parametrize(
+    ("query", "prompt", "response"),
+    [
+        ("P: x R <|im_end|>", "P: x", " R"),
+        ("<pad><pad>P R</s></s>", "P", " R"),
+        ("P P R<|eot_id|>\n", "P", " R"),  # the prompt repeated inside: the last occurrence
+        ("Q R", "P", None),
+        ("R", "", None),
+    ],
+)
+def test_split_response(query: str, prompt: str, response: str | None) -> None:
+    assert split_response(query, prompt) == response
+
+
+def test_openrlhf_route(client, spec: str) -> None:
+    body = openrlhf_request([R42, r"<answer>\boxed{41}</answer>", r"no tags \boxed{42}"], ["42", "42", {"answer": "42"}])
+    r = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["rewards"] == out["scores"] == [1.5, 0.5, 1.0]
+    assert out["extra_logs"] == {"reward_error": [0.0, 0.0, 0.0], "correct": [1.0, 0.0, 1.0], "format": [1.0, 1.0, 0.0]}
+
+
+def test_openrlhf_error_fails_by_default(client, spec: str) -> None:
+    body = openrlhf_request([R42, R42], ["42", None])
+    r = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body)
+    assert r.status_code == 503
+    assert "query[1]" in r.json()["error"] and "no 'answer'" in r.json()["error"]
+
+
+def test_openrlhf_error_value_setting_is_counted(client, spec: str, monkeypatch) -> None:
+    settings = client.app.state.settings
+    monkeypatch.setattr(settings, "openrlhf_on_error", "value")
+    monkeypatch.setattr(settings, "openrlhf_error_value", -1.0)
+    body = openrlhf_request([R42, R42, "x"], ["42", None, "42"])
+    body["query"][2] = "a query that does not contain its prompt"
+    out = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body).json()
+    assert out["rewards"] == [1.5, -1.0, -1.0]
+    assert out["extra_logs"]["reward_error"] == [0.0, 1.0, 1.0]
+    assert out["extra_logs"]["correct"] == [1.0, -1.0, -1.0]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [({"prompts": None}, "prompts"), ({"prompts": ["p"]}, "prompts"), ({"labels": ["1"]}, "labels"), ({"query": []}, "query")],
+)
+def test_openrlhf_bad_shapes(client, spec: str, patch: dict, field: str) -> None:
+    body = {**openrlhf_request(["a", "b"], ["1", "2"]), **patch}
+    r = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body)
+    assert r.status_code == 422 and r.json()["error"].startswith(field)
+
+
+def test_openrlhf_key_in_path_reaches_the_route(client, spec: str) -> None:
+    body = openrlhf_request([R42], ["42"])
+    r = client.post(f"/compat/openrlhf/key/gc-secret%2Fx/{spec}/get_reward", json=body)
+    assert r.status_code == 200 and r.json()["rewards"] == [1.5]
+    assert client.post("/compat/openrlhf/key//get_reward", json=body).status_code == 404
+
+
+def test_path_key_middleware_sets_the_bearer_header() -> None:
+    import asyncio
+
+    from service.integrations_middleware import PathKeyMiddleware
+
+    seen: dict = {}
+
+    async def inner(scope, receive, send) -> None:
+        seen.update(path=scope["path"], raw=scope["raw_path"], headers=scope["headers"])
+
+    scope = {"type": "http", "path": "/compat/openrlhf/key/k/x/s@2/get_reward",
+             "raw_path": b"/compat/openrlhf/key/k%2Fx/s%402/get_reward",
+             "headers": [(b"authorization", b"Bearer forged"), (b"host", b"h")]}
+    asyncio.run(PathKeyMiddleware(inner)(scope, None, None))
+    assert seen["path"] == "/compat/openrlhf/s@2/get_reward"
+    assert seen["raw"] == b"/compat/openrlhf/s%402/get_reward"
+    assert seen["headers"] == [(b"host", b"h"), (b"authorization", b"Bearer k/x")]
+    for other in ("/v1/score", "/compat/openrlhf/s/get_reward", "/compat/openrlhf/key/k"):
+        seen.clear()
+        asyncio.run(PathKeyMiddleware(inner)({**scope, "path": other, "raw_path": other.encode()}, None, None))
+        assert seen["path"] == other and (b"authorization", b"Bearer forged") in seen["headers"]
+
+
+def test_score_shares_the_in_process_workers_scorer(fresh_db: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(database_url=fresh_db, start_worker=True)
+    with TestClient(app) as c:
+        worker = app.state.worker
+        for _ in range(100):  # the worker builds its Scorer when its thread starts
+            if worker.scorer is not None:
+                break
+            time.sleep(0.05)
+        assert c.post("/v1/reward-specs", json=SPEC).status_code == 201
+        r = c.post("/v1/score", json={"reward_spec": "sync-math", "items": [item(R42)]})
+        assert r.status_code == 200 and r.json()["results"][0]["total"] == 1.5
+        assert app.state.scorer is None  # no second pool was started
+        assert ("rule.format", '{"required_tags":["answer"]}') in worker.scorer._components
