@@ -46,6 +46,7 @@ class CodeVerifier(RewardComponent):
     """
 
     kind = "verifier.code"
+    reference_fields = ("tests",)
     Params = CodeParams
 
     def _limits(self) -> SandboxLimits:
