@@ -59,8 +59,21 @@ def _pairs_hook(flags: list[bool]):
     return hook
 
 
-def _constant(name: str) -> float:
-    raise WireError(422, "body", f"{name} is not valid JSON; numbers must be finite")
+class _NonFinite:
+    """Where ``NaN`` / ``Infinity`` / ``-Infinity`` stood (Python's json accepts them; JSON does not)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _constant_hook(flags: list[bool]):
+    def hook(name: str) -> _NonFinite:
+        flags.append(True)
+        return _NonFinite(name)
+
+    return hook
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -79,7 +92,7 @@ def parse_json_body(raw: bytes) -> Any:
         raise WireError(400, "body", f"not UTF-8 (byte {exc.start})") from None
     flags: list[bool] = []
     try:
-        doc = json.loads(text, object_pairs_hook=_pairs_hook(flags), parse_constant=_constant)
+        doc = json.loads(text, object_pairs_hook=_pairs_hook(flags), parse_constant=_constant_hook(flags))
     except json.JSONDecodeError as exc:
         raise WireError(400, "body", f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
@@ -98,6 +111,8 @@ def find_problem(doc: Any, path: str = "") -> tuple[str, str] | None:
     where = path or "body"
     if isinstance(doc, _Duplicate):
         return f"{path}.{doc.key}" if path else doc.key, "duplicate key in one JSON object"
+    if isinstance(doc, _NonFinite):
+        return where, f"{doc.name} is not JSON; numbers must be finite"
     if isinstance(doc, str):
         text = _text_problem(doc) if _BAD_TEXT.search(doc) else None
         return (where, text) if text else None
