@@ -62,8 +62,9 @@ class CuratorClient:
         unavailable_retries: int = 6,
         max_retry_after_s: float = 10.0,
     ) -> None:
-        """``unavailable_retries``: how often a 503 (database unavailable) is retried, waiting what its
-        ``Retry-After`` says (at most ``max_retry_after_s``) before each; every route is safe to repeat."""
+        """``unavailable_retries``: how often a 503 with ``Retry-After`` (the service's "database
+        unavailable") is retried, waiting what it says (at most ``max_retry_after_s``) before each;
+        every route is safe to repeat."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.unavailable_retries = unavailable_retries
@@ -83,7 +84,7 @@ class CuratorClient:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
         for attempt in range(self.unavailable_retries):
-            if response.status_code != 503:
+            if response.status_code != 503 or "retry-after" not in response.headers:
                 break
             delay = _retry_after(response, self.max_retry_after_s)
             log.warning("%s %s: 503 (unavailable); retry %d/%d in %.1f s", method, path, attempt + 1,
@@ -282,6 +283,8 @@ def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:
 
 def segment(value: str) -> str:
     """One path segment, percent-encoded whole: '/', '#', '?', '%' and spaces stay inside the id."""
+    if value in (".", ".."):  # dot segments would be resolved away by the URL
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
@@ -65,6 +66,16 @@ def _is_db_unavailable(exc: BaseException) -> bool:
     )
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route of this path answers (Starlette's Allow names only the first route's)."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in ("DELETE", "GET", "PATCH", "POST", "PUT")
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     from service.deps import format_errors  # deps imports this module
 
@@ -85,7 +96,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and exc.detail == "Not Found":
             message = f"{request.method} {request.url.path}: no such route"
         elif exc.status_code == 405:
-            message = f"{request.method} {request.url.path}: method not allowed (allowed: {(exc.headers or {}).get('Allow', '')})"
+            allowed = _allowed_methods(request)
+            message = f"{request.method} {request.url.path}: method not allowed (allowed: {allowed})"
+            return error_response(405, message, None, headers={"Allow": allowed})
         else:
             message = str(exc.detail)
         return error_response(exc.status_code, message, None, headers=exc.headers)
