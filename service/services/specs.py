@@ -68,7 +68,8 @@ def _resolve(session: Session, model: Any, ref: str, field: str) -> Versioned:
     name, version = parse_ref(ref, field)
     row = spec_repo.latest(session, model, name) if version is None else spec_repo.get_version(session, model, name, version)
     if row is None:
-        raise NotFound(f"{field}: no {model.__tablename__[:-1].replace('_', ' ')} {ref!r}", status_code=422)
+        what = "reward spec" if model is RewardSpecRow else "curation policy"
+        raise NotFound(f"{field}: no {what} {ref!r}", status_code=422)
     return Versioned(row.name, row.version, row.body)
 
 
