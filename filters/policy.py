@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Self, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
 from filters.types import (
     Action,
@@ -22,7 +22,7 @@ from filters.types import (
     ZeroVarianceAction,
 )
 
-_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
 
 
 class ZeroVarianceSpec(BaseModel):
@@ -33,7 +33,8 @@ class ZeroVarianceSpec(BaseModel):
     metric: str = Field(default="outcome", min_length=1, max_length=128)
     eps: float = Field(default=1e-6, ge=0)
     action: ZeroVarianceAction = "drop"
-    pass_rate_band: tuple[float, float] | None = None
+    # strict=False: JSON has no tuples, so a list is the wire form of the pair (each still a number)
+    pass_rate_band: tuple[StrictFloat, StrictFloat] | None = Field(default=None, strict=False)
 
     @field_validator("pass_rate_band")
     @classmethod

@@ -105,6 +105,8 @@ class RewardComponent(ABC):
 
     kind: ClassVar[str]
     cpu_heavy: ClassVar[bool] = False
+    # the ``reference`` fields a prompt must carry to be scored (checked at ingest)
+    reference_fields: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[BaseModel]] = NoParams
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

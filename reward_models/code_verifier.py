@@ -82,6 +82,7 @@ class CodeVerifier(RewardComponent):
 
     kind = "verifier.code"
     cpu_heavy = True
+    reference_fields = ("tests",)
     Params = CodeParams
 
     def deadline_s(self) -> float:

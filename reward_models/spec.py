@@ -18,7 +18,7 @@ from reward_models.registry import KINDS, make_component
 class ComponentSpec(BaseModel):
     """One named component of a spec: ``kind`` from the registry, its ``params`` and ``weight``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1, max_length=100)
     kind: str
@@ -42,9 +42,9 @@ def _check_component(index: int, spec: ComponentSpec) -> None:
 class RewardSpec(BaseModel):
     """A reward spec. If no component is marked ``outcome``, the first ``verifier.*`` one is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
     components: list[ComponentSpec]
 
     @field_validator("components")
@@ -62,6 +62,14 @@ class RewardSpec(BaseModel):
         if len(outcomes) > 1:
             raise ValueError(f"components[{outcomes[1]}].outcome: at most one component is the outcome")
         return components
+
+    def reference_fields(self) -> dict[str, list[str]]:
+        """The ``reference`` fields the spec needs -> the components that need each (from their kinds)."""
+        needs: dict[str, list[str]] = {}
+        for c in self.components:
+            for field in KINDS[c.kind].reference_fields:
+                needs.setdefault(field, []).append(c.name)
+        return needs
 
     def outcome_name(self) -> str | None:
         """The outcome component: the one marked, else the first ``verifier.*``, else None."""

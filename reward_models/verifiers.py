@@ -56,6 +56,7 @@ class MathVerifier(RewardComponent):
     Kydlicek et al., HuggingFace 2025); 0.0 when it is not or has no extractable answer."""
 
     kind = "verifier.math"
+    reference_fields = ("answer",)
     cpu_heavy = True
     Params = MathParams
 
@@ -114,6 +115,8 @@ def extract_answer(text: str, regex: re.Pattern[str] | None) -> str | None:
 
 
 class _QAVerifier(RewardComponent):
+    reference_fields = ("answer",)
+
     Params = MatchParams
 
     def __init__(self, params: dict | None = None) -> None:

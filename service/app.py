@@ -8,34 +8,20 @@ import logging
 import pkgutil
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 import service.routers
 from service.db import get_engine, make_sessionmaker, resolve_database_url
-from service.deps import format_errors
-from service.errors import ServiceError
+from service.errors import document_errors, install_error_handlers
 from service.integrations_middleware import PathKeyMiddleware
-from service.middleware import BodyLimitMiddleware
+from service.middleware import RequestGuardMiddleware
+from service.schemas import GroupIn, GroupsIn
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, "detail": exc.detail}, status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"error": "body: invalid JSON", "detail": None}, status_code=400)
-        message, items = format_errors(errors)
-        return JSONResponse({"error": message, "detail": items}, status_code=422)
 
 
 def _routers() -> list:
@@ -84,12 +70,23 @@ def create_app(
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
-    _install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(PathKeyMiddleware)
     for router in _routers():
         app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus every error status with the service's error schema (built once)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        app.openapi_schema = document_errors(schema, extra_models=(GroupIn, GroupsIn))
+    return app.openapi_schema
 
 
 def create_served_app() -> FastAPI:

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -53,10 +54,21 @@ def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
 
 class CuratorClient:
     def __init__(
-        self, base_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        *,
+        unavailable_retries: int = 6,
+        max_retry_after_s: float = 10.0,
     ) -> None:
+        """``unavailable_retries``: how often a 503 with ``Retry-After`` (the service's "database
+        unavailable") is retried, waiting what it says (at most ``max_retry_after_s``) before each;
+        every route is safe to repeat."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.unavailable_retries = unavailable_retries
+        self.max_retry_after_s = max_retry_after_s
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -71,6 +83,14 @@ class CuratorClient:
     # -- plumbing ---------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
+        for attempt in range(self.unavailable_retries):
+            if response.status_code != 503 or "retry-after" not in response.headers:
+                break
+            delay = _retry_after(response, self.max_retry_after_s)
+            log.warning("%s %s: 503 (unavailable); retry %d/%d in %.1f s", method, path, attempt + 1,
+                        self.unavailable_retries, delay)
+            time.sleep(delay)
+            response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             try:
                 body = orjson.loads(response.content)
@@ -100,7 +120,7 @@ class CuratorClient:
         return self._json("POST", "/v1/groups", json={"groups": groups})
 
     def get_group(self, group_id: str, *, include_tokens: bool = False) -> dict[str, Any]:
-        return self._json("GET", f"/v1/groups/{group_id}", params={"include_tokens": include_tokens})
+        return self._json("GET", f"/v1/groups/{segment(group_id)}", params={"include_tokens": include_tokens})
 
     def list_groups(self, **filters: Any) -> dict[str, Any]:
         params = {k: v for k, v in filters.items() if v is not None}
@@ -159,14 +179,14 @@ class CuratorClient:
 
     def ack(self, batch_id: str) -> dict[str, Any]:
         """Consume the batch's groups; 409 (CuratorError) when the lease expired and was taken over."""
-        return self._json("POST", f"/v1/batches/{batch_id}/ack")
+        return self._json("POST", f"/v1/batches/{segment(batch_id)}/ack")
 
     def nack(self, batch_id: str) -> dict[str, Any]:
         """Give the batch's groups back to the queue."""
-        return self._json("POST", f"/v1/batches/{batch_id}/nack")
+        return self._json("POST", f"/v1/batches/{segment(batch_id)}/nack")
 
     def get_batch(self, batch_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/batches/{batch_id}")
+        return self._json("GET", f"/v1/batches/{segment(batch_id)}")
 
     def batches(
         self,
@@ -206,17 +226,17 @@ class CuratorClient:
         return self._json("POST", "/v1/reward-specs", json=spec)
 
     def get_reward_spec(self, name: str, version: int | None = None) -> dict[str, Any]:
-        return self._json("GET", f"/v1/reward-specs/{name}", params=_params(version=version))
+        return self._json("GET", f"/v1/reward-specs/{segment(name)}", params=_params(version=version))
 
     def create_curation_policy(self, policy: dict[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/v1/curation-policies", json=policy)
 
     def get_curation_policy(self, name: str, version: int | None = None) -> dict[str, Any]:
-        return self._json("GET", f"/v1/curation-policies/{name}", params=_params(version=version))
+        return self._json("GET", f"/v1/curation-policies/{segment(name)}", params=_params(version=version))
 
     def set_dataset(self, name: str, *, reward_spec: str | None = None, curation_policy: str | None = None) -> dict[str, Any]:
         body = {"reward_spec": reward_spec, "curation_policy": curation_policy}
-        return self._json("PUT", f"/v1/datasets/{name}", json=body)
+        return self._json("PUT", f"/v1/datasets/{segment(name)}", json=body)
 
     def rescore(self, reward_spec: str, **filters: Any) -> dict[str, Any]:
         return self._json("POST", "/v1/rescore", json={"reward_spec": reward_spec, **_params(**filters)})
@@ -259,6 +279,21 @@ def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
+
+
+def segment(value: str) -> str:
+    """One path segment, percent-encoded whole: '/', '#', '?', '%' and spaces stay inside the id."""
+    if value in (".", ".."):  # dot segments would be resolved away by the URL
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+def _retry_after(response: httpx.Response, cap_s: float) -> float:
+    """The answer's ``Retry-After`` in seconds (1 when absent or not a number), at most ``cap_s``."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.0), cap_s)
+    except ValueError:
+        return min(1.0, cap_s)
 
 
 def _params(**values: Any) -> dict[str, Any]:

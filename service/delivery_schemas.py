@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from service.schemas import FreeJson, Strict
+from service.schemas import ID_PATTERN, INT4_MAX, MAX_NAME_LENGTH, FreeJson, Strict
 
 LeaseOrder = Literal["oldest", "freshest"]
 LeaseStatus = Literal["active", "acked", "nacked", "expired"]
@@ -32,14 +32,14 @@ class LeaseIn(Strict):
     ``max_tokens`` counts every token id (prompt and response) of the delivered trajectories.
     """
 
-    trainer_id: str = Field(min_length=1, max_length=256)
+    trainer_id: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)
     max_groups: int | None = Field(default=None, ge=1, le=MAX_LEASE_GROUPS)
     max_trajectories: int | None = Field(default=None, ge=1, le=MAX_LEASE_TRAJECTORIES)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_LEASE_TOKENS)
-    max_staleness: int | None = Field(default=None, ge=0)
+    max_staleness: int | None = Field(default=None, ge=0, le=INT4_MAX)
     lease_seconds: float | None = Field(default=None, gt=0, le=MAX_LEASE_SECONDS)
     wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
-    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)
     order: LeaseOrder = "oldest"
     min_groups: int | None = Field(default=None, ge=1, le=MAX_LEASE_GROUPS)
 
@@ -118,7 +118,7 @@ class LeaseState(BaseModel):
 class PolicyIn(FreeJson):
     """``POST /v1/policy``: the trainer's new version and its step metrics."""
 
-    version: int = Field(ge=0, lt=2**31)
+    version: int = Field(ge=0, le=INT4_MAX)
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -6,14 +6,16 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
-from pydantic import Discriminator, Tag, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from reward_models.scoring import Scorer
 from service.db import session_scope
 from service.errors import BadRequest
-from service.schemas import GroupIn, GroupsIn
+from service.schemas import PATTERN_WORDS, GroupIn, GroupsIn
 from service.settings import Settings
+from service.wire_checks import WireError, parse_json_body
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -47,7 +49,7 @@ ScorerDep = Annotated[Scorer, Depends(get_scorer)]
 
 
 def format_loc(loc: tuple[Any, ...]) -> str:
-    """('body', 'groups', 0, 'loss_mask') -> 'groups[0].loss_mask'."""
+    """('body', 'groups', 0, 'loss_mask') -> 'groups[0].loss_mask'; ('query', 'version') -> 'query.version'."""
     out = ""
     for part in loc:
         if part == "body" and not out:
@@ -61,43 +63,65 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _join(loc: str, head: str) -> str:
+    """A validator's message that names its own field ('components[1].kind' raised on 'components')
+    replaces the last part of loc instead of repeating it."""
+    if not loc:
+        return head
+    parent, _, last = loc.rpartition(".")
+    if head == last or head.startswith((f"{last}[", f"{last}.")):
+        return f"{parent}.{head}" if parent else head
+    return f"{loc}.{head}"
+
+
+def _message(e: dict[str, Any]) -> str:
+    msg = str(e.get("msg", "invalid"))
+    if e.get("type") == "string_pattern_mismatch":
+        pattern = (e.get("ctx") or {}).get("pattern")
+        return f"must be {PATTERN_WORDS.get(pattern, f'text matching {pattern}')}"
+    return msg
+
+
 def format_errors(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, str]]]:
     """pydantic errors -> one message naming each field, and the per-field list."""
     items = []
     for e in errors:
         loc = format_loc(tuple(e.get("loc", ())))
-        msg = str(e.get("msg", "invalid"))
+        msg = _message(e)
         if msg.startswith(("Value error, ", "Assertion failed, ")):
             msg = msg.split(", ", 1)[1]
             head, sep, rest = msg.partition(": ")
             if sep and head.replace("_", "").replace(".", "").replace("[", "").replace("]", "").isalnum():
-                loc, msg = (f"{loc}.{head}" if loc else head), rest
+                loc, msg = _join(loc, head), rest
         items.append({"field": loc or "body", "message": msg})
     return "; ".join(f"{i['field']}: {i['message']}" for i in items[:10]), items
 
 
-def _which(v: Any) -> str:
-    return "batch" if isinstance(v, dict) and "groups" in v else "single"
-
-
-_GROUP_BODY: TypeAdapter[GroupsIn | GroupIn] = TypeAdapter(
-    Annotated[Annotated[GroupsIn, Tag("batch")] | Annotated[GroupIn, Tag("single")], Discriminator(_which)]
-)
+def _validate(doc: Any) -> GroupsIn | GroupIn:
+    """A body with a ``groups`` key is a batch, anything else one group (no union prefix in errors)."""
+    if isinstance(doc, dict) and "groups" in doc:
+        return GroupsIn.model_validate(doc, strict=True)
+    return GroupIn.model_validate(doc, strict=True)
 
 
 async def group_body(request: Request) -> GroupsIn | GroupIn:
-    """Parse ``POST /v1/groups``: one group, or ``{"groups": [...]}``, straight from bytes (pydantic-core)."""
-    body = await request.body()
-    if not body:
-        raise BadRequest("body: empty; expected a group or {\"groups\": [...]}", status_code=400)
+    """Parse ``POST /v1/groups``: one group, or ``{"groups": [...]}``, from the document the request
+    guard already parsed and checked (``service.middleware``)."""
+    doc = request.scope.get("state", {}).get("json_body", _MISSING)
+    if doc is _MISSING:
+        body = await request.body()
+        if not body:
+            raise BadRequest("body: empty; expected a group or {\"groups\": [...]}", status_code=400)
+        try:
+            doc = parse_json_body(body)
+        except WireError as exc:
+            raise BadRequest(str(exc), status_code=exc.status) from None
     try:
-        return _GROUP_BODY.validate_json(body)
+        return await run_in_threadpool(_validate, doc)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if any(e["type"] == "json_invalid" for e in errors):
-            raise BadRequest(f"body: invalid JSON ({errors[0]['msg']})", status_code=400) from None
-        message, items = format_errors(errors)
+        message, items = format_errors(exc.errors(include_url=False))
         raise BadRequest(message, detail=items) from None
 
 
+_MISSING = object()
 GroupBody = Annotated[GroupsIn | GroupIn, Depends(group_body)]

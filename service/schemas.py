@@ -5,12 +5,34 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
+from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error")
-Key = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s/]+$")]
+
+# Limits of the wire (docs/errors.md). Integers that reach an int4 column are bounded by INT4_MAX; any
+# integer anywhere in a body must fit int64 and any string must be storable (service.wire_checks).
+INT4_MAX = 2**31 - 1
+INT8_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_ID_LENGTH = 512
+MAX_NAME_LENGTH = 256
+MAX_MESSAGES = 16_384  # per trajectory; turns are counted in a smallint
+# ids and names: any characters except control characters (slashes, spaces, '#', '%' ... included)
+ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+PATTERN_WORDS = {ID_PATTERN: "any characters except control characters (U+0000-U+001F, U+007F-U+009F)"}
+
+Key = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)]
+Int4 = Annotated[int, Field(ge=0, le=INT4_MAX)]
+# path and query parameters (a path id may contain '/', sent percent-encoded or as is)
+PathId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
+PathName = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)]
+VersionQuery = Annotated[int | None, Query(ge=1, le=INT4_MAX)]
+PolicyVersionQuery = Annotated[int | None, Query(ge=0, le=INT4_MAX)]
+NameQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)]
 
 
 def check_finite(value: Any, path: str = "") -> None:
@@ -26,7 +48,9 @@ def check_finite(value: Any, path: str = "") -> None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Request bodies: unknown fields rejected, no NaN / inf, no coercion ("3" is not an integer)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class FreeJson(Strict):
@@ -53,7 +77,7 @@ class ToolCall(Strict):
 
 
 class Message(Strict):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
     role: Role
     content: str | list[Any] | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -62,11 +86,11 @@ class Message(Strict):
 
 
 class PromptIn(FreeJson):
-    dataset: str = Field(default="default", min_length=1, max_length=256)
-    messages: list[Message] = Field(default_factory=list)
+    dataset: Name = "default"
+    messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
     reference: dict[str, Any] = Field(default_factory=dict)
-    reward_spec: str | None = None
-    curation_policy: str | None = None
+    reward_spec: Name | None = None
+    curation_policy: Name | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -83,13 +107,14 @@ class UpsertedOut(BaseModel):
 
 
 class TrajectoryIn(FreeJson):
-    messages: list[Message] = Field(default_factory=list)
+    messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
     final_answer: str | None = None
-    token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = None
+    token_ids: list[Int4] | None = None
     loss_mask: list[Literal[0, 1]] | None = None
-    logprobs: list[float] | None = None
+    # stored as float32: a finite double beyond its range would become infinity
+    logprobs: list[Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]] | None = None
     finish_reason: FinishReason
-    num_tokens: int | None = Field(default=None, ge=0)
+    num_tokens: Int4 | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -124,7 +149,7 @@ class TrajectoryIn(FreeJson):
 class GroupIn(FreeJson):
     id: Key
     prompt_id: Key
-    policy_version: int = Field(ge=0)
+    policy_version: Int4
     prompt: PromptIn | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     trajectories: list[TrajectoryIn] = Field(min_length=1)
@@ -134,8 +159,8 @@ class GroupIn(FreeJson):
     @classmethod
     def _max_tokens(cls, v: dict[str, Any]) -> dict[str, Any]:
         mt = v.get("max_tokens")
-        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
-            raise ValueError("sampling.max_tokens: must be a positive integer")
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or not 0 < mt <= INT4_MAX):
+            raise ValueError(f"sampling.max_tokens: must be an integer from 1 to {INT4_MAX}")
         return v
 
 
@@ -223,3 +248,16 @@ class GroupSummary(BaseModel):
 class GroupPage(BaseModel):
     groups: list[GroupSummary]
     next_cursor: str | None
+
+
+class ErrorItem(BaseModel):
+    field: str = Field(description="where, as the request wrote it: 'groups[0].policy_version', 'query.version'")
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx / 5xx answer: ``error`` is one line naming each field; ``detail`` is per field (or
+    route-specific, e.g. the conflicting id), or null."""
+
+    error: str
+    detail: list[ErrorItem] | dict[str, Any] | None = None

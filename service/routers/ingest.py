@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 
 from service.deps import GroupBody, SessionDep, SettingsDep
 from service.schemas import (
@@ -15,8 +15,12 @@ from service.schemas import (
     GroupPage,
     GroupsAck,
     GroupsIn,
+    NameQuery,
+    PathId,
+    PolicyVersionQuery,
     PromptsIn,
     UpsertedOut,
+    VersionQuery,
 )
 from service.services import groups as group_service
 from service.services import ingest
@@ -55,6 +59,7 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
         groups,
         max_group_size=settings.max_group_size,
         max_sequence_tokens=settings.max_sequence_tokens,
+        max_groups=settings.max_groups_per_request,
         batched=batched,
     )
     if not any(a.created for a in acks):
@@ -62,12 +67,12 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
     return GroupsAck(groups=acks) if batched else acks[0]
 
 
-@router.get("/groups/{group_id}", response_model=GroupOut)
+@router.get("/groups/{group_id:path}", response_model=GroupOut)
 def get_group(
-    group_id: Annotated[str, Path(min_length=1)],
+    group_id: PathId,
     session: SessionDep,
     include_tokens: bool = False,
-    spec_version: Annotated[int | None, Query(ge=1)] = None,
+    spec_version: VersionQuery = None,
 ) -> GroupOut:
     return group_service.get_group(session, group_id, include_tokens=include_tokens, spec_version=spec_version)
 
@@ -75,9 +80,9 @@ def get_group(
 @router.get("/groups", response_model=GroupPage)
 def list_groups(
     session: SessionDep,
-    dataset: str | None = None,
+    dataset: NameQuery = None,
     status: Annotated[str | None, Query(pattern="^(" + "|".join(GROUP_STATUSES) + ")$")] = None,
-    policy_version: Annotated[int | None, Query(ge=0)] = None,
+    policy_version: PolicyVersionQuery = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> GroupPage:

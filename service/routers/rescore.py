@@ -8,27 +8,28 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.deps import SessionDep
+from service.schemas import INT4_MAX, Key, Name
 from service.services import rescore
 
 router = APIRouter(prefix="/v1", tags=["rescore"])
 
 
 class GroupFilter(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dataset: str | None = None
-    group_ids: list[str] | None = Field(default=None, min_length=1, max_length=100_000)
-    policy_version: int | None = Field(default=None, ge=0)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    dataset: Name | None = None
+    group_ids: list[Key] | None = Field(default=None, min_length=1, max_length=100_000)
+    policy_version: int | None = Field(default=None, ge=0, le=INT4_MAX)
 
     def filters(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "group_ids": self.group_ids, "policy_version": self.policy_version}
 
 
 class RescoreIn(GroupFilter):
-    reward_spec: str = Field(min_length=1)
+    reward_spec: Name
 
 
 class RecurateIn(GroupFilter):
-    curation_policy: str = Field(min_length=1)
+    curation_policy: Name
 
 
 @router.post("/rescore")

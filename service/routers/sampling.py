@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.deps import SessionDep
+from service.schemas import INT8_MAX, NameQuery
 from service.services import sampling
 
 router = APIRouter(prefix="/v1/sampling", tags=["sampling"])
@@ -41,8 +42,8 @@ class SamplingRequestsOut(BaseModel):
 
 
 class DoneIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    request_ids: list[int] = Field(min_length=1, max_length=10_000)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    request_ids: list[Annotated[int, Field(ge=1, le=INT8_MAX)]] = Field(min_length=1, max_length=10_000)
 
 
 class DoneOut(BaseModel):
@@ -57,7 +58,7 @@ def get_requests(
     producer_id: Annotated[
         str | None, Query(min_length=1, max_length=256, description="claim (else peek)")
     ] = None,
-    dataset: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    dataset: NameQuery = None,
     lease_seconds: Annotated[float, Query(gt=0, le=7 * 86_400)] = sampling.DEFAULT_LEASE_SECONDS,
     group_size: Annotated[int, Query(ge=1, le=1024, description="n of a prompt never sampled")] = 8,
     include_reference: bool = False,

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict
 
 from filters.policy import CurationPolicySpec
 from reward_models.spec import RewardSpec
 from service.deps import SessionDep
+from service.schemas import Name, PathName, VersionQuery
 from service.services import specs
 
 router = APIRouter(prefix="/v1", tags=["specs"])
@@ -25,46 +26,49 @@ class VersionedOut(VersionOut):
 
 
 class DatasetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reward_spec: str | None = None
-    curation_policy: str | None = None
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reward_spec: Name | None = None
+    curation_policy: Name | None = None
 
 
 class DatasetOut(DatasetIn):
     name: str
 
 
-@router.post("/reward-specs", response_model=VersionOut, status_code=201)
-def post_reward_spec(body: RewardSpec, session: SessionDep) -> VersionOut:
+_SAME_BODY = {200: {"description": "equal to the latest version: that version, nothing new stored"}}
+
+
+@router.post("/reward-specs", response_model=VersionOut, status_code=201, responses=_SAME_BODY)
+def post_reward_spec(body: RewardSpec, session: SessionDep, response: Response) -> VersionOut:
     v = specs.create_reward_spec(session, body)
+    response.status_code = 201 if v.created else 200
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/reward-specs/{name}", response_model=VersionedOut)
-def get_reward_spec(name: str, session: SessionDep, version: Annotated[int | None, Query(ge=1)] = None) -> VersionedOut:
+@router.get("/reward-specs/{name:path}", response_model=VersionedOut)
+def get_reward_spec(name: PathName, session: SessionDep, version: VersionQuery = None) -> VersionedOut:
     v = specs.get_versioned(session, "reward_spec", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.post("/curation-policies", response_model=VersionOut, status_code=201)
-def post_curation_policy(body: CurationPolicySpec, session: SessionDep) -> VersionOut:
+@router.post("/curation-policies", response_model=VersionOut, status_code=201, responses=_SAME_BODY)
+def post_curation_policy(body: CurationPolicySpec, session: SessionDep, response: Response) -> VersionOut:
     v = specs.create_curation_policy(session, body)
+    response.status_code = 201 if v.created else 200
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/curation-policies/{name}", response_model=VersionedOut)
-def get_curation_policy(
-    name: str, session: SessionDep, version: Annotated[int | None, Query(ge=1)] = None
-) -> VersionedOut:
+@router.get("/curation-policies/{name:path}", response_model=VersionedOut)
+def get_curation_policy(name: PathName, session: SessionDep, version: VersionQuery = None) -> VersionedOut:
     v = specs.get_versioned(session, "curation_policy", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.put("/datasets/{name}", response_model=DatasetOut)
-def put_dataset(name: str, body: DatasetIn, session: SessionDep) -> DatasetOut:
+@router.put("/datasets/{name:path}", response_model=DatasetOut)
+def put_dataset(name: PathName, body: DatasetIn, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.set_dataset(session, name, body.reward_spec, body.curation_policy))
 
 
-@router.get("/datasets/{name}", response_model=DatasetOut)
-def get_dataset(name: str, session: SessionDep) -> DatasetOut:
+@router.get("/datasets/{name:path}", response_model=DatasetOut)
+def get_dataset(name: PathName, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.get_dataset(session, name))

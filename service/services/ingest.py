@@ -14,6 +14,7 @@ from service.errors import BadRequest, GroupConflict
 from service.repositories import groups as group_repo
 from service.repositories import prompts as prompt_repo
 from service.schemas import GroupAck, GroupIn, Message, PromptIn, PromptUpsert, TrajectoryIn
+from service.services import specs
 
 
 def _prompt_row(prompt_id: str, p: PromptIn) -> dict[str, Any]:
@@ -28,12 +29,29 @@ def _prompt_row(prompt_id: str, p: PromptIn) -> dict[str, Any]:
     }
 
 
+def check_reference(session: Session, prompts: list[tuple[str, PromptIn]]) -> None:
+    """Each prompt carries the ``reference`` fields its reward spec needs (``where`` prefixes the field)."""
+    needs: dict[tuple[str | None, str], tuple[str, dict[str, list[str]]]] = {}
+    for where, p in prompts:
+        key = (p.reward_spec, p.dataset)
+        if key not in needs:
+            needs[key] = specs.reference_needs(session, *key)
+        spec_name, fields = needs[key]
+        for field, components in fields.items():
+            if p.reference.get(field) is None:
+                raise BadRequest(
+                    f"{where}reference.{field}: required by reward spec {spec_name!r} "
+                    f"(component {', '.join(components)}); add it, or attach a spec that does not need it"
+                )
+
+
 def upsert_prompts(session: Session, prompts: list[PromptUpsert]) -> int:
     seen: dict[str, PromptUpsert] = {}
     for i, p in enumerate(prompts):
         if p.id in seen:
             raise BadRequest(f"prompts[{i}].id: duplicate id {p.id!r} in one request")
         seen[p.id] = p
+    check_reference(session, [(f"prompts[{i}].", p) for i, p in enumerate(prompts)])
     return prompt_repo.upsert_prompts(session, [_prompt_row(p.id, p) for p in prompts])
 
 
@@ -75,12 +93,20 @@ def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_
 
 
 def ingest_groups(
-    session: Session, groups: list[GroupIn], *, max_group_size: int, max_sequence_tokens: int, batched: bool
+    session: Session,
+    groups: list[GroupIn],
+    *,
+    max_group_size: int,
+    max_sequence_tokens: int,
+    batched: bool,
+    max_groups: int | None = None,
 ) -> list[GroupAck]:
     """Store each group once. Same id + same body: the stored answer; same id + other body: 409.
 
     The caller's transaction makes the request all-or-nothing.
     """
+    if max_groups is not None and len(groups) > max_groups:
+        raise BadRequest(f"groups: {len(groups)} groups exceed the limit of {max_groups} per request")
     seen: set[str] = set()
     for i, g in enumerate(groups):
         where = f"groups[{i}]." if batched else ""
@@ -88,6 +114,10 @@ def ingest_groups(
             raise BadRequest(f"{where}id: duplicate group id {g.id!r} in one request")
         seen.add(g.id)
         _check_limits(g, where, max_group_size, max_sequence_tokens)
+    check_reference(
+        session,
+        [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],
+    )
     inline = {g.prompt_id: g.prompt for g in groups if g.prompt is not None}
     if inline:
         prompt_repo.upsert_prompts(session, [_prompt_row(pid, p) for pid, p in inline.items()])

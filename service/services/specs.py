@@ -20,6 +20,7 @@ from service.errors import BadRequest, NotFound
 from service.models import CurationPolicyRow, RewardSpecRow
 from service.repositories import prompts as prompt_repo
 from service.repositories import specs as spec_repo
+from service.schemas import INT4_MAX
 
 DEFAULT_SPEC = RewardSpec(name="default", components=[{"name": "correct", "kind": "verifier.math", "outcome": True}])
 DEFAULT_POLICY = CurationPolicySpec(name="default")
@@ -30,13 +31,16 @@ class Versioned:
     name: str
     version: int
     body: dict[str, Any]
+    created: bool = False  # true when this call stored the version
 
 
 def parse_ref(ref: str, field: str) -> tuple[str, int | None]:
     """'name' -> (name, None); 'name@3' -> (name, 3)."""
-    name, sep, version = ref.partition("@")
-    if not name or (sep and not version.isdigit()):
-        raise BadRequest(f"{field}: expected 'name' or 'name@version', got {ref!r}")
+    name, sep, version = ref.rpartition("@") if "@" in ref else (ref, "", "")
+    if not name or (sep and not (version.isascii() and version.isdigit() and len(version) <= 10 and 1 <= int(version) <= INT4_MAX)):
+        raise BadRequest(
+            f"{field}: expected 'name' or 'name@version' with a version from 1 to {INT4_MAX}, got {ref!r}"
+        )
     return name, int(version) if sep else None
 
 
@@ -49,7 +53,7 @@ def _create(session: Session, model: type[RewardSpecRow] | type[CurationPolicyRo
     current = spec_repo.latest(session, model, name)
     if current is not None and current.body_hash == digest:
         return Versioned(name, current.version, current.body)
-    return Versioned(name, spec_repo.add_version(session, model, name, body, digest), body)
+    return Versioned(name, spec_repo.add_version(session, model, name, body, digest), body, created=True)
 
 
 def create_reward_spec(session: Session, spec: RewardSpec) -> Versioned:
@@ -64,7 +68,8 @@ def _resolve(session: Session, model: Any, ref: str, field: str) -> Versioned:
     name, version = parse_ref(ref, field)
     row = spec_repo.latest(session, model, name) if version is None else spec_repo.get_version(session, model, name, version)
     if row is None:
-        raise NotFound(f"{field}: no {model.__tablename__[:-1].replace('_', ' ')} {ref!r}", status_code=422)
+        what = "reward spec" if model is RewardSpecRow else "curation policy"
+        raise NotFound(f"{field}: no {what} {ref!r}", status_code=422)
     return Versioned(row.name, row.version, row.body)
 
 
@@ -113,6 +118,22 @@ def effective_policy(session: Session, prompt_ref: str | None, dataset: str) -> 
     ref = prompt_ref or _dataset_field(session, dataset, "curation_policy")
     v = resolve_curation_policy(session, ref) if ref else ensure_default_policy(session)
     return v, CurationPolicySpec.model_validate(v.body).to_policy()
+
+
+def reference_needs(session: Session, prompt_ref: str | None, dataset: str) -> tuple[str, dict[str, list[str]]]:
+    """(spec name, reference field -> components needing it) of the spec a prompt would be scored with,
+    read-only; ('', {}) when the reference cannot be resolved (ingest reports unknown names itself)."""
+    ref = prompt_ref or _dataset_field(session, dataset, "reward_spec")
+    try:
+        if ref:
+            v = resolve_reward_spec(session, ref)
+            name, body = v.name, v.body
+        else:
+            row = spec_repo.latest(session, RewardSpecRow, "default")
+            name, body = "default", row.body if row is not None else DEFAULT_SPEC.model_dump(mode="json")
+    except (NotFound, BadRequest):
+        return "", {}
+    return name, RewardSpec.model_validate(body).reference_fields()
 
 
 def _dataset_field(session: Session, dataset: str, field: str) -> str | None:

@@ -63,7 +63,7 @@ class TestIdempotency:
     def test_same_id_same_body_is_200_with_same_answer(self, client, session):
         group = make_group("idem-1")
         first = client.post("/v1/groups", json=group)
-        again = client.post("/v1/groups", content=orjson.dumps(group, option=orjson.OPT_INDENT_2))
+        again = client.post("/v1/groups", content=orjson.dumps(group, option=orjson.OPT_INDENT_2), headers={"content-type": "application/json"})
         assert (first.status_code, again.status_code) == (201, 200)
         assert again.json() | {"created": True} == first.json()
         assert counts(session) == (1, 1, 4)

@@ -97,8 +97,10 @@ class TestFailures:
     def test_component_error_retries_then_reward_error(self, api, scorer):
         # a code verifier with no tests in the reference cannot decide -> error, never 0
         api.post("/v1/reward-specs", json={"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]})
+        # ingest refuses a prompt without the tests its spec needs; one posted before the dataset got the
+        # code spec (a spec attached later is not re-checked) still reaches the scorer without them
+        api.post("/v1/groups", json=make_group("noref", dataset="code", prompt_id="cp", reference={"answer": "42"}))
         api.put("/v1/datasets/code", json={"reward_spec": "code"})
-        api.post("/v1/groups", json=make_group("noref", dataset="code", prompt_id="cp", reference={}))
         with api.factory.begin() as s:
             s.execute(text("UPDATE groups SET score_attempts = 2"))
         run_once(api.factory, scorer, max_attempts=3)
@@ -109,8 +111,10 @@ class TestFailures:
 
     def test_first_error_schedules_a_retry(self, api, scorer):
         api.post("/v1/reward-specs", json={"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]})
+        # ingest refuses a prompt without the tests its spec needs; one posted before the dataset got the
+        # code spec (a spec attached later is not re-checked) still reaches the scorer without them
+        api.post("/v1/groups", json=make_group("retry", dataset="code", prompt_id="cp2", reference={"answer": "42"}))
         api.put("/v1/datasets/code", json={"reward_spec": "code"})
-        api.post("/v1/groups", json=make_group("retry", dataset="code", prompt_id="cp2", reference={}))
         r = run_once(api.factory, scorer, max_attempts=3)
         assert r.retried == 1
         with api.factory() as s:

@@ -220,7 +220,7 @@ def test_refill_after_drops_with_two_producers(live_server):
         refills = set(s.scalars(select(SamplingRequest.pk).where(SamplingRequest.reason == "refill")))
     assert len(refills) == 6
     httpx.post(
-        f"{url}/v1/prompts", json={"prompts": [{"id": f"fresh-{j}", "dataset": "toy"} for j in range(4)]}
+        f"{url}/v1/prompts", json={"prompts": [{"id": f"fresh-{j}", "dataset": "toy", "reference": {"answer": "1"}} for j in range(4)]}
     )
     barrier = threading.Barrier(2)
     taken: dict[str, list[dict]] = {"A": [], "B": []}

@@ -1,0 +1,210 @@
+"""Checks on the raw wire that hold for every request, before any route runs (docs/errors.md).
+
+A JSON body must be an ``application/json`` document without duplicate keys whose strings PostgreSQL
+can store (no NUL, no unpaired surrogate), whose numbers are finite and whose integers fit in a signed
+64-bit integer, anywhere in the document (typed fields and free-form JSON alike). Path and query
+parameters must not contain control characters. Each failure names the field as the user wrote it.
+
+The common case costs one C-level parse: the slow walk that finds the offending field runs only when
+a cheap byte scan or a parse hook saw something suspicious.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+JSON_MEDIA_TYPES = ("application/json",)
+# an escape for NUL or for a surrogate (paired surrogates are legal; the walk tells them apart)
+_ESCAPES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+# numbers that may not fit: after mapping every digit to '0' (and 'E' to 'e'), a run of 19 digits
+# or an exponent of three digits (searches with a literal start: a few ms for megabytes)
+# every key is a string followed by ':' (a string value holding '":' only over-counts, which is safe)
+_KEY_SPELLING = re.compile(rb'"[ \t\r\n]*:')
+_CONTAINERS = frozenset({dict, list})
+_DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
+_LONG_DIGITS = b"0" * 19
+_BIG_EXPONENT = re.compile(rb"e[+-]?000")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_BAD_TEXT = re.compile(r"[\x00\ud800-\udfff]")
+
+
+class WireError(Exception):
+    """A request rejected before routing: ``status`` 400 (malformed) / 415 / 422, and the field."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.status, self.field, self.message = status, field, message
+
+
+class _Duplicate:
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _pairs_hook(flags: list[bool]):
+    """``object_pairs_hook`` that marks a duplicated key in place (the walk reports its path)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Duplicate:
+        out = dict(pairs)
+        if len(out) == len(pairs):
+            return out
+        flags.append(True)
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                return _Duplicate(key)
+            seen.add(key)
+        return out
+
+    return hook
+
+
+class _NonFinite:
+    """Where ``NaN`` / ``Infinity`` / ``-Infinity`` stood (Python's json accepts them; JSON does not)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _constant_hook(flags: list[bool]):
+    def hook(name: str) -> _NonFinite:
+        flags.append(True)
+        return _NonFinite(name)
+
+    return hook
+
+
+def check_content_type(content_type: str | None) -> None:
+    """415 unless the body is declared ``application/json`` (parameters such as charset allowed)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media not in JSON_MEDIA_TYPES:
+        got = f"{media!r}" if media else "none"
+        raise WireError(415, "content-type", f"expected application/json, got {got}")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """Parse and check a JSON body; returns the parsed document. Raises WireError naming the field.
+
+    Fast path: orjson parses, and when no byte pattern is suspicious and the body has no more
+    ``"key":`` spellings than the parsed objects have keys, there is no duplicate and nothing to
+    report. Anything else takes the exact path (the stdlib parser with hooks, and the walk).
+    """
+    try:
+        doc = orjson.loads(raw)
+    except (orjson.JSONDecodeError, RecursionError):
+        return _parse_exactly(raw)
+    if _suspicious(raw) or len(_KEY_SPELLING.findall(raw)) != _count_keys(doc):
+        return _parse_exactly(raw)
+    return doc
+
+
+def _count_keys(doc: Any) -> int:
+    """Keys of every object in ``doc``; lists of scalars are skipped at C speed (``map(type, ...)``)."""
+    total, stack = 0, [doc]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            total += len(node)
+            stack.extend(v for v in node.values() if type(v) in _CONTAINERS)
+        elif type(node) is list and not _CONTAINERS.isdisjoint(set(map(type, node))):
+            stack.extend(v for v in node if type(v) in _CONTAINERS)
+    return total
+
+
+def _parse_exactly(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(400, "body", f"not UTF-8 (byte {exc.start})") from None
+    flags: list[bool] = []
+    try:
+        doc = json.loads(text, object_pairs_hook=_pairs_hook(flags), parse_constant=_constant_hook(flags))
+    except json.JSONDecodeError as exc:
+        raise WireError(400, "body", f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise WireError(400, "body", "nested too deeply") from None
+    except ValueError:  # an integer literal longer than Python's int parsing limit
+        raise WireError(422, "body", "integer out of range; integers must lie in [-2^63, 2^63 - 1]") from None
+    if flags or _suspicious(raw):
+        problem = find_problem(doc)
+        if problem is not None:
+            raise WireError(400 if problem[1].startswith("duplicate key") else 422, *problem)
+    return doc
+
+
+def _suspicious(raw: bytes) -> bool:
+    """A cheap over-approximation: False means no value can fail ``find_problem`` (besides flags)."""
+    if _ESCAPES.search(raw):
+        return True
+    digits = raw.translate(_DIGITS)
+    return _LONG_DIGITS in digits or _BIG_EXPONENT.search(digits) is not None
+
+
+def find_problem(doc: Any, path: str = "") -> tuple[str, str] | None:
+    """(field, message) of the first value PostgreSQL or the JSON encoder cannot take, else None."""
+    where = path or "body"
+    if isinstance(doc, _Duplicate):
+        return f"{path}.{doc.key}" if path else doc.key, "duplicate key in one JSON object"
+    if isinstance(doc, _NonFinite):
+        return where, f"{doc.name} is not JSON; numbers must be finite"
+    if isinstance(doc, str):
+        text = _text_problem(doc) if _BAD_TEXT.search(doc) else None
+        return (where, text) if text else None
+    if isinstance(doc, bool) or doc is None:
+        return None
+    if isinstance(doc, int):
+        if not INT64_MIN <= doc <= INT64_MAX:
+            return where, f"integer out of range; integers must lie in [-2^63, 2^63 - 1], got {len(str(doc))} digits"
+        return None
+    if isinstance(doc, float):
+        return None if math.isfinite(doc) else (where, "number too large; numbers must be finite doubles")
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc)
+    for key, value in items:
+        if isinstance(key, str):
+            text = _text_problem(key) if _BAD_TEXT.search(key) else None
+            if text:
+                return f"{path}.{key!r}" if path else repr(key), f"key: {text}"
+        sub = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+        found = find_problem(value, sub)
+        if found is not None:
+            return found
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which text fields cannot hold"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text"
+    return None
+
+
+def check_params(path: str, query_string: bytes) -> None:
+    """422 when the (decoded) path or a query parameter holds a control character."""
+    if _CONTROL.search(path):
+        raise WireError(422, "path", "contains a control character (U+0000-U+001F, U+007F-U+009F)")
+    if not query_string:
+        return
+    try:
+        pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise WireError(400, "query", "not UTF-8 after percent-decoding") from None
+    for name, value in pairs:
+        if _CONTROL.search(name) or _CONTROL.search(value):
+            raise WireError(
+                422, f"query.{name!r}" if _CONTROL.search(name) else f"query.{name}",
+                "contains a control character (U+0000-U+001F, U+007F-U+009F)",
+            )

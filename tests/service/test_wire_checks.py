@@ -1,0 +1,83 @@
+"""The request guard's JSON checks (service.wire_checks) against the stdlib parser as the reference:
+the fast path may never accept what the exact path refuses, nor change a document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.wire_checks import INT64_MAX, INT64_MIN, WireError, check_content_type, parse_json_body
+
+text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
+scalars = st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats(allow_nan=False, allow_infinity=False) | text
+docs = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(text, inner, max_size=5), max_leaves=30)
+
+
+def _spellings(doc: Any) -> list[bytes]:
+    """The same document as different producers write it."""
+    return [json.dumps(doc).encode(), json.dumps(doc, ensure_ascii=False).encode(),
+            json.dumps(doc, indent=2, separators=(" , ", " : ")).encode()]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(docs)
+def test_valid_documents_come_back_unchanged(doc):
+    for raw in _spellings(doc):
+        assert parse_json_body(raw) == json.loads(raw)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(docs, text, st.data())
+def test_a_repeated_key_is_always_found(doc, key, data):
+    """Wrap ``doc`` so some object repeats ``key``; whatever the spelling, the fast path must notice."""
+    inner = json.dumps(doc)
+    depth = data.draw(st.integers(0, 3))
+    raw = f'{{{json.dumps(key)}: 1, "x": {inner}, {json.dumps(key)}: 2}}'
+    for _ in range(depth):
+        raw = f'{{"wrap": [{raw}], "pad": "\\":"}}'
+    with pytest.raises(WireError) as err:
+        parse_json_body(raw.encode())
+    assert err.value.status == 400 and err.value.message.startswith("duplicate key")
+    assert err.value.field.endswith(key) or key == ""
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"a": [0, 9223372036854775808]}', "a[1]"),
+        (b'{"a": -9223372036854775809}', "a"),
+        (b'{"a": 18446744073709551615}', "a"),  # fits u64, which orjson would take: still refused
+        (b'{"a": {"b": 1e309}}', "a.b"),
+        (b'{"a": [NaN]}', "a[0]"),
+        (b'{"a": "x\\u0000"}', "a"),
+        (b'{"a": "\\udc00"}', "a"),
+        (b'{"a": 1' + b"0" * 5000 + b"}", "body"),
+    ],
+)
+def test_unstorable_values_name_their_field(raw, field):
+    with pytest.raises(WireError) as err:
+        parse_json_body(raw)
+    assert (err.value.status, err.value.field) == (422, field)
+
+
+def test_edges_that_are_fine():
+    assert parse_json_body(b'{"a": [9223372036854775807, -9223372036854775808, 1e308, 1e-400]}') == {
+        "a": [INT64_MAX, INT64_MIN, 1e308, 0.0]
+    }
+    assert parse_json_body(b'{"k": "\\ud83d\\ude00 \\":\\" \\\\"}') == {"k": '\U0001f600 ":" \\'}
+
+
+@pytest.mark.parametrize("value", [None, "", "text/plain", "application/jsonx", "multipart/form-data"])
+def test_content_types_refused(value):
+    with pytest.raises(WireError) as err:
+        check_content_type(value)
+    assert err.value.status == 415
+
+
+@pytest.mark.parametrize("value", ["application/json", "Application/JSON; charset=utf-8"])
+def test_content_types_accepted(value):
+    check_content_type(value)

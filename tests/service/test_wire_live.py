@@ -1,0 +1,162 @@
+"""Against uvicorn in a subprocess (real HTTP): ids with '/', '#', '%' through the Python client, and
+the database going away (503 JSON with Retry-After; the client waits and retries)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+from service.client import CuratorClient, CuratorError
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.helpers import make_group
+
+
+class FakePostgresProxy:
+    """A TCP relay in front of the real PostgreSQL that can be switched off: while down it closes every
+    relayed connection and refuses new ones (what a crashed or restarting database looks like)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.up = True
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def down(self) -> None:
+        self.up = False
+        with self._lock:
+            for s in self._open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._open.clear()
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+
+def _via(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+
+
+@pytest.fixture(scope="module")
+def proxied(make_db) -> Iterator[tuple[LiveServer, FakePostgresProxy]]:
+    url = make_db()
+    target = urlsplit(url)
+    proxy = FakePostgresProxy((target.hostname or "127.0.0.1", target.port or 5432))
+    server = start_server(_via(url, proxy.port))
+    yield server, proxy
+    stop_server(server)
+    proxy.close()
+
+
+class TestIdsThroughTheClient:
+    @pytest.mark.parametrize("gid", ["HumanEval/0", "a#b", "a%2Fb", "q?x=1&y", "..", "a/../b", "sp ace"])
+    def test_group_ids(self, proxied, gid):
+        server, _ = proxied
+        with CuratorClient(server.url) as api:
+            api.post_group(make_group(gid, prompt_id=f"p/{gid}"))
+            got = api.get_group(gid)
+        assert (got["id"], got["prompt_id"]) == (gid, f"p/{gid}")
+
+    def test_dataset_and_spec_names(self, proxied):
+        server, _ = proxied
+        with CuratorClient(server.url) as api:
+            api.create_reward_spec({"name": "team/exact#1", "components": [{"name": "m", "kind": "verifier.exact_match"}]})
+            assert api.get_reward_spec("team/exact#1")["version"] == 1
+            assert api.set_dataset("openai/gsm8k", reward_spec="team/exact#1")["name"] == "openai/gsm8k"
+            with httpx.Client(base_url=server.url) as http:
+                assert http.get("/v1/datasets/openai%2Fgsm8k").json()["reward_spec"] == "team/exact#1"
+            with pytest.raises(CuratorError) as err:
+                api.get_group("no#such")
+        assert err.value.status_code == 404 and "no#such" in err.value.message
+
+
+class TestDatabaseDown:
+    def test_503_json_with_retry_after_then_the_client_recovers(self, proxied):
+        server, proxy = proxied
+        proxy.down()
+        try:
+            with httpx.Client(base_url=server.url, timeout=30) as http:
+                answers = [
+                    http.get("/healthz"),
+                    http.post("/v1/groups", json=make_group("down-1", prompt_id="down-p")),
+                    http.get("/v1/groups/down-1"),
+                    http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1}),
+                ]
+            for r in answers:
+                assert r.status_code == 503, r.text
+                assert r.headers["content-type"] == "application/json" and int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"].startswith("database: unavailable")
+            result: dict[str, object] = {}
+
+            def post() -> None:
+                with CuratorClient(server.url) as api:
+                    result["ack"] = api.post_group(make_group("down-2", prompt_id="down-p2"))
+
+            started = time.monotonic()
+            worker = threading.Thread(target=post)
+            worker.start()
+            time.sleep(1.5)  # the client has had at least one 503 and is waiting to retry
+        finally:
+            proxy.up = True
+        worker.join(timeout=60)
+        assert result["ack"] == {"id": "down-2", "status": "received", "trajectories": 4, "created": True}
+        assert time.monotonic() - started >= 1.5
+        with CuratorClient(server.url) as api:
+            assert api.get_group("down-2")["status"] in ("received", "scored", "ready")
+            with pytest.raises(CuratorError):
+                api.get_group("down-1")  # the request answered 503 stored nothing
+
+    def test_a_client_gives_up_after_its_retries(self, proxied):
+        server, proxy = proxied
+        proxy.down()
+        try:
+            with CuratorClient(server.url, unavailable_retries=2, max_retry_after_s=0.1) as api:
+                with pytest.raises(CuratorError) as err:
+                    api.health()
+        finally:
+            proxy.up = True
+        assert err.value.status_code == 503
