@@ -14,9 +14,11 @@ from fastapi.responses import JSONResponse
 
 import service.routers
 from service.db import get_engine, make_sessionmaker, resolve_database_url
+from service.dbadmin import libpq_url
 from service.deps import format_errors
 from service.errors import ServiceError
 from service.middleware import BodyLimitMiddleware
+from service.ready import ReadyHub
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,8 @@ log = logging.getLogger(__name__)
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, "detail": exc.detail}, status_code=exc.status_code)
+        headers = getattr(exc, "headers", None)
+        return JSONResponse({"error": exc.message, "detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -56,6 +59,7 @@ def _lifespan(start_worker: bool, url: str):
             worker = WorkerThread(app.state.settings, url)
             worker.start()
         yield
+        app.state.ready_hub.close()
         if worker is not None:
             worker.close()
 
@@ -78,6 +82,9 @@ def create_app(
     app.state.settings = settings
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
+    app.state.ready_hub = ReadyHub(
+        libpq_url(url), max_waiters=settings.lease_max_waiters, check_s=settings.lease_wait_check_s
+    )
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     for router in _routers():

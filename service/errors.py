@@ -34,3 +34,13 @@ class GroupConflict(Conflict):
 
 class LeaseConflict(Conflict):
     pass
+
+
+class TooManyWaiters(ServiceError):
+    """429: the process's long-poll waiters are at their cap; ``Retry-After`` says when to come back."""
+
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, detail={"retry_after_s": retry_after_s})
+        self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}

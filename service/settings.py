@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     component_memory_mb: int = 1024
     max_score_attempts: int = 3
     lease_seconds_default: float = 300.0
+    # long polls: waiters per API process (beyond it: 429 + Retry-After), and the periodic re-check
+    lease_max_waiters: int = Field(default=1024, ge=0)
+    lease_retry_after_s: float = Field(default=1.0, gt=0)
+    lease_wait_check_s: float = Field(default=2.0, gt=0)
     log_level: str = "info"
 
     @property
