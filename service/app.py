@@ -83,7 +83,10 @@ def create_app(
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.ready_hub = ReadyHub(
-        libpq_url(url), max_waiters=settings.lease_max_waiters, check_s=settings.lease_wait_check_s
+        libpq_url(url),
+        max_waiters=settings.lease_max_waiters,
+        check_s=settings.lease_wait_check_s,
+        attempt_slots=settings.lease_attempt_slots or max(1, settings.db_pool_size // 2),
     )
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

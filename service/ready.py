@@ -47,8 +47,10 @@ class ReadyHub:
     """The process's waiters and the listener that wakes them (started with the first waiter, stopped
     when none has waited for a while or by ``close``)."""
 
-    def __init__(self, conninfo: str, *, max_waiters: int, check_s: float) -> None:
+    def __init__(self, conninfo: str, *, max_waiters: int, check_s: float, attempt_slots: int = 2) -> None:
         self.conninfo, self.max_waiters, self.check_s = conninfo, max_waiters, check_s
+        self.attempt_slots = max(1, attempt_slots)
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._lock = threading.Lock()
         self._queue: deque[Waiter] = deque()
         self._admitted = 0
@@ -59,6 +61,15 @@ class ReadyHub:
     @property
     def waiting(self) -> int:
         return self._admitted
+
+    def attempt_slot(self) -> asyncio.Semaphore:
+        """The running loop's semaphore bounding concurrent lease attempts (each holds a connection)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if loop not in self._slots:
+                self._slots = {lp: sem for lp, sem in self._slots.items() if not lp.is_closed()}
+                self._slots[loop] = asyncio.Semaphore(self.attempt_slots)
+            return self._slots[loop]
 
     def admit(self, filtered: bool) -> Waiter | None:
         """A new waiter, or None when ``max_waiters`` already wait in this process."""

@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     lease_max_waiters: int = Field(default=1024, ge=0)
     lease_retry_after_s: float = Field(default=1.0, gt=0)
     lease_wait_check_s: float = Field(default=2.0, gt=0)
+    lease_attempt_slots: int | None = Field(default=None, ge=1)  # lease queries at once; None: db_pool_size // 2
     log_level: str = "info"
 
     @property

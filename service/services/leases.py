@@ -223,7 +223,7 @@ async def lease(
     """
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
-    batch = await _attempt(session, body, lease_seconds, final=body.wait_seconds <= 0)
+    batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub)
     if batch is not None or body.wait_seconds <= 0:
         return batch
     waiter = hub.admit(filtered=body.max_staleness is not None or body.min_groups is not None)
@@ -238,12 +238,20 @@ async def lease(
         hub.leave(waiter)
 
 
-async def _attempt(session: Session, body: LeaseIn, lease_seconds: float, final: bool) -> BatchColumns | None:
-    """One ``lease_once`` in a worker thread; an empty attempt is rolled back (the connection goes back)."""
-    batch = await run_in_threadpool(lease_once, session, body, lease_seconds, final)
+def _attempt_sync(session: Session, body: LeaseIn, lease_seconds: float, final: bool) -> BatchColumns | None:
+    batch = lease_once(session, body, lease_seconds, final)
     if batch is None:
-        await run_in_threadpool(session.rollback)
+        session.rollback()  # in the same thread: a connection never waits for a free thread to go back
     return batch
+
+
+async def _attempt(
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool, hub: ReadyHub
+) -> BatchColumns | None:
+    """One ``lease_once`` in a worker thread, at most ``hub.attempt_slots`` at once per process (the rest
+    of the pool stays free for ingest and /healthz); an empty attempt is rolled back."""
+    async with hub.attempt_slot():
+        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final)
 
 
 async def _wait_for_batch(
@@ -262,9 +270,9 @@ async def _wait_for_batch(
             hub.pass_on(waiter) if woken else None
             return None
         if not woken:  # the deadline: a min_groups lease takes the partial batch there is
-            return await _attempt(session, body, lease_seconds, final=True) if body.min_groups else None
+            return await _attempt(session, body, lease_seconds, True, hub) if body.min_groups else None
         try:
-            batch = await _attempt(session, body, lease_seconds, final=time.monotonic() >= deadline)
+            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub)
         except BaseException:
             hub.pass_on(waiter)
             raise
