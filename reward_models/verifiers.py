@@ -130,6 +130,9 @@ class _QAVerifier(RewardComponent):
         self._regex = UserPattern(pattern) if pattern else None
         self.cpu_heavy = self._regex is not None and not self._regex.linear  # see reward_models.patterns
 
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        return canary_item("", {"answer": ""})
+
     def _prediction(self, sample: Sample) -> str | None:
         return extract_answer(sample.final_answer, self._regex)
 
