@@ -57,6 +57,9 @@ class ReadyHub:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.notifications = 0  # heard so far (for tests and the benchmark)
+        self._generation = 0  # +1 per notification or check while listening
+        self._empty_at = -1  # the generation an unfiltered attempt last found nothing in
+        self._listening = False
 
     @property
     def waiting(self) -> int:
@@ -70,6 +73,22 @@ class ReadyHub:
                 self._slots = {lp: sem for lp, sem in self._slots.items() if not lp.is_closed()}
                 self._slots[loop] = asyncio.Semaphore(self.attempt_slots)
             return self._slots[loop]
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def found_nothing(self, generation: int) -> None:
+        """An unfiltered attempt that began at ``generation`` found nothing ready."""
+        with self._lock:
+            if generation == self._generation:
+                self._empty_at = generation
+
+    def nothing_ready(self) -> bool:
+        """True while the listener runs and nothing was notified (nor checked) since an unfiltered
+        attempt found nothing: a new unfiltered request may wait at once instead of querying."""
+        with self._lock:
+            return self._listening and self._empty_at == self._generation
 
     def admit(self, filtered: bool) -> Waiter | None:
         """A new waiter, or None when ``max_waiters`` already wait in this process."""
@@ -145,14 +164,22 @@ class ReadyHub:
             try:
                 with psycopg.connect(self.conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self._bump(listening=True)
                     self.start_chain()  # anything that became ready before LISTEN
                     idle_since = self._serve(conn, idle_since)
+                    self._bump(listening=False)
                     if idle_since is not None:
                         return
             except psycopg.Error as exc:
+                self._bump(listening=False)
                 log.warning("ready listener: %s; reconnecting in %.0f s", exc, _RECONNECT_S)
                 self.start_chain()
                 self._stop.wait(_RECONNECT_S)
+
+    def _bump(self, listening: bool) -> None:
+        with self._lock:
+            self._generation += 1
+            self._listening = listening
 
     def _serve(self, conn: psycopg.Connection, idle_since: float | None) -> float | None:
         """Wake chains on notifications and every ``check_s``; return when idle for a while (or stopped)."""
@@ -161,6 +188,7 @@ class ReadyHub:
             for _ in conn.notifies(timeout=self.check_s, stop_after=1):
                 heard += 1
             self.notifications += heard
+            self._bump(listening=True)
             self.start_chain()
             with self._lock:
                 idle = self._admitted == 0

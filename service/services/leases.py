@@ -216,17 +216,23 @@ async def lease(
     With ``min_groups`` the poll waits for that many ready groups and, at the deadline, returns the
     partial batch there is (a filtered stream that cannot be refilled in time is not an error).
 
-    One attempt now; when it finds nothing the transaction is rolled back (it stored nothing) and
-    the request waits in ``hub`` (service.ready) holding no connection and no thread, until a
+    One attempt now (skipped when the hub knows nothing became ready since an attempt like it found
+    nothing); when it finds nothing the transaction is rolled back (it stored nothing) and the
+    request waits in ``hub`` (service.ready) holding no connection and no thread, until a
     notification's wake-up reaches it. 429 when the process already has ``hub.max_waiters`` waiting.
     A client that went away is not leased for.
     """
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
-    batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub)
-    if batch is not None or body.wait_seconds <= 0:
-        return batch
-    waiter = hub.admit(filtered=body.max_staleness is not None or body.min_groups is not None)
+    filtered = body.max_staleness is not None or body.min_groups is not None
+    if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
+        generation = hub.generation
+        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub)
+        if batch is not None or body.wait_seconds <= 0:
+            return batch
+        if not filtered:
+            hub.found_nothing(generation)
+    waiter = hub.admit(filtered=filtered)
     if waiter is None:
         raise TooManyWaiters(
             f"wait_seconds: {hub.max_waiters} lease requests already wait in this process; retry later",

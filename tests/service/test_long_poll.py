@@ -46,13 +46,13 @@ async def _scenario(url: str, db_url: str) -> dict:
         refused = sum(p.done() for p in polls)
         mark_ready(engine, ["lp-0"])
         first = await asyncio.wait_for(next_success(polls), WAIT_S)
-        health = [await other.get("/healthz", timeout=10) for _ in range(20)]
-        ingest = await other.post("/v1/groups", json=make_group("lp-1", n=2), timeout=10)
         with engine.connect() as conn:
             conns = conn.execute(
                 text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
             ).scalar_one()
         still_waiting = sum(not p.done() for p in polls)
+        health = [await other.get("/healthz", timeout=10) for _ in range(20)]
+        ingest = await other.post("/v1/groups", json=make_group("lp-1", n=2), timeout=10)
         answers = await asyncio.gather(*polls)
     engine.dispose()
     return {"answers": answers, "refused": refused, "health": health, "ingest": ingest,
