@@ -133,8 +133,9 @@ class ReadyHub:
     def start_chain(self) -> None:
         """Something became ready (or the periodic check): wake the oldest waiter."""
         with self._lock:
-            hops = len(self._queue)
-        self._wake(hops)
+            hops = len(self._queue) - 1  # the others: each is visited at most once
+        if hops >= 0:
+            self._wake(hops)
 
     def _wake(self, hops: int) -> None:
         while True:
