@@ -89,3 +89,35 @@ def test_300_long_polls_with_a_low_cap_get_429s_and_no_5xx(make_db):
     assert all(r.status_code == 200 for r in out["health"]) and out["ingest"].status_code == 201
     # while ~CAP requests still waited: the pool (4) and the listener's own connection, none per waiter
     assert out["still_waiting"] > CAP // 2 and out["conns"] <= 4 + 1
+
+
+def test_with_no_waiters_admitted_only_waiting_polls_are_refused_and_the_client_retries_them(make_db):
+    from service.client import CuratorClient, CuratorError
+
+    server = start_server(make_db(), env={"GRPO_CURATOR_LEASE_MAX_WAITERS": "0"})
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            lease = {"trainer_id": "t", "max_groups": 1}
+            assert http.post("/v1/batches/lease", json={**lease, "wait_seconds": 0}).status_code == 204
+            refused = http.post("/v1/batches/lease", json={**lease, "wait_seconds": 5})
+            assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+            assert http.post("/v1/groups", json=make_group("cap-0", n=2)).status_code == 201
+            engine = create_engine(server.db_url)
+            mark_ready(engine, ["cap-0"])
+            engine.dispose()
+            # something is ready: the first attempt leases it, no waiting, no 429
+            got = http.post("/v1/batches/lease", json={**lease, "wait_seconds": 5})
+            assert got.status_code == 200 and got.json()["groups"][0]["id"] == "cap-0"
+        sent: list[str] = []
+        hook = {"request": [lambda r: sent.append(r.url.path)]}
+        with CuratorClient(server.url) as c:
+            c._http.event_hooks = hook
+            try:
+                list(c.batches("t", max_batches=1, max_groups=1, wait_seconds=5, retries=2, backoff_s=0.01))
+            except CuratorError as exc:
+                assert exc.status_code == 429
+            else:
+                raise AssertionError("a 429 on every try must surface after the retries")
+        assert sent.count("/v1/batches/lease") == 3  # 429 is retried like a 5xx
+    finally:
+        stop_server(server)
