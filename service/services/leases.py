@@ -273,7 +273,8 @@ async def _wait_for_batch(
     while True:
         woken = await hub.wait(waiter, deadline - time.monotonic())
         if await disconnected():
-            hub.pass_on(waiter) if woken else None
+            if woken:
+                hub.pass_on(waiter)
             return None
         if not woken:  # the deadline: a min_groups lease takes the partial batch there is
             return await _attempt(session, body, lease_seconds, True, hub) if body.min_groups else None
