@@ -46,6 +46,7 @@ async def _one_poller(http: httpx.AsyncClient, i: int, until: float, counts: Cou
 
 
 def _pollers(url: str, n: int, seconds: float, out: multiprocessing.Queue) -> None:
+    os.nice(5)  # the load generator yields the shared CPUs to the server under test
     async def main() -> Counter:
         counts: Counter = Counter()
         limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
