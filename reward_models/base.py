@@ -89,6 +89,13 @@ def parse_params(model: type[BaseModel], kind: str, params: Mapping[str, Any]) -
         raise ValueError(f"{kind}: {where}: {msg}") from None
 
 
+def canary_item(answer: str, reference: dict) -> tuple[Sample, PromptInfo]:
+    """A one-message sample answering ``answer`` to a prompt with ``reference``."""
+    message = {"role": "assistant", "content": answer}
+    sample = Sample(messages=[message], final_answer=answer, finish_reason="stop", num_tokens=1, num_turns=1)
+    return sample, PromptInfo(messages=[], reference=reference, metadata={}, dataset="canary")
+
+
 def error_result(message: str, details: dict | None = None, latency_ms: float = 0.0) -> ComponentResult:
     """A result that records that the component could not score."""
     return ComponentResult(value=None, details=details or {}, error=message, latency_ms=latency_ms)
@@ -104,7 +111,7 @@ class RewardComponent(ABC):
     """
 
     kind: ClassVar[str]
-    cpu_heavy: ClassVar[bool] = False
+    cpu_heavy: bool = False  # True: the Scorer runs it in the killable pool (an instance may set it)
     # the ``reference`` fields a prompt must carry to be scored (checked at ingest)
     reference_fields: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[BaseModel]] = NoParams
@@ -130,6 +137,11 @@ class RewardComponent(ABC):
     def deadline_s(self) -> float:
         """The least time a worker-pool task of this component needs (0: the Scorer's default)."""
         return 0.0
+
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        """A trivially easy item this component must score (any value, no error) well within its
+        deadline; used to tell a slow answer from a sick verifier. Override where empty input errors."""
+        return canary_item("", {})
 
     def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
         """Score many samples; the default loops over ``score``. Returns one result per item."""

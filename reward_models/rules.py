@@ -11,16 +11,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.patterns import UserPattern
 from reward_models.text import assistant_text
 
 _TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern, re.DOTALL)
-    except re.error as exc:
-        raise ValueError(f"invalid regex: {exc}") from None
 
 
 def response_length(sample: Sample, unit: Literal["tokens", "chars", "words"]) -> int:
@@ -58,7 +52,7 @@ class FormatParams(ParamsModel):
     @classmethod
     def _pattern(cls, pattern: str | None) -> str | None:
         if pattern is not None:
-            _compile(pattern)
+            UserPattern(pattern)
         return pattern
 
     @model_validator(mode="after")
@@ -89,7 +83,7 @@ def tag_problems(text: str, tags: list[str], ordered: bool, nonempty: bool) -> l
     return problems
 
 
-def pattern_problems(text: str, regex: re.Pattern[str], match: str, nonempty: bool) -> list[str]:
+def pattern_problems(text: str, regex: UserPattern, match: str, nonempty: bool) -> list[str]:
     """Why ``text`` fails the regex: no match, or an empty ``answer`` group (else group 1)."""
     found = regex.fullmatch(text) if match == "fullmatch" else regex.search(text)
     if found is None:
@@ -112,7 +106,9 @@ class FormatRule(RewardComponent):
 
     def __init__(self, params: dict | None = None) -> None:
         super().__init__(params)
-        self._regex = _compile(self.params.pattern) if self.params.pattern else None
+        self._regex = UserPattern(self.params.pattern) if self.params.pattern else None
+        # a pattern RE2 cannot run as written is matched in the killable pool, under the deadline
+        self.cpu_heavy = self._regex is not None and not self._regex.linear
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         p = self.params

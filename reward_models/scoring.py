@@ -1,8 +1,9 @@
 """Scorer: run a reward spec over many samples.
 
 Cheap components run inline through ``score_batch`` (the reward model batches, the LLM judge and
-the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox) go to a KillablePool, one
-task per sample with a hard deadline. Heavy tasks are submitted first so they overlap the inline
+the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox, JSON schemas,
+user regexes RE2 cannot run) go to a KillablePool, one task per sample with a hard deadline. A task that
+passes its deadline is attributed by a canary (``attribute_timeout``). Heavy tasks are submitted first so they overlap the inline
 work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from reward_models.base import ComponentResult, PromptInfo, RewardComponent, Sample, error_result
@@ -20,6 +23,7 @@ from reward_models.registry import make_component
 from reward_models.spec import RewardSpec, ScoredSample, combine
 
 _PRELOAD = ("reward_models.registry", "reward_models.warmup")
+VERIFICATION_TIMEOUT = "verification_timeout"
 
 
 def params_key(params: dict[str, Any]) -> str:
@@ -35,6 +39,12 @@ def _worker_component(kind: str, key: str) -> RewardComponent:
 def score_in_worker(kind: str, key: str, sample: Sample, prompt: PromptInfo) -> ComponentResult:
     """Pool task: score one sample with the (per-worker cached) component ``(kind, params)``."""
     return _worker_component(kind, key).score(sample, prompt)
+
+
+def canary_in_worker(kind: str, key: str) -> ComponentResult:
+    """Pool task: the component ``(kind, params)`` scores its own known-easy canary item."""
+    component = _worker_component(kind, key)
+    return component.score(*component.canary())
 
 
 class Scorer:
@@ -83,16 +93,33 @@ class Scorer:
         for c in spec.components:
             if c.name not in pending:
                 results[c.name] = _inline(components[c.name], items)
-        for name, futures in pending.items():
-            results[name] = [self._collect(f) for f in futures]
+        for c in spec.components:
+            if c.name in pending:
+                results[c.name] = self._collect_all(c.kind, params_key(c.params), pending[c.name])
         return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]
 
-    def _collect(self, future: Future) -> ComponentResult:
-        try:
-            return future.result()
-        except PoolTaskError as exc:
-            latency = self.timeout_s * 1000.0 if str(exc).startswith("timeout") else 0.0
-            return error_result(str(exc), latency_ms=latency)
+    def _collect_all(self, kind: str, key: str, futures: list[Future]) -> list[ComponentResult]:
+        """The pool's answers; timeouts are attributed by one canary (see ``attribute_timeout``)."""
+        collected = [_collect(f) for f in futures]
+        if not any(isinstance(r, _Timeout) for r in collected):
+            return collected  # type: ignore[return-value]
+        healthy, canary = self._canary(kind, key)
+        return [
+            attribute_timeout(r, self.timeout_s, healthy, canary) if isinstance(r, _Timeout) else r
+            for r in collected
+        ]
+
+    def _canary(self, kind: str, key: str) -> tuple[bool, str]:
+        """Does the same component verify its canary within the same deadline in this pool now?"""
+        start = time.perf_counter()
+        future = self._get_pool().submit(canary_in_worker, kind, key, timeout_s=self.timeout_s)
+        outcome = _collect(future)
+        ms = (time.perf_counter() - start) * 1000.0
+        if isinstance(outcome, _Timeout):
+            return False, f"canary also timed out ({outcome.message})"
+        if outcome.error is not None:
+            return False, f"canary failed: {outcome.error}"
+        return True, f"canary verified in {ms:.0f} ms"
 
     def close(self) -> None:
         """Stop the worker pool (components stay cached)."""
@@ -106,6 +133,33 @@ class Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Timeout:
+    message: str
+
+
+def _collect(future: Future) -> ComponentResult | _Timeout:
+    """A pool task's result; its deadline passing is a ``_Timeout``, any other failure an error."""
+    try:
+        return future.result()
+    except PoolTaskError as exc:
+        if str(exc).startswith("timeout"):
+            return _Timeout(str(exc))
+        return error_result(str(exc))
+
+
+def attribute_timeout(timeout: _Timeout, timeout_s: float, healthy: bool, canary: str) -> ComponentResult:
+    """The timeout rule: an answer whose verification passed the deadline while the same component
+    verified its canary within the same deadline is a fail (0, ``details.reason =
+    "verification_timeout"``): the answer made verification slow. If the canary failed too, the
+    verifier is at fault: an error (the group is not scored on it)."""
+    latency = timeout_s * 1000.0
+    if healthy:
+        details = {"reason": VERIFICATION_TIMEOUT, "timeout_s": timeout_s, "canary": canary}
+        return ComponentResult(value=0.0, details=details, latency_ms=latency)
+    return error_result(f"{timeout.message}; {canary}", {"reason": "verifier_unhealthy"}, latency_ms=latency)
 
 
 def _inline(component: RewardComponent, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:

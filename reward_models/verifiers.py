@@ -16,7 +16,15 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import Field, field_validator
 
-from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.base import (
+    ComponentError,
+    ParamsModel,
+    PromptInfo,
+    RewardComponent,
+    Sample,
+    canary_item,
+)
+from reward_models.patterns import UserPattern
 from reward_models.text import normalize_answer, token_f1
 
 _JSON_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -60,6 +68,9 @@ class MathVerifier(RewardComponent):
     cpu_heavy = True
     Params = MathParams
 
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        return canary_item("2", {"answer": "2"})
+
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         from math_verify import parse, verify
 
@@ -93,14 +104,11 @@ class MatchParams(ParamsModel):
     @classmethod
     def _pattern(cls, pattern: str | None) -> str | None:
         if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid regex: {exc}") from None
+            UserPattern(pattern)
         return pattern
 
 
-def extract_answer(text: str, regex: re.Pattern[str] | None) -> str | None:
+def extract_answer(text: str, regex: UserPattern | None) -> str | None:
     """The answer span: the last match's ``answer`` group (else group 1, else whole match); the
     whole text when there is no pattern; None when the pattern does not match."""
     if regex is None:
@@ -122,7 +130,11 @@ class _QAVerifier(RewardComponent):
     def __init__(self, params: dict | None = None) -> None:
         super().__init__(params)
         pattern = self.params.extract_pattern
-        self._regex = re.compile(pattern, re.DOTALL) if pattern else None
+        self._regex = UserPattern(pattern) if pattern else None
+        self.cpu_heavy = self._regex is not None and not self._regex.linear  # see reward_models.patterns
+
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        return canary_item("", {"answer": ""})
 
     def _prediction(self, sample: Sample) -> str | None:
         return extract_answer(sample.final_answer, self._regex)
@@ -191,7 +203,11 @@ class JsonSchemaVerifier(RewardComponent):
     """1.0 when the answer is JSON valid against ``reference["schema"]`` (else ``params.schema``)."""
 
     kind = "verifier.json_schema"
+    cpu_heavy = True  # user-supplied `pattern`s (backtracking re) and schemas: killable pool, deadline
     Params = JsonSchemaParams
+
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        return canary_item("{}", {"schema": {"type": "object"}})
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         schema = prompt.reference.get("schema", self.params.schema_)

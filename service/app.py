@@ -19,6 +19,8 @@ from service.errors import document_errors, install_error_handlers
 from service.integrations_middleware import PathKeyMiddleware
 from service.middleware import RequestGuardMiddleware
 from service.schemas import GroupIn, GroupsIn
+from service.dbadmin import libpq_url
+from service.ready import ReadyHub
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ def _lifespan(start_worker: bool, url: str):
             worker.start()
         app.state.worker = worker  # /v1/score shares its Scorer (pool, judge cache) when there is one
         yield
+        app.state.ready_hub.close()
         if worker is not None:
             worker.close()
         if app.state.scorer is not None:  # the /v1/score pool
@@ -70,6 +73,12 @@ def create_app(
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
+    app.state.ready_hub = ReadyHub(
+        libpq_url(url),
+        max_waiters=settings.lease_max_waiters,
+        check_s=settings.lease_wait_check_s,
+        attempt_slots=settings.lease_attempt_slots or max(1, settings.db_pool_size // 2),
+    )
     install_error_handlers(app)
     app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(PathKeyMiddleware)

@@ -39,10 +39,10 @@ class CuratorError(Exception):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: the connection failed / timed out, or the service answered 5xx."""
+    """Worth retrying: the connection failed / timed out, or the service answered 5xx or 429."""
     if isinstance(exc, httpx.TransportError):
         return True
-    return isinstance(exc, CuratorError) and exc.status_code >= 500
+    return isinstance(exc, CuratorError) and (exc.status_code >= 500 or exc.status_code == 429)
 
 
 def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:

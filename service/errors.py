@@ -52,6 +52,16 @@ class LeaseConflict(Conflict):
     pass
 
 
+class TooManyWaiters(ServiceError):
+    """429: the process's long-poll waiters are at their cap; ``Retry-After`` says when to come back."""
+
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, detail={"retry_after_s": retry_after_s})
+        self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
+
+
 # what a request can fail with; the database ones mean "unavailable, try again" (503)
 _DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
 
@@ -81,7 +91,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc.status_code, exc.message, exc.detail)
+        return error_response(exc.status_code, exc.message, exc.detail, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

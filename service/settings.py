@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     component_memory_mb: int = 1024
     max_score_attempts: int = 3
     lease_seconds_default: float = 300.0
+    # long polls: waiters per API process (beyond it: 429 + Retry-After), and the periodic re-check
+    lease_max_waiters: int = Field(default=1024, ge=0)
+    lease_retry_after_s: float = Field(default=1.0, gt=0)
+    lease_wait_check_s: float = Field(default=2.0, gt=0)
+    lease_attempt_slots: int | None = Field(default=None, ge=1)  # lease queries at once; None: db_pool_size // 2
     log_level: str = "info"
     # integrations (docs/integrations.md)
     max_score_items: int = 512  # items per POST /v1/score (413 beyond)

@@ -28,6 +28,7 @@ _LEASE_RESPONSES: dict[int | str, dict] = {
     },
     204: {"description": "nothing became ready within wait_seconds"},
     409: {"description": "request_id belongs to a lease that is no longer active, or to another trainer"},
+    429: {"description": "too many lease requests already wait in this process; retry after Retry-After seconds"},
 }
 
 
@@ -45,6 +46,8 @@ async def lease_batch(body: LeaseIn, request: Request, session: SessionDep, sett
         body,
         default_lease_seconds=settings.lease_seconds_default,
         disconnected=request.is_disconnected,
+        hub=request.app.state.ready_hub,
+        retry_after_s=settings.lease_retry_after_s,
     )
     if batch is None:
         return Response(status_code=204)

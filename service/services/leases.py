@@ -8,7 +8,8 @@
   ``reap_expired`` keeps the rest.
 - A retried lease request (same ``request_id``) returns the same batch while the lease is active.
 - ``wait_seconds`` long-polls: each attempt is short and, when it finds nothing, its transaction is
-  rolled back (nothing was stored), so a waiting request holds no lock, snapshot or connection.
+  rolled back (nothing was stored); between attempts the request waits in ``service.ready`` (woken by
+  PostgreSQL notifications), holding no lock, snapshot, connection or thread.
 - An ack consumes the groups only while every one of them is still held by this lease; otherwise 409
   and nothing changes, so a group is consumed by exactly one acked lease.
 """
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-import anyio
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from starlette.concurrency import run_in_threadpool
@@ -31,13 +31,12 @@ from starlette.concurrency import run_in_threadpool
 from service.arrays import TOKEN_DTYPE
 from service.arrow import BatchColumns
 from service.delivery_schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState, SizingField
-from service.errors import Conflict, LeaseConflict, NotFound
+from service.errors import Conflict, LeaseConflict, NotFound, TooManyWaiters
 from service.models import Lease
+from service.ready import ReadyHub, Waiter
 from service.repositories import leases as lease_repo
 from service.services.policy import current_version
 
-POLL_FIRST_S = 0.05
-POLL_MAX_S = 0.5
 MAX_CHUNK = 1024
 # first guess of budget units per group (trajectories, tokens) before any group was seen
 _FIRST_GUESS = {"max_groups": 1, "max_trajectories": 8, "max_tokens": 8 * 1024}
@@ -210,30 +209,84 @@ async def lease(
     *,
     default_lease_seconds: float,
     disconnected: Callable[[], Awaitable[bool]],
+    hub: ReadyHub,
+    retry_after_s: float = 1.0,
 ) -> BatchColumns | None:
     """Lease a batch, long-polling up to ``wait_seconds``; None (-> 204) when nothing became ready.
     With ``min_groups`` the poll waits for that many ready groups and, at the deadline, returns the
     partial batch there is (a filtered stream that cannot be refilled in time is not an error).
 
-    Between empty attempts the transaction is rolled back (it stored nothing) and the request sleeps
-    without holding a thread; a client that went away stops the polling so no lease is made for it.
+    One attempt now (skipped when the hub knows nothing became ready since an attempt like it found
+    nothing); when it finds nothing the transaction is rolled back (it stored nothing) and the
+    request waits in ``hub`` (service.ready) holding no connection and no thread, until a
+    notification's wake-up reaches it. 429 when the process already has ``hub.max_waiters`` waiting.
+    A client that went away is not leased for.
     """
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
-    delay = POLL_FIRST_S
-    while True:
-        final = time.monotonic() >= deadline
-        batch = await run_in_threadpool(lease_once, session, body, lease_seconds, final)
-        if batch is not None:
+    filtered = body.max_staleness is not None or body.min_groups is not None
+    if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
+        generation = hub.generation
+        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub)
+        if batch is not None or body.wait_seconds <= 0:
             return batch
-        await run_in_threadpool(session.rollback)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        await anyio.sleep(min(delay, remaining))
-        delay = min(delay * 2, POLL_MAX_S)
+        if not filtered:
+            hub.found_nothing(generation)
+    waiter = hub.admit(filtered=filtered)
+    if waiter is None:
+        raise TooManyWaiters(
+            f"wait_seconds: {hub.max_waiters} lease requests already wait in this process; retry later",
+            retry_after_s=retry_after_s,
+        )
+    try:
+        return await _wait_for_batch(session, body, lease_seconds, deadline, disconnected, hub, waiter)
+    finally:
+        hub.leave(waiter)
+
+
+def _attempt_sync(session: Session, body: LeaseIn, lease_seconds: float, final: bool) -> BatchColumns | None:
+    batch = lease_once(session, body, lease_seconds, final)
+    if batch is None:
+        session.rollback()  # in the same thread: a connection never waits for a free thread to go back
+    return batch
+
+
+async def _attempt(
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool, hub: ReadyHub
+) -> BatchColumns | None:
+    """One ``lease_once`` in a worker thread, at most ``hub.attempt_slots`` at once per process (the rest
+    of the pool stays free for ingest and /healthz); an empty attempt is rolled back."""
+    async with hub.attempt_slot():
+        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final)
+
+
+async def _wait_for_batch(
+    session: Session,
+    body: LeaseIn,
+    lease_seconds: float,
+    deadline: float,
+    disconnected: Callable[[], Awaitable[bool]],
+    hub: ReadyHub,
+    waiter: Waiter,
+) -> BatchColumns | None:
+    """Sleep until woken, try, repeat until the deadline; pass the wake-up on as ``service.ready`` says."""
+    while True:
+        woken = await hub.wait(waiter, deadline - time.monotonic())
         if await disconnected():
+            if woken:
+                hub.pass_on(waiter)
             return None
+        if not woken:  # the deadline: a min_groups lease takes the partial batch there is
+            return await _attempt(session, body, lease_seconds, True, hub) if body.min_groups else None
+        try:
+            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub)
+        except BaseException:
+            hub.pass_on(waiter)
+            raise
+        if batch is not None or waiter.filtered:
+            hub.pass_on(waiter)
+        if batch is not None or time.monotonic() >= deadline:
+            return batch
 
 
 def _state(session: Session, lease: Lease) -> LeaseState:

@@ -49,14 +49,24 @@ def test_scores_and_totals(scorer: Scorer) -> None:
     assert long.total == pytest.approx(1.0 + 0.2 + 0.5 * -0.5)
 
 
-def test_math_blow_up_is_a_timeout_error_and_the_rest_still_scores(scorer: Scorer) -> None:
+def test_math_blow_up_is_a_verification_timeout_fail_and_the_rest_still_scores(scorer: Scorer) -> None:
     results = scorer.score(SPEC, items(BLOW_UP, r"<answer>$\boxed{42}$</answer>"))
     stuck, fine = results
-    assert stuck.components["correct"].error == "timeout after 2s"
-    assert stuck.components["correct"].value is None
-    assert stuck.total is None and stuck.outcome is None  # never a silent 0
-    assert stuck.components["format"].value == 1.0  # the cheap components still report
+    correct = stuck.components["correct"]
+    # the same verifier checked its canary within the deadline: the answer is what was slow -> a fail
+    assert (correct.value, correct.error) == (0.0, None)
+    assert correct.details["reason"] == "verification_timeout" and correct.details["timeout_s"] == 2.0
+    assert stuck.outcome == 0.0 and stuck.total == pytest.approx(0.2)  # format still counts
     assert fine.outcome == 1.0
+
+
+def test_a_verifier_that_misses_its_canary_too_is_an_error_not_a_fail() -> None:
+    with Scorer(processes=1, timeout_s=0.001) as sick:  # nothing verifies in 1 ms: the verifier is at fault
+        [stuck] = sick.score(SPEC, items(BLOW_UP))
+    correct = stuck.components["correct"]
+    assert correct.value is None and correct.details == {"reason": "verifier_unhealthy"}
+    assert correct.error.startswith("timeout after 0.001s; canary also timed out")
+    assert stuck.total is None and stuck.outcome is None  # never a silent 0
 
 
 def test_scoring_off_the_main_thread(scorer: Scorer) -> None:
@@ -67,7 +77,7 @@ def test_scoring_off_the_main_thread(scorer: Scorer) -> None:
     assert not thread.is_alive()
     [[ok, stuck]] = out
     assert ok.outcome == 1.0
-    assert stuck.components["correct"].error == "timeout after 2s"
+    assert stuck.components["correct"].details["reason"] == "verification_timeout"
 
 
 def test_components_are_cached_per_kind_and_params(scorer: Scorer) -> None:

@@ -1,0 +1,108 @@
+"""User regexes: RE2 where it answers exactly as ``re`` does, else the killable pool; ReDoS never hangs."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reward_models import RewardSpec, Scorer
+from reward_models.patterns import UserPattern
+from reward_models.registry import make_component
+from tests.reward_models.helpers import make_prompt, make_sample
+
+EVIL = "a" * 40 + "!"  # (a+)+ then a mismatch: 2**40 backtracking paths for re
+LINEAR = [r"<answer>(.*?)</answer>", r"(?P<answer>[0-9]+)", r"^Answer: ([A-D])", r"(a+)+b", r"x|y*", r"[^<]*</t>", r""]
+NOT_LINEAR = [r"^(a+)+$", r"(\d+)", r"(a)\1", r"a(?=b)", r"\w+", r"(?i)k", r"(?<!x)y", r"a\Z", r"(?>a+)b"]
+
+
+@pytest.mark.parametrize("pattern", LINEAR)
+def test_linear_patterns_run_on_re2(pattern: str) -> None:
+    assert UserPattern(pattern).linear
+
+
+@pytest.mark.parametrize("pattern", NOT_LINEAR)
+def test_patterns_re2_reads_differently_stay_on_re(pattern: str) -> None:
+    assert not UserPattern(pattern).linear
+
+
+def _spans(matches) -> list:
+    return [(m.span(), m.groups()) for m in matches]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=st.sampled_from(LINEAR),
+    text=st.text(alphabet="ab!<>/tanswer:AD0123xy\n é", max_size=30),
+)
+def test_re2_answers_exactly_as_re(pattern: str, text: str) -> None:
+    """Slow and obvious beside fast: Python's re (DOTALL) is the reference for every linear pattern."""
+    ours, ref = UserPattern(pattern), re.compile(pattern, re.DOTALL)
+    assert _spans([ours.search(text)] if ours.search(text) else []) == _spans([ref.search(text)] if ref.search(text) else [])
+    assert bool(ours.fullmatch(text)) == bool(ref.fullmatch(text))
+    assert _spans(ours.finditer(text)) == _spans(ref.finditer(text))
+    assert (ours.groups, ours.groupindex) == (ref.groups, dict(ref.groupindex))
+
+
+def test_invalid_patterns_are_rejected_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="invalid regex"):
+        UserPattern("(unclosed")
+    with pytest.raises(ValueError, match="param 'pattern': invalid regex"):
+        make_component("rule.format", {"pattern": "(unclosed"})
+
+
+def test_a_linear_redos_pattern_is_scored_inline_in_linear_time() -> None:
+    rule = make_component("rule.format", {"pattern": r"(a+)+b"})
+    assert not rule.cpu_heavy
+    start = time.perf_counter()
+    result = rule.score(make_sample(EVIL * 1000), make_prompt())
+    assert result.value == 0.0 and time.perf_counter() - start < 5  # behavioural bound: re would take hours
+
+
+@pytest.mark.parametrize(
+    "component",
+    [
+        {"kind": "rule.format", "params": {"pattern": r"^(a+)+$"}},
+        {"kind": "verifier.exact_match", "params": {"extract_pattern": r"^(a+)+$"}},
+        {"kind": "verifier.json_schema", "params": {"schema": {"type": "string", "pattern": "^(a+)+$"}}},
+    ],
+)
+def test_a_backtracking_pattern_runs_under_the_deadline_and_fails_the_answer(component: dict) -> None:
+    spec = RewardSpec(
+        name="redos",
+        components=[
+            {"name": "c", "outcome": True, **component},
+            {"name": "len", "kind": "rule.length", "weight": 0.0, "params": {"target": 1, "limit": 2}},
+        ],
+    )
+    assert make_component(component["kind"], component["params"]).cpu_heavy
+    answers = [f'"{EVIL}"' if component["kind"] == "verifier.json_schema" else EVIL, '"aaaa"', "aaaa"]
+    items = [(make_sample(a), make_prompt({"answer": "aaaa"})) for a in answers]
+    with Scorer(processes=1, timeout_s=1.0) as scorer:
+        evil, *siblings = scorer.score(spec, items)
+    c = evil.components["c"]
+    assert (c.value, c.details["reason"]) == (0.0, "verification_timeout")
+    assert evil.outcome == 0.0
+    assert all(s.components["c"].error is None for s in siblings)
+    assert max(s.outcome for s in siblings) == 1.0  # the matching sibling still passes
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [
+        ("verifier.math", {}),
+        ("verifier.json_schema", {}),
+        ("verifier.exact_match", {"extract_pattern": r"(\d+)"}),
+        ("verifier.f1", {}),
+        ("rule.format", {"pattern": r"^(a+)+$"}),
+        ("rule.format", {"required_tags": ["answer"]}),
+    ],
+)
+def test_every_pool_component_verifies_its_own_canary(kind: str, params: dict) -> None:
+    """A canary that errors would turn every timeout of that component into an error (never a fail)."""
+    component = make_component(kind, params)
+    result = component.score(*component.canary())
+    assert result.error is None and result.value is not None
