@@ -34,3 +34,11 @@ class GroupConflict(Conflict):
 
 class LeaseConflict(Conflict):
     pass
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+
+
+class Forbidden(ServiceError):
+    status_code = 403

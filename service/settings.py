@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reward_models.llm_judge import JudgeEndpoint
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_CURATOR_", extra="ignore")
@@ -39,6 +41,11 @@ class Settings(BaseSettings):
     max_score_attempts: int = 3
     lease_seconds_default: float = 300.0
     log_level: str = "info"
+    # auth (service.auth): on once any API key exists, or always with require_auth
+    require_auth: bool = False
+    metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)
+    # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
+    judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
 
     @property
     def embedded_dir(self) -> Path:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
+from service.auth import ADMIN, PRODUCER, SERVICE, VIEWER, KeyDep, allow
 from service.deps import GroupBody, SessionDep, SettingsDep
 from service.schemas import (
     GROUP_STATUSES,
@@ -35,7 +36,7 @@ _GROUP_BODY_DOC = {
 }
 
 
-@router.post("/prompts", response_model=UpsertedOut)
+@router.post("/prompts", response_model=UpsertedOut, dependencies=[allow(ADMIN)])
 def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
     return UpsertedOut(upserted=ingest.upsert_prompts(session, body.prompts))
 
@@ -46,6 +47,7 @@ def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
     status_code=201,
     openapi_extra=_GROUP_BODY_DOC,
     responses={200: {"description": "already stored with the same body"}, 409: {"description": "id conflict"}},
+    dependencies=[allow(PRODUCER, dataset=SERVICE)],
 )
 def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, response: Response) -> GroupAck | GroupsAck:
     batched = isinstance(body, GroupsIn)
@@ -62,7 +64,7 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
     return GroupsAck(groups=acks) if batched else acks[0]
 
 
-@router.get("/groups/{group_id}", response_model=GroupOut)
+@router.get("/groups/{group_id}", response_model=GroupOut, dependencies=[allow(VIEWER, dataset=SERVICE)])
 def get_group(
     group_id: Annotated[str, Path(min_length=1)],
     session: SessionDep,
@@ -72,7 +74,7 @@ def get_group(
     return group_service.get_group(session, group_id, include_tokens=include_tokens, spec_version=spec_version)
 
 
-@router.get("/groups", response_model=GroupPage)
+@router.get("/groups", response_model=GroupPage, dependencies=[allow(VIEWER, dataset="dataset")])
 def list_groups(
     session: SessionDep,
     dataset: str | None = None,

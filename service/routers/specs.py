@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from filters.policy import CurationPolicySpec
 from reward_models.spec import RewardSpec
+from service.auth import ADMIN, VIEWER, allow
 from service.deps import SessionDep
 from service.services import specs
 
@@ -34,25 +35,25 @@ class DatasetOut(DatasetIn):
     name: str
 
 
-@router.post("/reward-specs", response_model=VersionOut, status_code=201)
+@router.post("/reward-specs", response_model=VersionOut, status_code=201, dependencies=[allow(ADMIN)])
 def post_reward_spec(body: RewardSpec, session: SessionDep) -> VersionOut:
     v = specs.create_reward_spec(session, body)
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/reward-specs/{name}", response_model=VersionedOut)
+@router.get("/reward-specs/{name}", response_model=VersionedOut, dependencies=[allow(VIEWER)])
 def get_reward_spec(name: str, session: SessionDep, version: Annotated[int | None, Query(ge=1)] = None) -> VersionedOut:
     v = specs.get_versioned(session, "reward_spec", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.post("/curation-policies", response_model=VersionOut, status_code=201)
+@router.post("/curation-policies", response_model=VersionOut, status_code=201, dependencies=[allow(ADMIN)])
 def post_curation_policy(body: CurationPolicySpec, session: SessionDep) -> VersionOut:
     v = specs.create_curation_policy(session, body)
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/curation-policies/{name}", response_model=VersionedOut)
+@router.get("/curation-policies/{name}", response_model=VersionedOut, dependencies=[allow(VIEWER)])
 def get_curation_policy(
     name: str, session: SessionDep, version: Annotated[int | None, Query(ge=1)] = None
 ) -> VersionedOut:
@@ -60,11 +61,11 @@ def get_curation_policy(
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.put("/datasets/{name}", response_model=DatasetOut)
+@router.put("/datasets/{name}", response_model=DatasetOut, dependencies=[allow(ADMIN)])
 def put_dataset(name: str, body: DatasetIn, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.set_dataset(session, name, body.reward_spec, body.curation_policy))
 
 
-@router.get("/datasets/{name}", response_model=DatasetOut)
+@router.get("/datasets/{name}", response_model=DatasetOut, dependencies=[allow(VIEWER, dataset="name")])
 def get_dataset(name: str, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.get_dataset(session, name))
