@@ -49,7 +49,9 @@ def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
     responses={200: {"description": "already stored with the same body"}, 409: {"description": "id conflict"}},
     dependencies=[allow(PRODUCER, dataset=SERVICE)],
 )
-def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, response: Response) -> GroupAck | GroupsAck:
+def post_groups(
+    body: GroupBody, session: SessionDep, settings: SettingsDep, key: KeyDep, response: Response
+) -> GroupAck | GroupsAck:
     batched = isinstance(body, GroupsIn)
     groups: list[GroupIn] = body.groups if isinstance(body, GroupsIn) else [body]
     acks = ingest.ingest_groups(
@@ -58,6 +60,7 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
         max_group_size=settings.max_group_size,
         max_sequence_tokens=settings.max_sequence_tokens,
         batched=batched,
+        key=key,
     )
     if not any(a.created for a in acks):
         response.status_code = 200
@@ -68,10 +71,13 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
 def get_group(
     group_id: Annotated[str, Path(min_length=1)],
     session: SessionDep,
+    key: KeyDep,
     include_tokens: bool = False,
     spec_version: Annotated[int | None, Query(ge=1)] = None,
 ) -> GroupOut:
-    return group_service.get_group(session, group_id, include_tokens=include_tokens, spec_version=spec_version)
+    return group_service.get_group(
+        session, group_id, include_tokens=include_tokens, spec_version=spec_version, key=key
+    )
 
 
 @router.get("/groups", response_model=GroupPage, dependencies=[allow(VIEWER, dataset="dataset")])

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from service.delivery_schemas import PolicyHistory, PolicyIn, PolicyOut
 from service.auth import ANY, PRODUCER, TRAINER, VIEWER, KeyDep, allow
+from service.delivery_schemas import PolicyHistory, PolicyIn, PolicyOut
 from service.deps import SessionDep
 from service.services import policy
 
@@ -25,8 +25,8 @@ router = APIRouter(prefix="/v1/policy", tags=["policy"])
     },
     dependencies=[allow(TRAINER)],
 )
-def publish_policy(body: PolicyIn, session: SessionDep, response: Response) -> PolicyOut:
-    out, created = policy.publish(session, body)
+def publish_policy(body: PolicyIn, session: SessionDep, key: KeyDep, response: Response) -> PolicyOut:
+    out, created = policy.publish(session, body, key.name)
     if not created:
         response.status_code = 200
     return out

@@ -77,5 +77,5 @@ def get_requests(
 
 
 @router.post("/requests/done", response_model=DoneOut, dependencies=[allow(PRODUCER, dataset=SERVICE)])
-def post_done(body: DoneIn, session: SessionDep) -> DoneOut:
-    return DoneOut(**sampling.mark_done(session, body.request_ids))
+def post_done(body: DoneIn, session: SessionDep, key: KeyDep) -> DoneOut:
+    return DoneOut(**sampling.mark_done(session, body.request_ids, key.datasets))
