@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from filters.policy import CurationPolicySpec
 from reward_models.spec import RewardSpec
 from service.auth import ADMIN, VIEWER, allow
-from service.deps import SessionDep
+from service.deps import SessionDep, SettingsDep
 from service.services import specs
 
 router = APIRouter(prefix="/v1", tags=["specs"])
@@ -36,8 +36,8 @@ class DatasetOut(DatasetIn):
 
 
 @router.post("/reward-specs", response_model=VersionOut, status_code=201, dependencies=[allow(ADMIN)])
-def post_reward_spec(body: RewardSpec, session: SessionDep) -> VersionOut:
-    v = specs.create_reward_spec(session, body)
+def post_reward_spec(body: RewardSpec, session: SessionDep, settings: SettingsDep) -> VersionOut:
+    v = specs.create_reward_spec(session, body, settings.judge_endpoints)
     return VersionOut(name=v.name, version=v.version)
 
 

@@ -200,10 +200,13 @@ class TestListing:
         assert r.status_code == 404 and "missing" in r.json()["error"]
 
 
-def test_inline_prompt_update_is_upsert(client, session):
-    client.post("/v1/groups", json=make_group("u-1", prompt_id="up", reference={"answer": "1"}))
-    client.post("/v1/groups", json=make_group("u-2", prompt_id="up", reference={"answer": "2"}))
-    assert session.get(Prompt, "up").reference == {"answer": "2"}
+def test_inline_prompt_only_creates(client, session):
+    """An inline prompt never changes a stored prompt's reference: 409 naming the field, nothing stored."""
+    assert client.post("/v1/groups", json=make_group("u-1", prompt_id="up", reference={"answer": "1"})).status_code == 201
+    r = client.post("/v1/groups", json=make_group("u-2", prompt_id="up", reference={"answer": "2"}))
+    assert r.status_code == 409 and r.json()["error"].startswith("prompt.reference:")
+    assert session.get(Prompt, "up").reference == {"answer": "1"}
+    assert session.scalar(select(func.count()).select_from(Group).where(Group.id == "u-2")) == 0
 
 
 def test_trajectory_without_tokens_is_accepted(client):
