@@ -188,19 +188,30 @@ def public() -> Any:
     return _checker(Access(frozenset(), public=True))
 
 
-def access_of(route: APIRoute) -> Access | None:
-    """The route's declaration, or None."""
-    found = [a for d in route.dependencies if (a := getattr(d.dependency, "access", None)) is not None]
+def _access(dependencies: list[Any]) -> Access | None:
+    found = [a for d in dependencies if (a := getattr(d.dependency, "access", None)) is not None]
     return found[0] if len(found) == 1 else None
+
+
+def declared_routes(app: FastAPI) -> list[tuple[str, str, Access | None]]:
+    """(method, path, declaration or None) for every API route of the app, included routers flattened."""
+    out = []
+    for route in app.routes:
+        # FastAPI >= 0.16x keeps included routers as one entry that expands into route contexts
+        contexts = route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
+        for ctx in contexts:
+            original = getattr(ctx, "original_route", ctx)
+            if not isinstance(original, APIRoute):
+                continue
+            path = getattr(ctx, "path", "") or original.path
+            access = _access(list(getattr(ctx, "dependencies", None) or original.dependencies))
+            out.extend((method, path, access) for method in sorted(getattr(ctx, "methods", None) or original.methods))
+    return out
 
 
 def check_routes(app: FastAPI) -> None:
     """Refuse an app with a route that declares no access (or more than one)."""
-    missing = [
-        f"{','.join(sorted(r.methods))} {r.path}"
-        for r in app.routes
-        if isinstance(r, APIRoute) and access_of(r) is None
-    ]
+    missing = [f"{method} {path}" for method, path, access in declared_routes(app) if access is None]
     if missing:
         raise RuntimeError(
             "routes without exactly one access declaration (add dependencies=[allow(...)] or "
