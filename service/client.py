@@ -11,6 +11,7 @@ Trainers lease batches with ``lease`` / ``ack`` / ``nack``, or let ``batches`` d
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+API_KEY_ENV = "GRPO_CURATOR_API_KEY"
 BatchFormat = Literal["json", "arrow"]
 BATCH_FORMATS: tuple[str, ...] = ("json", "arrow")
 T = TypeVar("T")
@@ -53,11 +55,18 @@ def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
 
 class CuratorClient:
     def __init__(
-        self, base_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: sent as ``Authorization: Bearer``; defaults to ``$GRPO_CURATOR_API_KEY``."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self._http.close()

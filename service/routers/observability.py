@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from service.auth import VIEWER, allow, public
+from service.auth import PRODUCER, VIEWER, allow, public
 from service.deps import SessionDep
 from service.services import summary
 
@@ -21,7 +21,7 @@ def metrics(session: SessionDep) -> Response:
     return Response(summary.prometheus_text(session), media_type="text/plain; version=0.0.4")
 
 
-@router.get("/v1/summary", dependencies=[allow(VIEWER)])
+@router.get("/v1/summary", dependencies=[allow(VIEWER, PRODUCER)])  # producers read the backlog
 def get_summary(session: SessionDep) -> dict[str, Any]:
     return summary.summary(session)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -63,3 +64,15 @@ def provision(database_url: str, keys: dict[str, str]) -> dict[str, str]:
     factory = make_sessionmaker(get_engine(database_url))
     with factory.begin() as session:
         return {name: create_key(session, name, role) for name, role in keys.items()}
+
+
+def provision_local(data_dir: Path, keys: dict[str, str]) -> dict[str, str]:
+    """``provision`` in the embedded PostgreSQL of ``data_dir`` (started, and migrated, here); for tools
+    such as the demo that start their own service with auth on."""
+    from service.db import resolve_database_url
+    from service.migrate import upgrade
+    from service.settings import Settings
+
+    url = resolve_database_url(Settings(data_dir=data_dir, database_url=None))
+    upgrade(url)
+    return provision(url, keys)
