@@ -248,3 +248,39 @@ def test_a_route_without_a_declaration_stops_the_app() -> None:
     app.include_router(router)
     with pytest.raises(RuntimeError, match="GET /v1/forgotten"):
         check_routes(app)
+
+
+def test_metrics_can_be_opened_for_a_scraper_and_nothing_else(fresh_db: str) -> None:
+    from service.settings import Settings
+
+    keys.provision(fresh_db, {"a": "admin"})
+    for public, want in ((False, 401), (True, 200)):
+        app = create_app(Settings(metrics_public=public, database_url=fresh_db), database_url=fresh_db)
+        with TestClient(app) as c:
+            assert c.get("/metrics").status_code == want
+            assert c.get("/v1/summary").status_code == 401
+
+
+def test_require_auth_closes_a_service_with_no_keys(fresh_db: str) -> None:
+    from service.settings import Settings
+
+    app = create_app(Settings(require_auth=True, database_url=fresh_db), database_url=fresh_db)
+    with TestClient(app) as c:
+        assert c.get("/v1/policy").status_code == 401
+        assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("param", ["base_url", "api_key_env", "url", "timeout_s"])
+def test_spec_with_a_raw_judge_url_or_key_variable_is_refused(client: TestClient, param: str) -> None:
+    params = {"endpoint": "x", "model": "m", param: "DATABASE_URL"}
+    body = {"name": "j", "components": [{"name": "judge", "kind": "judge.llm", "params": params}]}
+    r = client.post("/v1/reward-specs", json=body)
+    assert r.status_code == 422 and param in r.json()["error"], r.text
+    assert client.get("/v1/reward-specs/j").status_code == 404
+
+
+def test_spec_naming_an_unconfigured_judge_endpoint_is_refused(client: TestClient) -> None:
+    body = {"name": "j2", "components": [{"name": "judge", "kind": "judge.llm", "params": {"endpoint": "nope", "model": "m"}}]}
+    r = client.post("/v1/reward-specs", json=body)
+    assert r.status_code == 422 and r.json()["error"].startswith("components[0].params.endpoint: unknown judge endpoint")
+    assert client.get("/v1/reward-specs/j2").status_code == 404
