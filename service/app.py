@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import service.routers
-from service.auth import check_routes
+from service.auth import RedactTokens, check_routes
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
@@ -85,6 +85,9 @@ def create_app(
     for router in _routers():
         app.include_router(router)
     check_routes(app)  # every route declares who may use it
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactTokens) for f in access_log.filters):
+        access_log.addFilter(RedactTokens())  # a token in a path (token_param routes) is never logged
     return app
 
 

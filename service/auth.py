@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
+import re
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
@@ -98,19 +100,20 @@ def split_token(token: str) -> tuple[str, str] | None:
     return key_id, secret
 
 
-def _bearer(request: Request) -> str | None:
+def _bearer(request: Request, token_param: str | None = None) -> str | None:
     header = request.headers.get("authorization")
     if header is None:
-        return None
+        # for clients that cannot send headers (e.g. OpenRLHF's remote reward URL): the token in the path
+        return request.path_params.get(token_param) if token_param else None
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("authorization: expected 'Bearer <token>'")
     return token.strip()
 
 
-def authenticate(request: Request, session: SessionDep) -> Principal:
+def authenticate(request: Request, session: SessionDep, token_param: str | None = None) -> Principal:
     """The request's key (401 when missing, unknown or revoked while auth is on); OPEN when auth is off."""
-    token = _bearer(request)
+    token = _bearer(request, token_param)
     if token is None:
         if request.app.state.settings.require_auth or key_repo.any_key(session):
             raise Unauthorized("authorization: an API key is required (Authorization: Bearer <token>)")
@@ -144,6 +147,7 @@ class Access:
     dataset: str | None = None
     public: bool = False
     public_setting: str | None = None  # a bool setting that, when true, opens the route (e.g. /metrics)
+    token_param: str | None = None  # a path parameter that may carry the token (no Authorization header)
 
     def admits(self, role: Role) -> bool:
         return self.public or role == Role.admin or role in self.roles
@@ -159,7 +163,7 @@ def _checker(access: Access) -> Any:
             access.public_setting and getattr(request.app.state.settings, access.public_setting)
         ):
             return
-        key = request.state.principal = authenticate(request, session)
+        key = request.state.principal = authenticate(request, session, access.token_param)
         if not access.admits(key.role):
             allowed = ", ".join(sorted({*access.roles, Role.admin}))
             raise Forbidden(f"authorization: role {key.role.value!r} may not use this route (allowed: {allowed})")
@@ -178,9 +182,31 @@ def _checker(access: Access) -> Any:
     return Depends(check)
 
 
-def allow(*roles: Role, dataset: str | None = None, public_setting: str | None = None) -> Any:
-    """The route admits ``roles`` (and admin); see the module docstring for ``dataset``."""
-    return _checker(Access(frozenset(roles), dataset=dataset, public_setting=public_setting))
+def allow(
+    *roles: Role, dataset: str | None = None, public_setting: str | None = None, token_param: str | None = None
+) -> Any:
+    """The route admits ``roles`` (and admin); see the module docstring for ``dataset``. ``token_param``:
+    the path parameter that may carry the token instead of the Authorization header."""
+    access = Access(frozenset(roles), dataset=dataset, public_setting=public_setting, token_param=token_param)
+    return _checker(access)
+
+
+_TOKEN_TEXT = re.compile(TOKEN_PREFIX + r"([0-9a-f]{32})_[A-Za-z0-9_-]+")
+
+
+def redact(text: str) -> str:
+    """Tokens in ``text`` -> ``gck_<id>_***`` (the id names the key; the secret never reaches a log)."""
+    return _TOKEN_TEXT.sub(lambda m: f"{TOKEN_PREFIX}{m.group(1)}_***", text)
+
+
+class RedactTokens(logging.Filter):
+    """A logging filter for access logs: a token in a request path is logged redacted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        record.msg = redact(record.msg) if isinstance(record.msg, str) else record.msg
+        return True
 
 
 def public() -> Any:

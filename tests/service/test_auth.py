@@ -284,3 +284,27 @@ def test_spec_naming_an_unconfigured_judge_endpoint_is_refused(client: TestClien
     r = client.post("/v1/reward-specs", json=body)
     assert r.status_code == 422 and r.json()["error"].startswith("components[0].params.endpoint: unknown judge endpoint")
     assert client.get("/v1/reward-specs/j2").status_code == 404
+
+
+def test_a_token_in_the_path_authenticates_and_is_redacted_in_access_logs(client: TestClient, tokens) -> None:
+    """For clients that cannot send headers (OpenRLHF's reward URL): ``allow(..., token_param=...)``."""
+    import logging
+
+    from service.auth import PRODUCER, RedactTokens, allow, redact
+
+    router = APIRouter()
+
+    @router.get("/compat/test/{key}/ping", dependencies=[allow(PRODUCER, token_param="key")])
+    def ping() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    client.app.include_router(router)  # type: ignore[attr-defined]
+    assert client.get(f"/compat/test/{tokens['producer']}/ping").status_code == 200
+    assert client.get(f"/compat/test/{tokens['revoked']}/ping").status_code == 401
+    assert client.get(f"/compat/test/{tokens['viewer']}/ping").status_code == 403
+    assert client.get("/compat/test/nothing/ping").status_code == 401
+    token = tokens["producer"]
+    record = logging.LogRecord("uvicorn.access", 20, "", 0, '%s - "%s %s"', ("1.2.3.4", "GET", f"/compat/test/{token}/ping"), None)
+    RedactTokens().filter(record)
+    assert token.split("_")[-1] not in record.getMessage() and "_***" in record.getMessage()
+    assert redact("no token here") == "no token here"
