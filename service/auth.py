@@ -153,8 +153,11 @@ class Access:
         return self.public or role == Role.admin or role in self.roles
 
 
-def _dataset_param(request: Request, name: str) -> str | None:
-    return request.path_params.get(name) or request.query_params.get(name)
+def _dataset_values(request: Request, name: str) -> list[str]:
+    """Every value the request gives for ``name`` (a repeated query parameter gives several)."""
+    if name in request.path_params:
+        return [request.path_params[name]]
+    return request.query_params.getlist(name)
 
 
 def _checker(access: Access) -> Any:
@@ -173,10 +176,11 @@ def _checker(access: Access) -> Any:
             raise Forbidden(
                 f"authorization: key {key.name!r} is scoped to datasets; this route spans every dataset"
             )
-        value = _dataset_param(request, access.dataset)
-        if value is None:
+        values = _dataset_values(request, access.dataset)
+        if not values:
             raise Forbidden(f"{access.dataset}: required for a key scoped to datasets {sorted(key.datasets)}")
-        key.check_dataset(value, access.dataset)
+        for value in values:
+            key.check_dataset(value, access.dataset)
 
     check.access = access  # type: ignore[attr-defined]
     return Depends(check)

@@ -308,3 +308,18 @@ def test_a_token_in_the_path_authenticates_and_is_redacted_in_access_logs(client
     RedactTokens().filter(record)
     assert token.split("_")[-1] not in record.getMessage() and "_***" in record.getMessage()
     assert redact("no token here") == "no token here"
+
+
+def test_scoped_viewer_reads_only_its_datasets(client: TestClient, session: Session) -> None:
+    token = keys.create_key(session, "v-a", "viewer", ["ds-a"])
+    admin = {"Authorization": f"Bearer {keys.create_key(session, 'adm', 'admin')}"}
+    session.commit()
+    h = {"Authorization": f"Bearer {token}"}
+    assert client.get("/v1/stats?dataset=ds-a", headers=h).status_code == 200
+    assert client.get("/v1/stats", headers=h).status_code == 403  # must name a dataset
+    assert client.get("/v1/stats?dataset=ds-b", headers=h).status_code == 403
+    assert client.get("/v1/stats?dataset=ds-a&dataset=ds-b", headers=h).status_code == 403  # repeated
+    assert client.get("/v1/groups?dataset=ds-a", headers=h).status_code == 200
+    assert client.get("/v1/summary", headers=h).status_code == 403
+    assert client.post("/v1/groups", json=make_group("v-1", prompt_id="vp", dataset="ds-b"), headers=admin).status_code == 201
+    assert client.get("/v1/groups/v-1", headers=h).status_code == 403
