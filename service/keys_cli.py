@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("create", help="create a key; its token is printed once, on the last line")
     p.add_argument("--role", required=True, choices=[r.value for r in Role])
     p.add_argument("--name", required=True, help="a unique name, recorded on what the key writes")
-    p.add_argument("--dataset", action="append", help="scope the key to this dataset (repeatable)")
+    p.add_argument("--dataset", action="extend", nargs="+", help="scope the key to these datasets (repeatable)")
     sub.add_parser("list", help="list keys (never their tokens)").add_argument("--json", action="store_true")
     sub.add_parser("revoke", help="revoke a key by name").add_argument("name")
     return parser
