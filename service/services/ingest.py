@@ -80,8 +80,12 @@ def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool) -> N
     naming the field (changing a prompt or its reference is ``POST /v1/prompts``, an admin's call)."""
     sent: dict[str, tuple[str, dict[str, Any]]] = {}
     for i, g in enumerate(groups):
-        if g.prompt is not None and g.prompt_id not in sent:
-            sent[g.prompt_id] = (f"groups[{i}]." if batched else "", _prompt_row(g.prompt_id, g.prompt))
+        if g.prompt is None:
+            continue
+        row = _prompt_row(g.prompt_id, g.prompt)
+        if g.prompt_id in sent and sent[g.prompt_id][1] != row:
+            raise BadRequest(f"groups[{i}].prompt: differs from {sent[g.prompt_id][0]}prompt for the same prompt_id")
+        sent.setdefault(g.prompt_id, (f"groups[{i}]." if batched else "", row))
     if not sent:
         return
     prompt_repo.insert_prompts_if_new(session, [row for _, row in sent.values()])

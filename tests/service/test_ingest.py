@@ -217,3 +217,11 @@ def test_trajectory_without_tokens_is_accepted(client):
     group["trajectories"] = [t, copy.deepcopy(t)]
     assert client.post("/v1/groups", json=group).status_code == 201
     assert client.get("/v1/groups/nt-1").json()["trajectories"][0]["num_tokens"] == 0
+
+
+def test_one_request_with_two_versions_of_an_inline_prompt_is_refused(client, session):
+    groups = [make_group("tw-1", prompt_id="tw", reference={"answer": "1"}),
+              make_group("tw-2", prompt_id="tw", reference={"answer": "2"})]
+    r = client.post("/v1/groups", json={"groups": groups})
+    assert r.status_code == 422 and r.json()["error"].startswith("groups[1].prompt: differs from groups[0].prompt")
+    assert session.get(Prompt, "tw") is None
