@@ -2,7 +2,9 @@
 
 A rubric template (``{prompt}``, ``{response}``, ``{reference}``) becomes one user message; the
 judge's answer is parsed with ``score_regex`` (default ``Score: N``, last match) and normalised
-from [min_score, max_score] to [0, 1]. Concurrency cap, requests-per-minute limit, per-request
+from [min_score, max_score] to [0, 1]. A spec names an endpoint (``params.endpoint``); its URL, key
+environment variable and limits are a ``JudgeEndpoint`` the deployment configures and passes in (a spec
+that gives a URL or key variable itself is refused). Concurrency cap, requests-per-minute limit, per-request
 timeout, retries with exponential backoff on timeouts / connection errors / 429 / 5xx, and an
 in-memory LRU cache keyed by sha256(judge config + messages). Failures and unparseable answers are
 errors and are not cached. LLM-as-a-judge: Zheng et al. 2023.
@@ -17,6 +19,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -43,8 +46,25 @@ _MAX_BACKOFF_S = 30.0
 _RAW_CHARS = 2000
 
 
+class JudgeEndpoint(ParamsModel):
+    """A judge endpoint, configured by the deployment (never by a spec): where requests go, which
+    environment variable holds its key, and the limits the service keeps towards it."""
+
+    url: str = Field(pattern=r"^https?://", description="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    api_key_env: str | None = Field(default=None, description="environment variable holding the bearer key")
+    max_concurrency: int = Field(default=8, ge=1)
+    rpm: float | None = Field(default=None, gt=0.0)
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    max_retries: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0.0)
+
+
+# what a spec may not say: where requests go and with which credentials or limits (JudgeEndpoint's fields)
+DEPLOYMENT_ONLY = ("base_url", "url", "api_key", *JudgeEndpoint.model_fields)
+
+
 class LLMJudgeParams(ParamsModel):
-    base_url: str = Field(pattern=r"^https?://")
+    endpoint: str = Field(min_length=1, description="the name of a judge endpoint the deployment configured")
     model: str = Field(min_length=1)
     rubric: str = DEFAULT_RUBRIC
     system: str | None = None
@@ -53,14 +73,19 @@ class LLMJudgeParams(ParamsModel):
     max_score: float = 10.0
     temperature: float = Field(default=0.0, ge=0.0)
     max_tokens: int = Field(default=512, ge=1)
-    max_concurrency: int = Field(default=8, ge=1)
-    rpm: float | None = Field(default=None, gt=0.0)
-    timeout_s: float = Field(default=60.0, gt=0.0)
-    max_retries: int = Field(default=3, ge=0)
-    backoff_s: float = Field(default=0.5, ge=0.0)
-    api_key_env: str | None = None
     cache_size: int = Field(default=10_000, ge=0)
     response: Literal["final_answer", "transcript"] = "final_answer"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deployment_only(cls, data: object) -> object:
+        bad = [k for k in DEPLOYMENT_ONLY if isinstance(data, dict) and k in data]
+        if bad:
+            raise ValueError(
+                f"{bad[0]}: judge URLs, keys and limits are deployment settings, not spec params; "
+                "name a configured endpoint with 'endpoint'"
+            )
+        return data
 
     @field_validator("rubric")
     @classmethod
@@ -121,12 +146,16 @@ class LLMJudge(RewardComponent):
     kind = "judge.llm"
     Params = LLMJudgeParams
 
-    def __init__(self, params: dict | None = None) -> None:
+    def __init__(self, params: dict | None = None, endpoints: Mapping[str, JudgeEndpoint] | None = None) -> None:
         super().__init__(params)
         p = self.params
         self._regex = re.compile(p.score_regex)
-        self._url = p.base_url.rstrip("/") + "/chat/completions"
-        self._slots = threading.BoundedSemaphore(p.max_concurrency)
+        # None when the deployment has no such endpoint: every score is then an error naming it
+        self.endpoint: JudgeEndpoint | None = (endpoints or {}).get(p.endpoint)
+        self._known = sorted(endpoints or {})
+        ep = self.endpoint
+        self._url = "" if ep is None else ep.url.rstrip("/") + "/chat/completions"
+        self._slots = threading.BoundedSemaphore(1 if ep is None else ep.max_concurrency)
         self._lock = threading.Lock()
         self._next_request = 0.0
         self._cache: OrderedDict[str, tuple[float, dict]] = OrderedDict()
@@ -144,7 +173,14 @@ class LLMJudge(RewardComponent):
         messages = [{"role": "system", "content": p.system}] if p.system else []
         return [*messages, {"role": "user", "content": fill_rubric(p.rubric, values)}]
 
+    def _ep(self) -> JudgeEndpoint:
+        if self.endpoint is None:
+            known = ", ".join(self._known) or "none configured"
+            raise ComponentError(f"unknown judge endpoint {self.params.endpoint!r}; configured: {known}")
+        return self.endpoint
+
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
+        self._ep()
         messages = self.judge_messages(sample, prompt)
         key = self._cache_key(messages)
         cached = self._cache_get(key)
@@ -165,15 +201,15 @@ class LLMJudge(RewardComponent):
 
     def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
         """Judge items concurrently (at most ``max_concurrency`` requests in flight)."""
-        if len(items) <= 1:
+        if len(items) <= 1 or self.endpoint is None:
             return [self.score(s, p) for s, p in items]
-        with ThreadPoolExecutor(max_workers=min(self.params.max_concurrency, len(items))) as pool:
+        with ThreadPoolExecutor(max_workers=min(self.endpoint.max_concurrency, len(items))) as pool:
             return list(pool.map(lambda item: self.score(*item), items))
 
     def _cache_key(self, messages: list[dict]) -> str:
         config = self.params.model_dump(
             include={
-                "base_url",
+                "endpoint",
                 "model",
                 "rubric",
                 "system",
@@ -184,7 +220,7 @@ class LLMJudge(RewardComponent):
                 "max_tokens",
             }
         )
-        blob = json.dumps({"config": config, "messages": messages}, sort_keys=True)
+        blob = json.dumps({"config": config, "url": self._url, "messages": messages}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _cache_get(self, key: str) -> tuple[float, dict] | None:
@@ -205,22 +241,23 @@ class LLMJudge(RewardComponent):
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                limits = httpx.Limits(max_connections=self.params.max_concurrency)
-                self._client = httpx.Client(timeout=self.params.timeout_s, limits=limits)
+                limits = httpx.Limits(max_connections=self._ep().max_concurrency)
+                self._client = httpx.Client(timeout=self._ep().timeout_s, limits=limits)
             return self._client
 
     def _wait_for_rate_limit(self) -> None:
         """Space requests ``60 / rpm`` seconds apart (shared by all threads of this judge)."""
-        if self.params.rpm is None:
+        rpm = self._ep().rpm
+        if rpm is None:
             return
         with self._lock:
             now = time.monotonic()
             start = max(now, self._next_request)
-            self._next_request = start + 60.0 / self.params.rpm
+            self._next_request = start + 60.0 / rpm
         time.sleep(start - now)
 
     def _headers(self) -> dict[str, str]:
-        env = self.params.api_key_env
+        env = self._ep().api_key_env
         if env is None:
             return {}
         if not os.environ.get(env):
@@ -230,7 +267,7 @@ class LLMJudge(RewardComponent):
     def _complete(self, messages: list[dict]) -> tuple[str, int]:
         """POST with retries; returns (answer text, attempts). Retries timeouts, connection errors,
         429 and 5xx with backoff ``backoff_s * 2**k`` (or Retry-After); other 4xx fail at once."""
-        p = self.params
+        p, ep = self.params, self._ep()
         body = {
             "model": p.model,
             "messages": messages,
@@ -238,7 +275,7 @@ class LLMJudge(RewardComponent):
             "max_tokens": p.max_tokens,
         }
         headers, last_error, delay = self._headers(), "", 0.0
-        for attempt in range(1, p.max_retries + 2):
+        for attempt in range(1, ep.max_retries + 2):
             time.sleep(delay)
             self._wait_for_rate_limit()
             response, last_error = self._post(body, headers)
@@ -246,17 +283,17 @@ class LLMJudge(RewardComponent):
                 return _answer_text(response), attempt
             if response is not None and response.status_code != 429 and response.status_code < 500:
                 raise ComponentError(f"judge HTTP {response.status_code}: {response.text[:300]}")
-            delay = min(p.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
+            delay = min(ep.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
             if response is not None:
                 delay = max(delay, _retry_after(response))
-        raise ComponentError(f"judge failed after {p.max_retries + 1} attempts: {last_error}")
+        raise ComponentError(f"judge failed after {ep.max_retries + 1} attempts: {last_error}")
 
     def _post(self, body: dict, headers: dict[str, str]) -> tuple[httpx.Response | None, str]:
         with self._slots:
             try:
                 response = self._http().post(self._url, json=body, headers=headers)
             except httpx.TimeoutException:
-                return None, f"timeout after {self.params.timeout_s:g}s"
+                return None, f"timeout after {self._ep().timeout_s:g}s"
             except httpx.TransportError as exc:
                 return None, f"judge unreachable: {type(exc).__name__}: {exc}"
         return response, f"HTTP {response.status_code}"

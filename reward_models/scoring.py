@@ -13,11 +13,13 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from reward_models.base import ComponentResult, PromptInfo, RewardComponent, Sample, error_result
+from reward_models.llm_judge import JudgeEndpoint
 from reward_models.pool import KillablePool, PoolTaskError
 from reward_models.registry import make_component
 from reward_models.spec import RewardSpec, ScoredSample, combine
@@ -51,12 +53,19 @@ class Scorer:
     """Scores ``(Sample, PromptInfo)`` items under a RewardSpec. ``processes`` pool workers run the
     ``cpu_heavy`` components with ``timeout_s`` per sample and ``memory_mb`` address space each."""
 
-    def __init__(self, processes: int = 1, timeout_s: float = 10.0, memory_mb: int = 1024) -> None:
+    def __init__(
+        self,
+        processes: int = 1,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        judge_endpoints: Mapping[str, JudgeEndpoint] | None = None,
+    ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         if not timeout_s > 0:
             raise ValueError("timeout_s must be > 0")
         self.processes, self.timeout_s, self.memory_mb = processes, timeout_s, memory_mb
+        self.judge_endpoints = dict(judge_endpoints or {})  # the deployment's, by name
         self._components: dict[tuple[str, str], RewardComponent] = {}
         self._pool: KillablePool | None = None
         self._lock = threading.Lock()
@@ -66,7 +75,7 @@ class Scorer:
         key = (kind, params_key(params))
         with self._lock:
             if key not in self._components:
-                self._components[key] = make_component(kind, params)
+                self._components[key] = make_component(kind, params, judge_endpoints=self.judge_endpoints)
             return self._components[key]
 
     def _get_pool(self) -> KillablePool:

@@ -14,13 +14,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import service.routers
+from service.auth import RedactTokens, check_routes
 from service.db import get_engine, make_sessionmaker, resolve_database_url
+from service.dbadmin import libpq_url
 from service.errors import document_errors, install_error_handlers
 from service.integrations_middleware import PathKeyMiddleware
 from service.middleware import RequestGuardMiddleware
-from service.schemas import GroupIn, GroupsIn
-from service.dbadmin import libpq_url
 from service.ready import ReadyHub
+from service.schemas import GroupIn, GroupsIn
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,10 @@ def create_app(
     for router in _routers():
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    check_routes(app)  # every route declares who may use it
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactTokens) for f in access_log.filters):
+        access_log.addFilter(RedactTokens())  # a token in a path (token_param routes) is never logged
     return app
 
 

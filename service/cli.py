@@ -30,12 +30,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service.migrate import upgrade
 
     settings = get_settings()
+    host = args.host or settings.host
     url = resolve_database_url(settings)
     upgrade(url)
+    if not auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth):
+        return 2
     # workers (and any process the service starts) reuse the resolved server instead of starting their own
     os.environ["DATABASE_URL"] = url
     get_settings.cache_clear()
-    host = args.host or settings.host
     port = args.port or settings.port
     workers = args.workers or settings.workers
     print(f"grpo-curator serving on http://{host}:{port} (docs at /docs, dashboard at /dashboard)", flush=True)
@@ -50,6 +52,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
+    """With no API key, serve stays open on a loopback host (one log line) and refuses any other host
+    unless ``--insecure-no-auth``; returns whether to start."""
+    from service.auth import is_loopback
+    from service.db import get_engine, make_sessionmaker
+    from service.repositories.keys import any_key
+
+    with make_sessionmaker(get_engine(url)).begin() as session:
+        has_keys = any_key(session)
+    if has_keys or require:
+        logging.getLogger("service.auth").info("auth on: every route except /healthz needs an API key")
+        return True
+    if is_loopback(host) or insecure:
+        logging.getLogger("service.auth").warning(
+            "auth off: no API key exists, every route is open to anyone who can reach %s "
+            "(create one with: grpo-curator keys create --role admin --name NAME)", host
+        )
+        return True
+    print(
+        f"error: refusing to serve on {host} without API keys: anyone who can reach it could write data.\n"
+        "  create a key first:  grpo-curator keys create --role admin --name ops\n"
+        "  or serve on 127.0.0.1, or pass --insecure-no-auth to run open anyway",
+        file=sys.stderr,
+    )
+    return False
+
+
 LATER = {
     "score-worker": ("service.workers.main", "score / curate worker: claims received groups, scores and curates them"),
     "train": ("trainer.cli", "GRPO trainer: lease -> train -> ack -> publish"),
@@ -58,6 +87,7 @@ LATER = {
     "stats": ("service.stats_cli", "print reward statistics as a table"),
     "import": ("service.import_cli", "import prompts from verl Parquet or JSONL"),
     "export": ("service.export_cli", "export SFT / DPO / KTO / rollout datasets (Parquet or JSONL)"),
+    "keys": ("service.keys_cli", "API keys: create --role R --name N [--dataset D], list, revoke NAME"),
 }
 
 
@@ -68,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--workers", type=int)
+    p.add_argument("--insecure-no-auth", action="store_true", help="serve a non-loopback host with no API key")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("migrate", help="alembic upgrade head (or --downgrade REV)")
     p.add_argument("--revision", default="head")

@@ -11,6 +11,7 @@ Trainers lease batches with ``lease`` / ``ack`` / ``nack``, or let ``batches`` d
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+API_KEY_ENV = "GRPO_CURATOR_API_KEY"
 BatchFormat = Literal["json", "arrow"]
 BATCH_FORMATS: tuple[str, ...] = ("json", "arrow")
 T = TypeVar("T")
@@ -59,17 +61,21 @@ class CuratorClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         *,
+        api_key: str | None = None,
         unavailable_retries: int = 6,
         max_retry_after_s: float = 10.0,
     ) -> None:
-        """``unavailable_retries``: how often a 503 with ``Retry-After`` (the service's "database
+        """``api_key``: sent as ``Authorization: Bearer``; defaults to ``$GRPO_CURATOR_API_KEY``.
+        ``unavailable_retries``: how often a 503 with ``Retry-After`` (the service's "database
         unavailable") is retried, waiting what it says (at most ``max_retry_after_s``) before each;
         every route is safe to repeat."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.unavailable_retries = unavailable_retries
         self.max_retry_after_s = max_retry_after_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self._http.close()

@@ -16,6 +16,7 @@ import orjson
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.embedded import lock_down
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def start_embedded(data_dir: Path) -> str:
         if key not in _embedded:
             data_dir.mkdir(parents=True, exist_ok=True)
             _embedded[key] = pgserver.get_server(data_dir, cleanup_mode="stop")
+            lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
         server = _embedded[key]
     return server.get_uri()  # type: ignore[attr-defined]
 

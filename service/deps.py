@@ -39,7 +39,7 @@ def get_scorer(request: Request) -> Scorer:
         if state.scorer is None:
             s: Settings = state.settings
             state.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s,
-                                  memory_mb=s.component_memory_mb)
+                                  memory_mb=s.component_memory_mb, judge_endpoints=s.judge_endpoints)
         return state.scorer
 
 

@@ -172,3 +172,10 @@ def document_errors(schema: dict[str, Any], extra_models: tuple[type, ...] = ())
             for code, description in _operation_errors(path, operation).items():
                 responses[str(code)] = {"description": description, "content": ref}
     return schema
+class Unauthorized(ServiceError):
+    status_code = 401
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ServiceError):
+    status_code = 403

@@ -108,6 +108,7 @@ class Group(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column(JSONB)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
     body_hash: Mapped[str] = mapped_column(String(64))
+    producer_key: Mapped[str | None] = mapped_column(Text)  # the API key's name that posted it (audit)
     status: Mapped[str] = mapped_column(String(16), server_default="received")
     drop_reason: Mapped[str | None] = mapped_column(Text)
     n_trajectories: Mapped[int] = mapped_column(Integer)
@@ -199,6 +200,7 @@ class Lease(Base):
     )
     id: Mapped[str] = mapped_column(Text, primary_key=True)
     trainer_id: Mapped[str] = mapped_column(Text)
+    api_key: Mapped[str | None] = mapped_column(Text)  # the name of the key that took it; only it (or admin) acks
     request_id: Mapped[str | None] = mapped_column(Text, unique=True)
     status: Mapped[str] = mapped_column(String(16), server_default="active")  # active|acked|nacked|expired
     group_pks: Mapped[list[Any]] = mapped_column(JSONB)
@@ -215,7 +217,21 @@ class PolicyState(Base):
     __tablename__ = "policy_versions"
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    publisher_key: Mapped[str | None] = mapped_column(Text)  # the API key's name that published it (audit)
     created_at: Mapped[datetime] = _now()
+
+
+class ApiKey(Base):
+    """An API key: the token is ``gck_<id>_<secret>``; only sha256(secret) is stored (service.auth)."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    datasets: Mapped[list[Any] | None] = mapped_column(JSONB)  # None: every dataset
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class SamplingRequest(Base):

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reward_models.llm_judge import JudgeEndpoint
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_CURATOR_", extra="ignore")
@@ -53,6 +55,11 @@ class Settings(BaseSettings):
     # variable (GRPO_CURATOR_PYTHON_FUNCTIONS, JSON) in every worker process
     python_functions: dict[str, str] = Field(default_factory=dict)
     export_batch_rows: int = 1000
+    # auth (service.auth): on once any API key exists, or always with require_auth
+    require_auth: bool = False
+    metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)
+    # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
+    judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
 
     @property
     def embedded_dir(self) -> Path:

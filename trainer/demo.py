@@ -22,7 +22,8 @@ from typing import Any
 
 import httpx
 
-from service.client import wait_healthy
+from service.client import API_KEY_ENV, wait_healthy
+from service.services.keys import provision_local
 from trainer.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +67,8 @@ def _policy(curated: bool, truncation: str) -> dict[str, Any]:
     return CURATED if truncation == "penalize" else CURATED_MASK
 
 
-def configure(url: str, policy: dict[str, Any]) -> None:
-    with httpx.Client(base_url=url, timeout=30) as http:
+def configure(url: str, policy: dict[str, Any], headers: dict[str, str]) -> None:
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as http:
         for path, body in (("/v1/prompts", {"prompts": letter_sum_prompts()}), ("/v1/reward-specs", letter_sum_spec()),
                            ("/v1/curation-policies", policy)):
             http.post(path, json=body).raise_for_status()
@@ -75,7 +76,7 @@ def configure(url: str, policy: dict[str, Any]) -> None:
         http.put("/v1/datasets/letter-sum", json=body).raise_for_status()
 
 
-def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> list[subprocess.Popen]:
+def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Namespace, keys: dict[str, str]) -> list[subprocess.Popen]:
     ckpt = str(out / "checkpoints")
     trainer = {"service_url": url, "trainer_id": "demo-trainer", "model_config": MODEL, "seed": 0, "lr": args.lr,
                "max_groups": args.groups_per_step, "min_groups": args.groups_per_step, "wait_seconds": 5.0, "checkpoint_dir": ckpt, "save_every": 1,
@@ -86,12 +87,12 @@ def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Names
                 "max_backlog": 2 * args.groups_per_step, "poll_seconds": 0.2, "spool_dir": str(out / "spool")}
     (out / "trainer.json").write_text(json.dumps(trainer))
     (out / "producer.json").write_text(json.dumps(producer))
-    return [_spawn(["-m", "trainer.worker", "--config", str(out / "trainer.json")], env, out / "trainer.log"),
-            _spawn(["-m", "trainer.rollout", "--config", str(out / "producer.json")], env, out / "producer.log")]
+    return [_spawn(["-m", "trainer.worker", "--config", str(out / "trainer.json")], {**env, API_KEY_ENV: keys["demo-trainer"]}, out / "trainer.log"),
+            _spawn(["-m", "trainer.rollout", "--config", str(out / "producer.json")], {**env, API_KEY_ENV: keys["demo-producer"]}, out / "producer.log")]
 
 
-def per_version(url: str) -> list[dict[str, Any]]:
-    rows = httpx.get(url + "/v1/stats", params={"by": "policy_version"}, timeout=30).json()["rows"]
+def per_version(url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    rows = httpx.get(url + "/v1/stats", params={"by": "policy_version"}, timeout=30, headers=headers).json()["rows"]
     return sorted(rows, key=lambda r: int(r["key"]))
 
 
@@ -104,12 +105,15 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "GRPO_CURATOR_DATABASE_URL")}
     env.update(GRPO_CURATOR_DATA_DIR=str(out / "state"), GRPO_CURATOR_WORKER_POLL_SECONDS="0.1",
                GRPO_CURATOR_LOG_LEVEL="warning", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    # auth on: the demo makes its own keys (admin for itself, one each for the trainer and the producer)
+    keys = provision_local(out / "state", {"demo-admin": "admin", "demo-trainer": "trainer", "demo-producer": "producer"})
+    headers = {"Authorization": f"Bearer {keys['demo-admin']}"}
     service, url = start_service(out, env)
     procs = [service]
     try:
-        configure(url, _policy(curated, args.truncation))
-        procs += start_workers(url, out, env, args)
-        rows = _watch(url, procs, args, label)
+        configure(url, _policy(curated, args.truncation), headers)
+        procs += start_workers(url, out, env, args, keys)
+        rows = _watch(url, procs, args, label, headers)
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -134,7 +138,7 @@ def versions_to_reach(rows: list[dict[str, Any]], threshold: float, window: int 
     return None
 
 
-def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, label: str) -> list[dict[str, Any]]:
+def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, label: str, headers: dict[str, str]) -> list[dict[str, Any]]:
     start = time.monotonic()
     rows: list[dict[str, Any]] = []
     version = 0
@@ -143,13 +147,13 @@ def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, la
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise RuntimeError(f"a demo process exited early (see the logs under {args.out})")
-        version = int(httpx.get(url + "/v1/policy", timeout=10).json()["version"])
-        rows = per_version(url)
+        version = int(httpx.get(url + "/v1/policy", timeout=10, headers=headers).json()["version"])
+        rows = per_version(url, headers)
         last = rows[-1] if rows else {}
         print(f"[{label}] {time.monotonic() - start:5.0f}s  policy v{version:<4d} sampled-at v{last.get('key', '-')}: "
               f"pass rate {_f(last.get('pass_rate'))}  groups dropped {_f(_dropped(last))}  "
               f"truncated {_f(_truncated(last))}", flush=True)
-    return per_version(url)
+    return per_version(url, headers)
 
 
 def _f(x: float | None) -> str:

@@ -84,6 +84,7 @@ def lock_ready_groups(
     order: Literal["oldest", "freshest"],
     after: tuple[int, int] | None,
     limit: int,
+    datasets: frozenset[str] | None = None,
 ) -> list[Any]:
     """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
 
@@ -94,6 +95,8 @@ def lock_ready_groups(
     stmt = select(Group.pk, Group.policy_version).where(Group.status == "ready")
     if min_version is not None:
         stmt = stmt.where(Group.policy_version >= min_version)
+    if datasets is not None:
+        stmt = stmt.where(Group.dataset.in_(sorted(datasets)))
     if order == "oldest":
         stmt = stmt.order_by(Group.pk)
         if after is not None:

@@ -32,8 +32,10 @@ def latest(session: Session) -> PolicyState | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
-def insert_version(session: Session, version: int, metrics: dict[str, Any]) -> PolicyState:
-    row = PolicyState(version=version, metrics=metrics)
+def insert_version(
+    session: Session, version: int, metrics: dict[str, Any], publisher_key: str | None = None
+) -> PolicyState:
+    row = PolicyState(version=version, metrics=metrics, publisher_key=publisher_key)
     session.add(row)
     session.flush()
     session.refresh(row, ["created_at"])

@@ -36,6 +36,19 @@ def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
     return len(rows)
 
 
+def insert_prompts_if_new(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert prompts whose id is new; existing prompts are left exactly as they are."""
+    if rows:
+        session.execute(insert(Prompt.__table__).on_conflict_do_nothing(index_elements=["id"]), rows)
+
+
+def stored_fields(session: Session, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """prompt id -> its updatable fields as stored (the keys of a prompt row)."""
+    cols = [Prompt.__table__.c[c] for c in ("id", *_UPDATABLE)]
+    rows = session.execute(select(*cols).where(Prompt.id.in_(list(set(ids))))).mappings()
+    return {r["id"]: {c: r[c] for c in _UPDATABLE} for r in rows}
+
+
 def prompt_datasets(session: Session, ids: Iterable[str]) -> dict[str, str]:
     """prompt id -> dataset for the ids that exist."""
     ids = list(set(ids))

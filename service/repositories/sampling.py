@@ -193,14 +193,12 @@ def insert_taken(session: Session, rows: list[dict[str, Any]]) -> list[int]:
     return list(session.execute(stmt, rows).scalars())
 
 
-def mark_done(session: Session, pks: Sequence[int]) -> list[int]:
-    """Mark the rows done (idempotent); returns the pks that exist."""
+def mark_done(session: Session, pks: Sequence[int], datasets: frozenset[str] | None = None) -> list[int]:
+    """Mark the rows done (idempotent); returns the pks that exist (in ``datasets`` when given)."""
     if not pks:
         return []
-    stmt = (
-        update(SamplingRequest)
-        .where(SamplingRequest.pk.in_(list(pks)))
-        .values(status="done")
-        .returning(SamplingRequest.pk)
-    )
+    stmt = update(SamplingRequest).where(SamplingRequest.pk.in_(list(pks)))
+    if datasets is not None:
+        stmt = stmt.where(SamplingRequest.dataset.in_(sorted(datasets)))
+    stmt = stmt.values(status="done").returning(SamplingRequest.pk)
     return list(session.execute(stmt).scalars())

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.arrow import BatchColumns, encode_arrow, encode_json
+from service.auth import SERVICE, TRAINER, VIEWER, KeyDep, allow
 from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut, LeaseIn, LeaseState
 from service.deps import SessionDep, SettingsDep
 from service.services import leases
@@ -39,8 +40,10 @@ def _render(batch: BatchColumns, accept: str) -> Response:
     return Response(encode_json(batch), media_type="application/json", headers=headers)
 
 
-@router.post("/lease", response_class=Response, responses=_LEASE_RESPONSES)
-async def lease_batch(body: LeaseIn, request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+@router.post("/lease", response_class=Response, responses=_LEASE_RESPONSES, dependencies=[allow(TRAINER, dataset=SERVICE)])
+async def lease_batch(
+    body: LeaseIn, request: Request, session: SessionDep, settings: SettingsDep, key: KeyDep
+) -> Response:
     batch = await leases.lease(
         session,
         body,
@@ -48,6 +51,7 @@ async def lease_batch(body: LeaseIn, request: Request, session: SessionDep, sett
         disconnected=request.is_disconnected,
         hub=request.app.state.ready_hub,
         retry_after_s=settings.lease_retry_after_s,
+        key=key,
     )
     if batch is None:
         return Response(status_code=204)
@@ -55,17 +59,20 @@ async def lease_batch(body: LeaseIn, request: Request, session: SessionDep, sett
 
 
 @router.post(
-    "/{batch_id}/ack", response_model=LeaseState, responses={404: {}, 409: {"description": "fenced"}}
+    "/{batch_id}/ack",
+    response_model=LeaseState,
+    responses={404: {}, 409: {"description": "fenced"}},
+    dependencies=[allow(TRAINER, dataset=SERVICE)],
 )
-def ack_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
-    return leases.ack(session, batch_id)
+def ack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState:
+    return leases.ack(session, batch_id, key)
 
 
-@router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}})
-def nack_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
-    return leases.nack(session, batch_id)
+@router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}}, dependencies=[allow(TRAINER, dataset=SERVICE)])
+def nack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState:
+    return leases.nack(session, batch_id, key)
 
 
-@router.get("/{batch_id}", response_model=LeaseState, responses={404: {}})
-def get_batch(batch_id: BatchId, session: SessionDep) -> LeaseState:
-    return leases.state(session, batch_id)
+@router.get("/{batch_id}", response_model=LeaseState, responses={404: {}}, dependencies=[allow(TRAINER, VIEWER, dataset=SERVICE)])
+def get_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState:
+    return leases.state(session, batch_id, key)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
+from service.auth import VIEWER, allow
 from service.deps import SettingsDep, format_errors
 from service.errors import BadRequest
 from service.integration_schemas import ExportFormat, ExportQuery, FileType
@@ -35,7 +36,7 @@ def export_query(
         raise BadRequest(message, detail=items) from None
 
 
-@router.get("/export", response_class=StreamingResponse,
+@router.get("/export", response_class=StreamingResponse, dependencies=[allow(VIEWER, dataset="dataset")],
             responses={200: {"content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}}}})
 def get_export(request: Request, q: Annotated[ExportQuery, Depends(export_query)], settings: SettingsDep,
                filetype: FileType = "jsonl") -> StreamingResponse:

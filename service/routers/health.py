@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import text
 
+from service.auth import public
 from service.deps import SessionDep
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", dependencies=[public()])
 def healthz(session: SessionDep) -> dict[str, str]:
     revision = session.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
     return {"status": "ok", "schema": revision or "none"}

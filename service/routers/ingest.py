@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from service.auth import ADMIN, PRODUCER, SERVICE, VIEWER, KeyDep, allow
 from service.deps import GroupBody, SessionDep, SettingsDep
 from service.schemas import (
     GROUP_STATUSES,
@@ -39,7 +40,7 @@ _GROUP_BODY_DOC = {
 }
 
 
-@router.post("/prompts", response_model=UpsertedOut)
+@router.post("/prompts", response_model=UpsertedOut, dependencies=[allow(ADMIN)])
 def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
     return UpsertedOut(upserted=ingest.upsert_prompts(session, body.prompts))
 
@@ -50,8 +51,11 @@ def post_prompts(body: PromptsIn, session: SessionDep) -> UpsertedOut:
     status_code=201,
     openapi_extra=_GROUP_BODY_DOC,
     responses={200: {"description": "already stored with the same body"}, 409: {"description": "id conflict"}},
+    dependencies=[allow(PRODUCER, dataset=SERVICE)],
 )
-def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, response: Response) -> GroupAck | GroupsAck:
+def post_groups(
+    body: GroupBody, session: SessionDep, settings: SettingsDep, key: KeyDep, response: Response
+) -> GroupAck | GroupsAck:
     batched = isinstance(body, GroupsIn)
     groups: list[GroupIn] = body.groups if isinstance(body, GroupsIn) else [body]
     acks = ingest.ingest_groups(
@@ -61,23 +65,27 @@ def post_groups(body: GroupBody, session: SessionDep, settings: SettingsDep, res
         max_sequence_tokens=settings.max_sequence_tokens,
         max_groups=settings.max_groups_per_request,
         batched=batched,
+        key=key,
     )
     if not any(a.created for a in acks):
         response.status_code = 200
     return GroupsAck(groups=acks) if batched else acks[0]
 
 
-@router.get("/groups/{group_id:path}", response_model=GroupOut)
+@router.get("/groups/{group_id:path}", response_model=GroupOut, dependencies=[allow(VIEWER, dataset=SERVICE)])
 def get_group(
     group_id: PathId,
     session: SessionDep,
+    key: KeyDep,
     include_tokens: bool = False,
     spec_version: VersionQuery = None,
 ) -> GroupOut:
-    return group_service.get_group(session, group_id, include_tokens=include_tokens, spec_version=spec_version)
+    return group_service.get_group(
+        session, group_id, include_tokens=include_tokens, spec_version=spec_version, key=key
+    )
 
 
-@router.get("/groups", response_model=GroupPage)
+@router.get("/groups", response_model=GroupPage, dependencies=[allow(VIEWER, dataset="dataset")])
 def list_groups(
     session: SessionDep,
     dataset: NameQuery = None,

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
+from service.auth import PRODUCER, TRAINER, allow
 from service.deps import ScorerDep, SessionDep, SettingsDep
 from service.integration_schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreOut
 from service.services import openrlhf
@@ -14,13 +15,13 @@ from service.services.score import score_items
 router = APIRouter(tags=["integrations"])
 
 
-@router.post("/v1/score", response_model=ScoreOut,
+@router.post("/v1/score", response_model=ScoreOut, dependencies=[allow(PRODUCER, TRAINER)],
              responses={413: {"description": "more items than max_score_items"}})
 def post_score(body: ScoreIn, session: SessionDep, scorer: ScorerDep, settings: SettingsDep) -> ScoreOut:
     return score_items(session, scorer, body, settings.max_score_items, settings.max_group_size)
 
 
-@router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut,
+@router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
              responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"}})
 def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
                          scorer: ScorerDep, settings: SettingsDep) -> OpenRLHFOut:

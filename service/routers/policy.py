@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from service.auth import ANY, PRODUCER, TRAINER, VIEWER, KeyDep, allow
 from service.delivery_schemas import PolicyHistory, PolicyIn, PolicyOut
 from service.deps import SessionDep
 from service.services import policy
@@ -22,19 +23,20 @@ router = APIRouter(prefix="/v1/policy", tags=["policy"])
         200: {"description": "the same version and metrics again"},
         409: {"description": "not increasing"},
     },
+    dependencies=[allow(TRAINER)],
 )
-def publish_policy(body: PolicyIn, session: SessionDep, response: Response) -> PolicyOut:
-    out, created = policy.publish(session, body)
+def publish_policy(body: PolicyIn, session: SessionDep, key: KeyDep, response: Response) -> PolicyOut:
+    out, created = policy.publish(session, body, key.name)
     if not created:
         response.status_code = 200
     return out
 
 
-@router.get("", response_model=PolicyOut)
+@router.get("", response_model=PolicyOut, dependencies=[allow(PRODUCER, TRAINER, VIEWER, dataset=ANY)])
 def get_policy(session: SessionDep) -> PolicyOut:
     return policy.current(session)
 
 
-@router.get("/history", response_model=PolicyHistory)
+@router.get("/history", response_model=PolicyHistory, dependencies=[allow(TRAINER, VIEWER, dataset=ANY)])
 def policy_history(session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> PolicyHistory:
     return policy.history(session, limit)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.auth import ADMIN, allow
 from service.deps import SessionDep
 from service.schemas import INT4_MAX, Key, Name
 from service.services import rescore
@@ -32,11 +33,11 @@ class RecurateIn(GroupFilter):
     curation_policy: Name
 
 
-@router.post("/rescore")
+@router.post("/rescore", dependencies=[allow(ADMIN)])
 def post_rescore(body: RescoreIn, session: SessionDep) -> dict[str, Any]:
     return rescore.rescore(session, body.reward_spec, **body.filters())
 
 
-@router.post("/recurate")
+@router.post("/recurate", dependencies=[allow(ADMIN)])
 def post_recurate(body: RecurateIn, session: SessionDep) -> dict[str, Any]:
     return rescore.recurate(session, body.curation_policy, **body.filters())

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.auth import PRODUCER, SERVICE, KeyDep, allow
 from service.deps import SessionDep
 from service.schemas import INT8_MAX, NameQuery
 from service.services import sampling
@@ -51,7 +52,7 @@ class DoneOut(BaseModel):
     unknown: list[int]
 
 
-@router.get("/requests", response_model=SamplingRequestsOut)
+@router.get("/requests", response_model=SamplingRequestsOut, dependencies=[allow(PRODUCER, dataset="dataset")])
 def get_requests(
     session: SessionDep,
     n: Annotated[int, Query(ge=1, le=1000)] = 10,
@@ -76,6 +77,6 @@ def get_requests(
     )
 
 
-@router.post("/requests/done", response_model=DoneOut)
-def post_done(body: DoneIn, session: SessionDep) -> DoneOut:
-    return DoneOut(**sampling.mark_done(session, body.request_ids))
+@router.post("/requests/done", response_model=DoneOut, dependencies=[allow(PRODUCER, dataset=SERVICE)])
+def post_done(body: DoneIn, session: SessionDep, key: KeyDep) -> DoneOut:
+    return DoneOut(**sampling.mark_done(session, body.request_ids, key.datasets))

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict
 
 from filters.policy import CurationPolicySpec
 from reward_models.spec import RewardSpec
-from service.deps import SessionDep
+from service.auth import ADMIN, VIEWER, allow
+from service.deps import SessionDep, SettingsDep
 from service.schemas import Name, PathName, VersionQuery
 from service.services import specs
 
@@ -38,37 +39,37 @@ class DatasetOut(DatasetIn):
 _SAME_BODY = {200: {"description": "equal to the latest version: that version, nothing new stored"}}
 
 
-@router.post("/reward-specs", response_model=VersionOut, status_code=201, responses=_SAME_BODY)
-def post_reward_spec(body: RewardSpec, session: SessionDep, response: Response) -> VersionOut:
-    v = specs.create_reward_spec(session, body)
+@router.post("/reward-specs", response_model=VersionOut, status_code=201, responses=_SAME_BODY, dependencies=[allow(ADMIN)])
+def post_reward_spec(body: RewardSpec, session: SessionDep, settings: SettingsDep, response: Response) -> VersionOut:
+    v = specs.create_reward_spec(session, body, settings.judge_endpoints)
     response.status_code = 201 if v.created else 200
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/reward-specs/{name:path}", response_model=VersionedOut)
+@router.get("/reward-specs/{name:path}", response_model=VersionedOut, dependencies=[allow(VIEWER)])
 def get_reward_spec(name: PathName, session: SessionDep, version: VersionQuery = None) -> VersionedOut:
     v = specs.get_versioned(session, "reward_spec", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.post("/curation-policies", response_model=VersionOut, status_code=201, responses=_SAME_BODY)
+@router.post("/curation-policies", response_model=VersionOut, status_code=201, responses=_SAME_BODY, dependencies=[allow(ADMIN)])
 def post_curation_policy(body: CurationPolicySpec, session: SessionDep, response: Response) -> VersionOut:
     v = specs.create_curation_policy(session, body)
     response.status_code = 201 if v.created else 200
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/curation-policies/{name:path}", response_model=VersionedOut)
+@router.get("/curation-policies/{name:path}", response_model=VersionedOut, dependencies=[allow(VIEWER)])
 def get_curation_policy(name: PathName, session: SessionDep, version: VersionQuery = None) -> VersionedOut:
     v = specs.get_versioned(session, "curation_policy", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)
 
 
-@router.put("/datasets/{name:path}", response_model=DatasetOut)
+@router.put("/datasets/{name:path}", response_model=DatasetOut, dependencies=[allow(ADMIN)])
 def put_dataset(name: PathName, body: DatasetIn, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.set_dataset(session, name, body.reward_spec, body.curation_policy))
 
 
-@router.get("/datasets/{name:path}", response_model=DatasetOut)
+@router.get("/datasets/{name:path}", response_model=DatasetOut, dependencies=[allow(VIEWER, dataset="name")])
 def get_dataset(name: PathName, session: SessionDep) -> DatasetOut:
     return DatasetOut(**specs.get_dataset(session, name))

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
+from service.auth import ADMIN, VIEWER, allow
 from service.deps import SessionDep
 from service.services import stats
 from service.services.stats import StatsBy
@@ -71,7 +72,7 @@ class RebuildOut(BaseModel):
     cells: int
 
 
-@router.get("", response_model=StatsOut, response_model_exclude_unset=True)
+@router.get("", response_model=StatsOut, response_model_exclude_unset=True, dependencies=[allow(VIEWER, dataset="dataset")])
 def get_stats(
     session: SessionDep,
     by: StatsBy = "dataset",
@@ -84,7 +85,7 @@ def get_stats(
     return stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model
 
 
-@router.post("/rebuild", response_model=RebuildOut)
+@router.post("/rebuild", response_model=RebuildOut, dependencies=[allow(ADMIN)])
 def rebuild_stats(session: SessionDep) -> RebuildOut:
     """Recompute the rollup from the stored groups (after a migration, or to check it)."""
     return RebuildOut(**stats.rebuild(session))

@@ -7,6 +7,7 @@ from collections import defaultdict
 from sqlalchemy.orm import Session
 
 from service import arrays
+from service.auth import OPEN, Principal
 from service.errors import BadRequest, NotFound
 from service.models import Group, Reward, Trajectory
 from service.repositories import groups as group_repo
@@ -44,11 +45,17 @@ def _trajectory_out(t: Trajectory, rewards: list[Reward], include_tokens: bool) 
 
 
 def get_group(
-    session: Session, group_id: str, *, include_tokens: bool = False, spec_version: int | None = None
+    session: Session,
+    group_id: str,
+    *,
+    include_tokens: bool = False,
+    spec_version: int | None = None,
+    key: Principal = OPEN,
 ) -> GroupOut:
     g = group_repo.load_group(session, group_id)
     if g is None:
         raise NotFound(f"id: no group {group_id!r}")
+    key.check_dataset(g.dataset, "group_id")
     by_idx: dict[int, list[Reward]] = defaultdict(list)
     version = spec_version if spec_version is not None else g.reward_spec_version
     if g.reward_spec_name is not None and version is not None:

@@ -10,7 +10,8 @@ from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
 from service import arrays
-from service.errors import BadRequest, GroupConflict
+from service.auth import OPEN, Principal
+from service.errors import BadRequest, Conflict, GroupConflict
 from service.repositories import groups as group_repo
 from service.repositories import prompts as prompt_repo
 from service.schemas import GroupAck, GroupIn, Message, PromptIn, PromptUpsert, TrajectoryIn
@@ -92,6 +93,31 @@ def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_
             )
 
 
+def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool) -> None:
+    """Create the inline prompts that are new; an inline prompt that differs from the stored one is a 409
+    naming the field (changing a prompt or its reference is ``POST /v1/prompts``, an admin's call)."""
+    sent: dict[str, tuple[str, dict[str, Any]]] = {}
+    for i, g in enumerate(groups):
+        if g.prompt is None:
+            continue
+        row = _prompt_row(g.prompt_id, g.prompt)
+        if g.prompt_id in sent and sent[g.prompt_id][1] != row:
+            raise BadRequest(f"groups[{i}].prompt: differs from {sent[g.prompt_id][0]}prompt for the same prompt_id")
+        sent.setdefault(g.prompt_id, (f"groups[{i}]." if batched else "", row))
+    if not sent:
+        return
+    prompt_repo.insert_prompts_if_new(session, [row for _, row in sent.values()])
+    stored = prompt_repo.stored_fields(session, sent)
+    for prompt_id, (where, row) in sent.items():
+        for field, value in stored[prompt_id].items():
+            if row[field] != value:
+                raise Conflict(
+                    f"{where}prompt.{field}: prompt {prompt_id!r} already exists with a different {field}; "
+                    "an inline prompt only creates a prompt (an admin changes one with POST /v1/prompts)",
+                    detail={"prompt_id": prompt_id, "field": field},
+                )
+
+
 def ingest_groups(
     session: Session,
     groups: list[GroupIn],
@@ -100,8 +126,10 @@ def ingest_groups(
     max_sequence_tokens: int,
     batched: bool,
     max_groups: int | None = None,
+    key: Principal = OPEN,
 ) -> list[GroupAck]:
     """Store each group once. Same id + same body: the stored answer; same id + other body: 409.
+    Each group's dataset must be in ``key``'s scope (403); the key's name is recorded as the producer.
 
     The caller's transaction makes the request all-or-nothing.
     """
@@ -114,13 +142,13 @@ def ingest_groups(
             raise BadRequest(f"{where}id: duplicate group id {g.id!r} in one request")
         seen.add(g.id)
         _check_limits(g, where, max_group_size, max_sequence_tokens)
+        if g.prompt is not None:  # before anything is written: a new prompt's dataset must be in scope
+            key.check_dataset(g.prompt.dataset, f"{where}prompt.dataset")
     check_reference(
         session,
         [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],
     )
-    inline = {g.prompt_id: g.prompt for g in groups if g.prompt is not None}
-    if inline:
-        prompt_repo.upsert_prompts(session, [_prompt_row(pid, p) for pid, p in inline.items()])
+    _inline_prompts(session, groups, batched)
     datasets = prompt_repo.prompt_datasets(session, {g.prompt_id for g in groups})
     acks = []
     for i, g in enumerate(groups):
@@ -130,11 +158,12 @@ def ingest_groups(
                 f"{where}prompt_id: unknown prompt {g.prompt_id!r}; post it to /v1/prompts first or send 'prompt' inline",
                 status_code=422,
             )
-        acks.append(_ingest_one(session, g, datasets[g.prompt_id], where))
+        key.check_dataset(datasets[g.prompt_id], f"{where}prompt_id")
+        acks.append(_ingest_one(session, g, datasets[g.prompt_id], where, key.name))
     return acks
 
 
-def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str) -> GroupAck:
+def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer_key: str | None) -> GroupAck:
     digest = body_hash(g)
     row = {
         "id": g.id,
@@ -144,6 +173,7 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str) -> Group
         "sampling": g.sampling,
         "metadata": g.metadata,
         "body_hash": digest,
+        "producer_key": producer_key,
         "n_trajectories": len(g.trajectories),
         "n_tokens": sum(len(t.token_ids or ()) for t in g.trajectories),
     }

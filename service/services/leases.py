@@ -30,8 +30,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service.arrays import TOKEN_DTYPE
 from service.arrow import BatchColumns
+from service.auth import OPEN, Principal
 from service.delivery_schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState, SizingField
-from service.errors import Conflict, LeaseConflict, NotFound, TooManyWaiters
+from service.errors import Conflict, Forbidden, LeaseConflict, NotFound, TooManyWaiters
 from service.models import Lease
 from service.ready import ReadyHub, Waiter
 from service.repositories import leases as lease_repo
@@ -93,15 +94,18 @@ class Claim:
         return max(1, min(MAX_CHUNK, math.ceil(remaining / max(per_group, 1.0)) + 1))
 
 
-def claim_groups(session: Session, body: LeaseIn, min_version: int | None) -> Claim:
-    """Lock ready groups chunk by chunk (keyset on the delivery order) until the budget is full."""
+def claim_groups(
+    session: Session, body: LeaseIn, min_version: int | None, datasets: frozenset[str] | None = None
+) -> Claim:
+    """Lock ready groups chunk by chunk (keyset on the delivery order) until the budget is full;
+    ``datasets``: only groups of these (a scoped key's)."""
     kind, limit = body.sizing()
     claim = Claim(kind=kind, limit=limit)
     after: tuple[int, int] | None = None
     while True:
         size = claim.next_chunk()
         rows = lease_repo.lock_ready_groups(
-            session, min_version=min_version, order=body.order, after=after, limit=size
+            session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets
         )
         sizes = lease_repo.deliverable_sizes(session, [r.pk for r in rows])
         for row in rows:
@@ -157,8 +161,10 @@ def _columns(
     )
 
 
-def _replay(session: Session, lease: Lease, body: LeaseIn) -> BatchColumns:
-    """A retried request_id: the same batch while its lease is active, else 409."""
+def _replay(session: Session, lease: Lease, body: LeaseIn, key: Principal = OPEN) -> BatchColumns:
+    """A retried request_id: the same batch while its lease is active, else 409 (403: another key's)."""
+    if not key.is_admin and lease.api_key != key.name:
+        raise Forbidden("request_id: belongs to a lease taken with another API key", detail={"batch_id": lease.id})
     if lease.trainer_id != body.trainer_id:
         raise Conflict(
             f"request_id: already used by trainer {lease.trainer_id!r}", detail={"batch_id": lease.id}
@@ -171,7 +177,9 @@ def _replay(session: Session, lease: Lease, body: LeaseIn) -> BatchColumns:
     return _columns(session, lease, body, replayed=True)
 
 
-def lease_once(session: Session, body: LeaseIn, lease_seconds: float, final: bool = True) -> BatchColumns | None:
+def lease_once(
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool = True, key: Principal = OPEN
+) -> BatchColumns | None:
     """One attempt: reap, replay a known request_id, or claim and record a new lease; None when empty,
     or (before the ``final`` attempt) when fewer than ``min_groups`` groups are ready."""
     reap_expired(session)
@@ -179,10 +187,10 @@ def lease_once(session: Session, body: LeaseIn, lease_seconds: float, final: boo
         lease_repo.lock_request_id(session, body.request_id)
         existing = lease_repo.lease_by_request_id(session, body.request_id)
         if existing is not None:
-            return _replay(session, existing, body)
+            return _replay(session, existing, body, key)
     policy_version = current_version(session)
     min_version = None if body.max_staleness is None else policy_version - body.max_staleness
-    claim = claim_groups(session, body, min_version)
+    claim = claim_groups(session, body, min_version, key.datasets)
     if not claim.pks or (not final and body.min_groups is not None and len(claim.pks) < body.min_groups):
         return None  # the caller rolls back, releasing the claimed rows
     lease_id = uuid.uuid4().hex
@@ -190,6 +198,7 @@ def lease_once(session: Session, body: LeaseIn, lease_seconds: float, final: boo
     row = {
         "id": lease_id,
         "trainer_id": body.trainer_id,
+        "api_key": key.name,
         "request_id": body.request_id,
         "status": "active",
         "group_pks": claim.pks,
@@ -211,6 +220,7 @@ async def lease(
     disconnected: Callable[[], Awaitable[bool]],
     hub: ReadyHub,
     retry_after_s: float = 1.0,
+    key: Principal = OPEN,
 ) -> BatchColumns | None:
     """Lease a batch, long-polling up to ``wait_seconds``; None (-> 204) when nothing became ready.
     With ``min_groups`` the poll waits for that many ready groups and, at the deadline, returns the
@@ -227,7 +237,7 @@ async def lease(
     filtered = body.max_staleness is not None or body.min_groups is not None
     if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
         generation = hub.generation
-        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub)
+        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub, key)
         if batch is not None or body.wait_seconds <= 0:
             return batch
         if not filtered:
@@ -239,25 +249,27 @@ async def lease(
             retry_after_s=retry_after_s,
         )
     try:
-        return await _wait_for_batch(session, body, lease_seconds, deadline, disconnected, hub, waiter)
+        return await _wait_for_batch(session, body, lease_seconds, deadline, disconnected, hub, waiter, key)
     finally:
         hub.leave(waiter)
 
 
-def _attempt_sync(session: Session, body: LeaseIn, lease_seconds: float, final: bool) -> BatchColumns | None:
-    batch = lease_once(session, body, lease_seconds, final)
+def _attempt_sync(
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool, key: Principal
+) -> BatchColumns | None:
+    batch = lease_once(session, body, lease_seconds, final, key)
     if batch is None:
         session.rollback()  # in the same thread: a connection never waits for a free thread to go back
     return batch
 
 
 async def _attempt(
-    session: Session, body: LeaseIn, lease_seconds: float, final: bool, hub: ReadyHub
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool, hub: ReadyHub, key: Principal
 ) -> BatchColumns | None:
     """One ``lease_once`` in a worker thread, at most ``hub.attempt_slots`` at once per process (the rest
     of the pool stays free for ingest and /healthz); an empty attempt is rolled back."""
     async with hub.attempt_slot():
-        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final)
+        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final, key)
 
 
 async def _wait_for_batch(
@@ -268,6 +280,7 @@ async def _wait_for_batch(
     disconnected: Callable[[], Awaitable[bool]],
     hub: ReadyHub,
     waiter: Waiter,
+    key: Principal,
 ) -> BatchColumns | None:
     """Sleep until woken, try, repeat until the deadline; pass the wake-up on as ``service.ready`` says."""
     while True:
@@ -277,9 +290,9 @@ async def _wait_for_batch(
                 hub.pass_on(waiter)
             return None
         if not woken:  # the deadline: a min_groups lease takes the partial batch there is
-            return await _attempt(session, body, lease_seconds, True, hub) if body.min_groups else None
+            return await _attempt(session, body, lease_seconds, True, hub, key) if body.min_groups else None
         try:
-            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub)
+            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub, key)
         except BaseException:
             hub.pass_on(waiter)
             raise
@@ -315,19 +328,21 @@ def _ended(lease: Lease, status: str, ended_at: datetime | None) -> None:
     set_committed_value(lease, "ended_at", ended_at)
 
 
-def _locked(session: Session, batch_id: str) -> Lease:
+def _locked(session: Session, batch_id: str, key: Principal) -> Lease:
     lease = lease_repo.get_lease(session, batch_id, for_update=True)
     if lease is None:
         raise NotFound(f"batch_id: no lease {batch_id!r}")
+    if not key.is_admin and lease.api_key != key.name:
+        raise Forbidden(f"batch_id: lease {batch_id} was taken with another API key; only that key or an admin ends it")
     return lease
 
 
-def ack(session: Session, batch_id: str) -> LeaseState:
+def ack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
     """Consume the lease's groups (recording staleness); idempotent once acked.
 
     409 when the lease was nacked or expired, or when any of its groups is no longer held by it.
     """
-    lease = _locked(session, batch_id)
+    lease = _locked(session, batch_id, key)
     if lease.status == "acked":
         return _state(session, lease)
     if lease.status != "active":
@@ -346,9 +361,9 @@ def ack(session: Session, batch_id: str) -> LeaseState:
     return _state(session, lease)
 
 
-def nack(session: Session, batch_id: str) -> LeaseState:
+def nack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
     """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired."""
-    lease = _locked(session, batch_id)
+    lease = _locked(session, batch_id, key)
     if lease.status == "nacked":
         return _state(session, lease)
     if lease.status != "active":
@@ -361,8 +376,11 @@ def nack(session: Session, batch_id: str) -> LeaseState:
     return _state(session, lease)
 
 
-def state(session: Session, batch_id: str) -> LeaseState:
+def state(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
+    """A lease's state; a dataset-scoped key sees only the leases it took."""
     lease = lease_repo.get_lease(session, batch_id)
     if lease is None:
         raise NotFound(f"batch_id: no lease {batch_id!r}")
+    if key.datasets is not None and lease.api_key != key.name:
+        raise Forbidden(f"batch_id: lease {batch_id} was taken with another API key")
     return _state(session, lease)

@@ -16,7 +16,7 @@ def _out(row: PolicyState) -> PolicyOut:
     return PolicyOut(version=row.version, metrics=row.metrics, created_at=row.created_at.isoformat())
 
 
-def publish(session: Session, body: PolicyIn) -> tuple[PolicyOut, bool]:
+def publish(session: Session, body: PolicyIn, publisher_key: str | None = None) -> tuple[PolicyOut, bool]:
     """Store a new version; returns (the stored version, created?).
 
     Versions strictly increase. The same version with the same metrics again is an idempotent retry
@@ -38,7 +38,7 @@ def publish(session: Session, body: PolicyIn) -> tuple[PolicyOut, bool]:
             "versions strictly increase",
             detail={"version": body.version, "current": latest.version},
         )
-    return _out(policy_repo.insert_version(session, body.version, body.metrics)), True
+    return _out(policy_repo.insert_version(session, body.version, body.metrics, publisher_key)), True
 
 
 def current(session: Session) -> PolicyOut:

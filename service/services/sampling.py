@@ -203,7 +203,8 @@ def next_requests(
     return {"requests": [_item(p, prompts.get(p.prompt_id), expires, include_reference) for p in picks]}
 
 
-def mark_done(session: Session, request_ids: list[int]) -> dict[str, Any]:
-    """Mark requests done (producers call it after posting the group); unknown ids are listed."""
-    found = set(repo.mark_done(session, sorted(set(request_ids))))
+def mark_done(session: Session, request_ids: list[int], datasets: frozenset[str] | None = None) -> dict[str, Any]:
+    """Mark requests done (producers call it after posting the group); unknown ids are listed, and so
+    are those outside ``datasets`` (a scoped key's)."""
+    found = set(repo.mark_done(session, sorted(set(request_ids)), datasets))
     return {"done": sorted(found), "unknown": sorted(set(request_ids) - found)}

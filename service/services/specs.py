@@ -7,6 +7,7 @@ returns that version (no new version); versions never change once written.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,14 @@ def _create(session: Session, model: type[RewardSpecRow] | type[CurationPolicyRo
     return Versioned(name, spec_repo.add_version(session, model, name, body, digest), body, created=True)
 
 
-def create_reward_spec(session: Session, spec: RewardSpec) -> Versioned:
+def create_reward_spec(session: Session, spec: RewardSpec, judge_endpoints: Collection[str] | None = None) -> Versioned:
+    """Store a new version (or return the identical latest). With ``judge_endpoints`` (the deployment's
+    endpoint names), a ``judge.llm`` component naming another endpoint is a 422."""
+    for i, c in enumerate(spec.components):
+        name = c.params.get("endpoint")
+        if judge_endpoints is not None and c.kind == "judge.llm" and name not in judge_endpoints:
+            known = ", ".join(sorted(judge_endpoints)) or "none configured (GRPO_CURATOR_JUDGE_ENDPOINTS)"
+            raise BadRequest(f"components[{i}].params.endpoint: unknown judge endpoint {name!r}; configured: {known}")
     return _create(session, RewardSpecRow, spec.name, spec.model_dump(mode="json"))
 
 

@@ -30,7 +30,8 @@ class WorkerThread:
     def _run(self) -> None:
         s = self.settings
         log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
-        self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb)
+        self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb,
+                             judge_endpoints=s.judge_endpoints)
         try:
             run_forever(self.factory, self.scorer, self.stop, batch=s.worker_batch_groups,
                         max_attempts=s.max_score_attempts, poll_seconds=s.worker_poll_seconds)
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info("score-worker: %d verifier processes, batches of %d groups", args.processes, args.batch)
-    with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb) as scorer:
+    with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb,
+                judge_endpoints=settings.judge_endpoints) as scorer:
         run_forever(factory, scorer, stop, batch=args.batch, max_attempts=settings.max_score_attempts,
                     poll_seconds=settings.worker_poll_seconds)
     return 0

@@ -7,14 +7,20 @@ import socket
 import pytest
 
 from reward_models import make_component
-from reward_models.llm_judge import fill_rubric
+from reward_models.llm_judge import JudgeEndpoint, fill_rubric
 from tests.reward_models.conftest import FakeOpenAIServer
 from tests.reward_models.helpers import make_prompt, make_sample
 
 
 def judge(server: FakeOpenAIServer, **params: object):
+    """The component with the endpoint-level params (url, key env, limits) moved to a JudgeEndpoint."""
+    endpoint = {"url": server.base_url, "backoff_s": 0.01}
+    endpoint.update({k: v for k, v in params.items() if k in JudgeEndpoint.model_fields})
+    spec = {k: v for k, v in params.items() if k not in JudgeEndpoint.model_fields}
     return make_component(
-        "judge.llm", {"base_url": server.base_url, "model": "judge-7b", "backoff_s": 0.01, **params}
+        "judge.llm",
+        {"endpoint": "fake", "model": "judge-7b", **spec},
+        judge_endpoints={"fake": JudgeEndpoint(**endpoint)},
     )
 
 
@@ -101,9 +107,9 @@ def test_judge_unreachable() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    endpoint = JudgeEndpoint(url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
     component = make_component(
-        "judge.llm",
-        {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 1, "backoff_s": 0.01},
+        "judge.llm", {"endpoint": "down", "model": "m"}, judge_endpoints={"down": endpoint}
     )
     result = one(component)
     assert result.value is None and "judge unreachable" in (result.error or "")
@@ -140,6 +146,23 @@ def test_rubric_placeholders_leave_other_braces() -> None:
     filled = fill_rubric(rubric, {"prompt": "p {response}", "response": "r", "reference": "x"})
     assert filled == 'Return JSON like {"ok": true}. Q: p {response} A: r (x)'
     with pytest.raises(ValueError, match="param 'rubric'"):
-        make_component("judge.llm", {"base_url": "http://x", "model": "m", "rubric": "no placeholder"})
+        make_component("judge.llm", {"endpoint": "x", "model": "m", "rubric": "no placeholder"})
     with pytest.raises(ValueError, match="param 'score_regex'.*capture group"):
-        make_component("judge.llm", {"base_url": "http://x", "model": "m", "score_regex": r"Score: \d"})
+        make_component("judge.llm", {"endpoint": "x", "model": "m", "score_regex": r"Score: \d"})
+
+
+@pytest.mark.parametrize("param", ["base_url", "url", "api_key_env", "api_key", "timeout_s", "max_concurrency", "rpm"])
+def test_spec_cannot_name_a_url_key_or_limits(param: str) -> None:
+    """A spec saying where to send requests (with which key) is refused, naming the param."""
+    with pytest.raises(ValueError, match=f"{param}: judge URLs, keys and limits are deployment settings"):
+        make_component("judge.llm", {"endpoint": "x", "model": "m", param: "DATABASE_URL"})
+
+
+def test_unknown_endpoint_is_an_error_not_a_request(fake_judge: FakeOpenAIServer) -> None:
+    component = make_component(
+        "judge.llm", {"endpoint": "nope", "model": "m"},
+        judge_endpoints={"fake": JudgeEndpoint(url=fake_judge.base_url)},
+    )
+    result = one(component)
+    assert result.value is None and result.error == "unknown judge endpoint 'nope'; configured: fake"
+    assert not fake_judge.requests

@@ -44,3 +44,29 @@ def test_embedded_default_survives_restart(tmp_path):
         assert got["id"] == "emb-1" and len(got["trajectories"]) == 4
     finally:
         _stop(proc)
+
+
+def test_embedded_server_admits_only_its_own_os_user(tmp_path):
+    """No TCP listener, no host rules in pg_hba, a 0700 socket: another local user cannot connect."""
+    import shutil
+    import stat
+
+    import psycopg
+
+    from service.db import start_embedded
+    from service.embedded import socket_dir
+
+    uri = start_embedded(tmp_path / "pgdata")
+    with psycopg.connect(uri) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone()[0] == ""
+        assert {r[0] for r in conn.execute("SELECT type FROM pg_hba_file_rules")} == {"local"}
+    [sock] = [p for p in socket_dir(uri).glob(".s.PGSQL.*") if not p.name.endswith(".lock")]
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "pgdata").stat().st_mode) == 0o700
+    auto = (tmp_path / "pgdata" / "postgresql.auto.conf").read_text()
+    assert "unix_socket_permissions = '0700'" in auto and "listen_addresses = ''" in auto
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() == 0 and python:  # as 'nobody', a plain connect() to the socket is refused
+        probe = "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])"
+        r = subprocess.run([python, "-c", probe, str(sock)], user=65534, capture_output=True, text=True)
+        assert r.returncode != 0 and "PermissionError" in r.stderr, r.stderr

@@ -200,10 +200,13 @@ class TestListing:
         assert r.status_code == 404 and "missing" in r.json()["error"]
 
 
-def test_inline_prompt_update_is_upsert(client, session):
-    client.post("/v1/groups", json=make_group("u-1", prompt_id="up", reference={"answer": "1"}))
-    client.post("/v1/groups", json=make_group("u-2", prompt_id="up", reference={"answer": "2"}))
-    assert session.get(Prompt, "up").reference == {"answer": "2"}
+def test_inline_prompt_only_creates(client, session):
+    """An inline prompt never changes a stored prompt's reference: 409 naming the field, nothing stored."""
+    assert client.post("/v1/groups", json=make_group("u-1", prompt_id="up", reference={"answer": "1"})).status_code == 201
+    r = client.post("/v1/groups", json=make_group("u-2", prompt_id="up", reference={"answer": "2"}))
+    assert r.status_code == 409 and r.json()["error"].startswith("prompt.reference:")
+    assert session.get(Prompt, "up").reference == {"answer": "1"}
+    assert session.scalar(select(func.count()).select_from(Group).where(Group.id == "u-2")) == 0
 
 
 def test_trajectory_without_tokens_is_accepted(client):
@@ -214,3 +217,11 @@ def test_trajectory_without_tokens_is_accepted(client):
     group["trajectories"] = [t, copy.deepcopy(t)]
     assert client.post("/v1/groups", json=group).status_code == 201
     assert client.get("/v1/groups/nt-1").json()["trajectories"][0]["num_tokens"] == 0
+
+
+def test_one_request_with_two_versions_of_an_inline_prompt_is_refused(client, session):
+    groups = [make_group("tw-1", prompt_id="tw", reference={"answer": "1"}),
+              make_group("tw-2", prompt_id="tw", reference={"answer": "2"})]
+    r = client.post("/v1/groups", json={"groups": groups})
+    assert r.status_code == 422 and r.json()["error"].startswith("groups[1].prompt: differs from groups[0].prompt")
+    assert session.get(Prompt, "tw") is None

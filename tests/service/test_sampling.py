@@ -94,7 +94,7 @@ class TestOrder:
             ("new", "y", 6, {}, None),
         ]
         assert got[0]["prompt"]["reference"] is None  # only with include_reference
-        client.post("/v1/groups", json=make_group("gx", prompt_id="x", n=3, answers=["42", "1", "2"]))
+        client.post("/v1/groups", json=make_group("gx", prompt_id="x", n=3, answers=["42", "1", "2"], inline_prompt=False))
         got = _get(client, n=5)
         assert [(g["reason"], g["prompt_id"], g["n"], g["budget"]) for g in got] == [
             ("new", "y", 8, {}),

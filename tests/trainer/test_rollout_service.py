@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -115,3 +116,6 @@ def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
     assert "policy v" in r.stdout
     versions = [int(row["key"]) for row in result["rows"]]
     assert max(versions) >= 1  # groups were sampled by a policy the trainer published
+    logs = {p.name: p.read_text() for p in Path(result["out"]).glob("*.log")}
+    assert "auth on" in logs["service.log"]  # the demo made its own keys: every process authenticated
+    assert not [name for name, text in logs.items() if "gck_" in text] and "gck_" not in r.stdout + r.stderr
