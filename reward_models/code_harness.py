@@ -21,6 +21,7 @@ are the ones the tests call: the program cannot redefine them. Sandbox failures 
 
 from __future__ import annotations
 
+import ast
 import builtins
 import json
 import keyword
@@ -166,16 +167,33 @@ def _names(listed: Any) -> list[str]:
     return [n for n in listed if type(n) is str] if type(listed) is list else []
 
 
-def _trusted_module(prompt: str | None) -> types.ModuleType:
-    """The tests' module, holding what the trusted prompt defines (helpers the tests call)."""
+def _stubs(tree: ast.Module) -> set[str]:
+    """Top-level functions of the prompt with no body but a docstring / ``pass`` / ``...``: the ones
+    the program is asked to write (they come from the program; complete ones are trusted)."""
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and all(
+            isinstance(stmt, ast.Pass)
+            or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+            for stmt in node.body
+        )
+    }
+
+
+def _trusted_module(prompt: str | None) -> tuple[types.ModuleType, set[str]]:
+    """The tests' module holding what the trusted prompt defines (helpers the tests call), and the
+    names of the prompt's stubs."""
     module = types.ModuleType("__main__")  # unittest.main() looks for its tests in __main__
     if not prompt:
-        return module
+        return module, set()
     try:
-        exec(compile(prompt, "<prompt>", "exec"), module.__dict__)  # noqa: S102 - the reference's: trusted
+        tree = ast.parse(prompt, "<prompt>")
+        exec(compile(tree, "<prompt>", "exec"), module.__dict__)  # noqa: S102 - the reference's: trusted
     except Exception as exc:  # noqa: BLE001 - a broken reference is an error, not a verdict
         raise ReferenceProblem(f"reference.prompt cannot be run: {type(exc).__name__}: {exc}") from None
-    return module
+    return module, _stubs(tree)
 
 
 def _visible(name: str, entry_point: str | None) -> bool:
@@ -194,8 +212,8 @@ def _run_tests(
     candidate = _pick_candidate(proxies, own, entry_point)
     if entry_point is not None and candidate is None:
         return Outcome("failed", f"the program does not define {entry_point}()")
-    module = _trusted_module(prompt)
-    trusted = set(module.__dict__)  # the prompt's definitions win over the program's
+    module, stubs = _trusted_module(prompt)
+    trusted = set(module.__dict__) - stubs  # the prompt's complete definitions win over the program's
     module.__dict__.update(
         (name, proxy)
         for name, proxy in proxies.items()

@@ -345,3 +345,24 @@ def test_tmp_files_are_bounded_by_the_tmpfs() -> None:
     tmpfs_mb = SandboxSettings().tmpfs_mb
     result = score(answer, {"tests": f"assert fill() <= {tmpfs_mb}\n"}, max_file_mb=16, timeout_s=20.0)
     assert result.details["verdict"] == "passed", result.details
+
+
+STUB_PROMPT = 'def double(x):\n    return 2 * x\n\n\ndef quad(x):\n    """double(double(x))"""\n'
+
+
+@pytest.mark.parametrize(
+    ("answer", "verdict"),
+    [
+        ("def double(x):\n    return 2 * x\ndef quad(x):\n    return double(double(x))\n", "passed"),
+        ("def quad(x):\n    return 4 * x\n", "passed"),  # the prompt's double() serves the tests
+        ("def double(x):\n    return 4 * x\ndef quad(x):\n    return 2 * x\n", "failed"),  # rigged helper
+        ("def quad(x):\n    return 0\n", "failed"),
+    ],
+)
+def test_prompt_stubs_come_from_the_program_complete_helpers_from_the_prompt(
+    answer: str, verdict: str
+) -> None:
+    tests = "for x in range(-3, 4):\n    assert quad(double(x)) == 8 * x\n"  # no entry point: MBPP style
+    result = score(answer, {"tests": tests, "prompt": STUB_PROMPT})
+    assert result.error is None, result.error
+    assert result.details["verdict"] == verdict, result.details
