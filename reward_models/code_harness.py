@@ -11,12 +11,17 @@
   "trusted_tests_in_process"``): the program can forge its verdict there, so it is never the default.
 
 A program that exits, is killed, times out, returns something that is not plain data, or breaks the
-protocol fails; a candidate's *exception* is re-raised in the tests (as the same built-in exception
-class when there is one), so tests may expect it. Sandbox failures raise ``SandboxError``.
+protocol fails; a candidate's *exception* is re-raised in the tests as the same built-in class when
+it is an ordinary data error (``DATA_EXCEPTIONS``: ValueError, KeyError, ...), so tests may expect
+it; any other (``StopIteration`` would silently end a ``map()`` in the tests) becomes
+``CandidateError``. Helpers defined by the trusted ``reference.prompt`` are exec'd here first and
+are the ones the tests call: the program cannot redefine them. Sandbox failures raise
+``SandboxError``; the harness's own failures (tests, prompt, arguments) ``ReferenceProblem``.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import json
 import keyword
@@ -28,7 +33,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reward_models.plaindata import PlainDataError, from_plain, to_plain
+from reward_models.plaindata import DecodeTimeout, PlainDataError, from_plain, to_plain
 from reward_models.sandbox import Channel, ChannelBroken, ChannelTimeout, Sandbox
 
 Verdict = Literal["passed", "failed", "timeout"]
@@ -75,7 +80,11 @@ class _Session:
         if self.fatal is not None:
             raise CandidateAborted(self.fatal.reason)
         try:
-            self.channel.send(message)
+            data = json.dumps(message, separators=(",", ":")).encode()
+        except (ValueError, RecursionError) as exc:  # ours, never the program's fault
+            raise ReferenceProblem(f"the harness could not encode a message: {exc}") from None
+        try:
+            self.channel.send_encoded(data)
             reply = json.loads(self.channel.recv())
         except ChannelTimeout:
             raise self.abort("timeout", "the time limit passed") from None
@@ -96,7 +105,9 @@ class _Session:
         reply = self.request(message)
         if "value" in reply:
             try:
-                value = from_plain(reply["value"])
+                value = from_plain(reply["value"], deadline=self.channel.deadline)
+            except DecodeTimeout:
+                raise self.abort("timeout", "the time limit passed (decoding the result)") from None
             except PlainDataError as exc:
                 raise self.abort(
                     "failed", f"{name} returned something that is not plain data: {exc}"
@@ -110,14 +121,22 @@ class _Session:
         raise self.abort("failed", f"{name} returned something that is not plain data: {reason}")
 
 
-def _candidate_exception(name: str, message: str) -> BaseException:
-    """The built-in exception class of that name (so tests can expect it), else CandidateError."""
-    cls = getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(message)
-        except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs 5 arguments
-            pass
+# Re-created in the tests as themselves. Never control-flow exceptions: a StopIteration raised in
+# map() / filter() / next() ends the *tests'* iteration and makes all(map(...)) True.
+DATA_EXCEPTIONS = frozenset(
+    {
+        "ArithmeticError", "AttributeError", "FloatingPointError", "IndexError", "KeyError",
+        "LookupError", "NameError", "NotImplementedError", "OverflowError", "RecursionError",
+        "RuntimeError", "TypeError", "UnboundLocalError", "ValueError", "ZeroDivisionError",
+    }
+)  # fmt: skip
+
+
+def _candidate_exception(name: str, message: str) -> Exception:
+    """The built-in exception of that name when it is a data error (so tests can expect it), else
+    CandidateError."""
+    if name in DATA_EXCEPTIONS:
+        return getattr(builtins, name)(message)
     return CandidateError(f"{name}: {message}")
 
 
@@ -135,11 +154,46 @@ class CandidateFunction:
 
 
 def _pick_candidate(
-    proxies: dict[str, CandidateFunction], entry_point: str | None
+    proxies: dict[str, CandidateFunction], own: list[str], entry_point: str | None
 ) -> CandidateFunction | None:
+    """The entry point, else the one function the program wrote (imports do not count)."""
     if entry_point is not None:
         return proxies.get(entry_point)
-    return next(iter(proxies.values())) if len(proxies) == 1 else None
+    return proxies[own[0]] if len(own) == 1 and own[0] in proxies else None
+
+
+def _names(listed: Any) -> list[str]:
+    """The names the program listed (what it sends is untrusted: anything else counts as none)."""
+    return [n for n in listed if type(n) is str] if type(listed) is list else []
+
+
+def _stubs(tree: ast.Module) -> set[str]:
+    """Top-level functions of the prompt with no body but a docstring / ``pass`` / ``...``: the ones
+    the program is asked to write (they come from the program; complete ones are trusted)."""
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and all(
+            isinstance(stmt, ast.Pass)
+            or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+            for stmt in node.body
+        )
+    }
+
+
+def _trusted_module(prompt: str | None) -> tuple[types.ModuleType, set[str]]:
+    """The tests' module holding what the trusted prompt defines (helpers the tests call), and the
+    names of the prompt's stubs."""
+    module = types.ModuleType("__main__")  # unittest.main() looks for its tests in __main__
+    if not prompt:
+        return module, set()
+    try:
+        tree = ast.parse(prompt, "<prompt>")
+        exec(compile(tree, "<prompt>", "exec"), module.__dict__)  # noqa: S102 - the reference's: trusted
+    except Exception as exc:  # noqa: BLE001 - a broken reference is an error, not a verdict
+        raise ReferenceProblem(f"reference.prompt cannot be run: {type(exc).__name__}: {exc}") from None
+    return module, _stubs(tree)
 
 
 def _visible(name: str, entry_point: str | None) -> bool:
@@ -150,14 +204,21 @@ def _visible(name: str, entry_point: str | None) -> bool:
     return not (name.startswith("__") or hasattr(builtins, name) or keyword.iskeyword(name))
 
 
-def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: str | None) -> Outcome:
-    proxies = {name: CandidateFunction(session, name) for name in defined if name.isidentifier()}
-    candidate = _pick_candidate(proxies, entry_point)
+def _run_tests(
+    session: _Session, tests: str, listed: dict, entry_point: str | None, prompt: str | None
+) -> Outcome:
+    names, own = (_names(listed.get(key)) for key in ("defined", "own"))
+    proxies = {name: CandidateFunction(session, name) for name in names if name.isidentifier()}
+    candidate = _pick_candidate(proxies, own, entry_point)
     if entry_point is not None and candidate is None:
         return Outcome("failed", f"the program does not define {entry_point}()")
-    visible = {name: proxy for name, proxy in proxies.items() if _visible(name, entry_point)}
-    module = types.ModuleType("__main__")  # unittest.main() looks for its tests in __main__
-    module.__dict__.update(visible)
+    module, stubs = _trusted_module(prompt)
+    trusted = set(module.__dict__) - stubs  # the prompt's complete definitions win over the program's
+    module.__dict__.update(
+        (name, proxy)
+        for name, proxy in proxies.items()
+        if name == entry_point or (_visible(name, entry_point) and name not in trusted)
+    )
     namespace: dict[str, Any] = module.__dict__
     try:
         code = compile(tests, "<tests>", "exec")
@@ -172,7 +233,7 @@ def _run_tests(session: _Session, tests: str, defined: list[str], entry_point: s
             if candidate is None:
                 return Outcome(
                     "failed",
-                    f"check(candidate) needs one entry point; the program defines {len(proxies)} functions (set reference.entry_point)",
+                    f"check(candidate) needs one entry point; the program defines {len(own)} functions (set reference.entry_point)",
                 )
             check(candidate)
     except SystemExit as exc:
@@ -200,15 +261,21 @@ def _finish(sandbox: Sandbox, channel: Channel, outcome: Outcome, kill: bool = T
 
 
 def run_function_tests(
-    sandbox: Sandbox, limits: Any, source: str, tests: str, entry_point: str | None
+    sandbox: Sandbox,
+    limits: Any,
+    source: str,
+    tests: str,
+    entry_point: str | None,
+    prompt: str | None = None,
 ) -> Outcome:
-    """Define the program's functions in the sandbox, run ``tests`` here against proxies."""
+    """Define the program's functions in the sandbox, run ``prompt`` (trusted helpers) then
+    ``tests`` here against proxies."""
     channel = sandbox.task("fn", limits)
     session = _Session(channel)
     try:
         first = session.request({"source": source})
         if "defined" in first and isinstance(first["defined"], list):
-            outcome = _run_tests(session, tests, [str(n) for n in first["defined"]], entry_point)
+            outcome = _run_tests(session, tests, first, entry_point, prompt)
         else:
             outcome = Outcome("failed", f"the program raised before the tests: {first.get('error', '?')}")
     except CandidateAborted:

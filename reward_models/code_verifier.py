@@ -3,7 +3,9 @@
 The program is the last fenced python block of the final answer, else the whole final answer.
 The reference gives either ``tests`` (Python source: ``check(candidate)`` and / or top-level asserts
 calling the program's functions; ``entry_point`` names the candidate) or ``io`` (a list of
-``{"input", "output"}`` stdin / stdout cases). ``mode: "harness"`` (the default) runs the tests in a
+``{"input", "output"}`` stdin / stdout cases); ``prompt`` (optional, HumanEval's field) is the
+prompt's code, trusted: its helpers (``encode_shift``, ``poly``) are the ones the tests call, so a
+program cannot rig them by redefining them. ``mode: "harness"`` (the default) runs the tests in a
 trusted harness and only the program in the sandbox (``reward_models.code_harness``);
 ``mode: "trusted_tests_in_process"`` runs both in the program's interpreter, where a program can
 forge its own pass: use it only for tests that need the program's objects themselves.
@@ -104,6 +106,9 @@ class CodeVerifier(RewardComponent):
         tests, io, entry = reference.get("tests"), reference.get("io"), reference.get("entry_point")
         if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
             raise ComponentError("reference.entry_point must be a Python identifier")
+        helpers = reference.get("prompt")
+        if helpers is not None and not isinstance(helpers, str):
+            raise ComponentError("reference.prompt must be Python source (the prompt's code)")
         if not isinstance(tests, str) and io is None:
             raise ComponentError("prompt reference has no 'tests' (Python source) and no 'io' cases")
         cases = _io_cases(io) if not isinstance(tests, str) else None
@@ -115,7 +120,7 @@ class CodeVerifier(RewardComponent):
             elif mode == "trusted_tests_in_process":
                 outcome = run_in_process(sandbox, limits, source, tests)
             else:
-                outcome = run_function_tests(sandbox, limits, source, tests, entry)
+                outcome = run_function_tests(sandbox, limits, source, tests, entry, helpers)
             return outcome, sandbox.backend.name, mode
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:

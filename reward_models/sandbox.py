@@ -87,7 +87,10 @@ class Channel:
         self.sock.settimeout(left)
 
     def send(self, obj: dict) -> None:
-        data = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_encoded(json.dumps(obj, separators=(",", ":")).encode())
+
+    def send_encoded(self, data: bytes) -> None:
+        """One frame whose JSON body the caller encoded (so it can tell its own encoding failures)."""
         try:
             self._wait()
             self.sock.sendall(_HEADER.pack(len(data)) + data)

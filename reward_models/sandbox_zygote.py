@@ -80,23 +80,34 @@ def set_limits(lim):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322}),
-            "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281})}
+SYSCALLS = {
+    "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+                            "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "memfd_create": 319}),
+    "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281, "shmget": 194, "semget": 190,
+                             "msgget": 186, "mq_open": 180, "memfd_create": 279}),
+}
+# Always refused: SysV / POSIX IPC objects outlive the task in the sandbox's shared IPC namespace
+# (a channel to the next sample) and, like memfds, hold memory that RLIMIT_AS does not count.
+NO_KEEPERS = ("shmget", "semget", "msgget", "mq_open", "memfd_create")
+NO_PROCESSES = ("fork", "vfork", "execve", "execveat")
 
 
-def seccomp_program():
-    """A seccomp filter: no fork / vfork / exec, clone only for threads, clone3 answers ENOSYS (libc
-    falls back to clone). It holds whatever uid the program runs as (RLIMIT_NPROC does not bind
-    when the sandbox's uid maps to root outside). Built once, installed in each child."""
+def seccomp_program(deny_processes):
+    """A seccomp filter: no IPC objects or memfds; with ``deny_processes`` also no fork / vfork /
+    exec and clone only for threads (clone3 answers ENOSYS: libc falls back to clone). It holds
+    whatever uid the program runs as (RLIMIT_NPROC does not bind when the sandbox's uid maps to root
+    outside). Built once, installed in each child."""
     arch, nrs = SYSCALLS[os.uname().machine]
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
     prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), (0x20, 0, 0, 0),
-            (0x35, 0, 1, 0x40000000), (0x06, 0, 0, kill), (0x15, 0, 1, 435), (0x06, 0, 0, enosys)]
-    for name in ("fork", "vfork", "execve", "execveat"):
+            (0x35, 0, 1, 0x40000000), (0x06, 0, 0, kill)]
+    for name in NO_KEEPERS + (NO_PROCESSES if deny_processes else ()):
         if name in nrs:
             prog += [(0x15, 0, 1, nrs[name]), (0x06, 0, 0, eperm)]
-    prog += [(0x15, 0, 3, nrs["clone"]), (0x20, 0, 0, 16), (0x45, 1, 0, 0x10000), (0x06, 0, 0, eperm),
-             (0x06, 0, 0, allow)]
+    if deny_processes:
+        prog += [(0x15, 0, 1, 435), (0x06, 0, 0, enosys),
+                 (0x15, 0, 3, nrs["clone"]), (0x20, 0, 0, 16), (0x45, 1, 0, 0x10000), (0x06, 0, 0, eperm)]
+    prog.append((0x06, 0, 0, allow))
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
@@ -108,12 +119,13 @@ def seccomp_program():
     return Program(len(prog), filters), filters
 
 
-SECCOMP = seccomp_program()
+SECCOMP = {deny: seccomp_program(deny) for deny in (False, True)}
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def no_new_processes():
-    if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(SECCOMP[0]), 0, 0) != 0:
+def install_filter(deny_processes):
+    program = SECCOMP[deny_processes][0]
+    if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
 
@@ -121,8 +133,45 @@ def describe(exc):
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+def unwrapped_code(value):
+    """The code object under a function or its decorators (functools.wraps / lru_cache / cache)."""
+    for _ in range(16):
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code
+        value = getattr(value, "__wrapped__", None)
+    return None
+
+
+def callables(namespace):
+    """(every callable top-level name that is not a class or module, those the program wrote)."""
+    names, own = [], []
+    for name, value in list(namespace.items()):
+        if callable(value) and not isinstance(value, (type, types.ModuleType)):
+            names.append(name)
+            code = unwrapped_code(value)
+            if code is not None and code.co_filename == "<candidate>":
+                own.append(name)
+    return names, own
+
+
+def answer(namespace, call):
+    try:
+        args, kwargs = from_plain(call["args"]), from_plain(call["kwargs"])
+        reply = {"value": to_plain(namespace[call["fn"]](*args, **kwargs))}
+    except PlainDataError as exc:
+        reply = {"not_plain": describe(exc)}
+    except BaseException as exc:
+        reply = {"raised": type(exc).__name__, "message": str(exc)[:2000]}
+    try:
+        return json.dumps(reply, separators=(",", ":")).encode()
+    except (ValueError, RecursionError) as exc:
+        return json.dumps({"not_plain": describe(exc)}).encode()
+
+
 def run_fn(sock, task):
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    # Not "__main__": an "if __name__ == '__main__':" demo block is not part of the function.
+    namespace = {"__name__": "solution", "__builtins__": builtins}
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         exec(compile(task["source"], "<candidate>", "exec"), namespace)
@@ -130,16 +179,11 @@ def run_fn(sock, task):
         traceback.print_exc()
         send_frame(sock, {"error": describe(exc)})
         return
-    send_frame(sock, {"defined": [k for k, v in namespace.items() if type(v) is types.FunctionType]})
+    names, own = callables(namespace)
+    send_frame(sock, {"defined": names, "own": own})
     while (call := recv_frame(sock)) is not None:
-        try:
-            args, kwargs = from_plain(call["args"]), from_plain(call["kwargs"])
-            reply = {"value": to_plain(namespace[call["fn"]](*args, **kwargs))}
-        except PlainDataError as exc:
-            reply = {"not_plain": describe(exc)}
-        except BaseException as exc:
-            reply = {"raised": type(exc).__name__, "message": str(exc)[:2000]}
-        send_frame(sock, reply)
+        body = answer(namespace, call)
+        sock.sendall(HEADER.pack(len(body)) + body)
 
 
 def run_io(sock, task):
@@ -187,8 +231,9 @@ def child(task, fd):
         os.close(null)
         sock = socket.socket(fileno=fd)
         set_limits(task["limits"])
-        if not task["limits"]["subprocess"]:
-            no_new_processes()
+        install_filter(deny_processes=not task["limits"]["subprocess"])
+        if hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(0)  # the program's own CPU time: behave like an unlimited int
         sock_task = recv_frame(sock)
         if sock_task is not None:
             MODES[task["mode"]](sock, sock_task)
