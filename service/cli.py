@@ -53,8 +53,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 LATER = {
     "score-worker": ("service.workers.main", "score / curate worker: claims received groups, scores and curates them"),
     "train": ("trainer.cli", "GRPO trainer: lease -> train -> ack -> publish"),
-    "rollout": ("trainer.rollout", "rollout producer: sample groups and post them"),
-    "demo": ("trainer.demo", "the whole loop on a tiny model, embedded PostgreSQL"),
+    "rollout": ("rollout.producer", "rollout producer: sample groups and post them"),
+    "demo": ("rollout.demo", "the whole loop on a tiny model, embedded PostgreSQL"),
     "stats": ("service.stats_cli", "print reward statistics as a table"),
 }
 

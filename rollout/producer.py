@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rollout.episodes import multi_turn, single_turn
+from rollout.sampler import HFSampler, Sampler, VLLMSampler, stable_seed, vllm_available
+from rollout.tasks import TOOLS, load_tokenizer, render_prompt
 from trainer.checkpoint import latest_checkpoint, load_trainer_state
-from trainer.episodes import multi_turn, single_turn
-from trainer.sampler import HFSampler, Sampler, VLLMSampler, stable_seed, vllm_available
-from trainer.tasks import TOOLS, load_tokenizer, render_prompt
 
 log = logging.getLogger(__name__)
 

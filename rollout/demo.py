@@ -1,7 +1,7 @@
 """``grpo-curator demo``: the whole loop on a laptop, no configuration, embedded PostgreSQL.
 
 Starts four real processes -- the service (with its score / curate worker), a rollout producer and a
-GRPO trainer -- on the letter-sum task (``trainer.tasks``): a tiny random-initialised model learns to
+GRPO trainer -- on the letter-sum task (``rollout.tasks``): a tiny random-initialised model learns to
 answer ``xy=`` with the letter at (x + y) mod 4 under a 3-token budget, so truncated samples and
 zero-variance groups really occur. Prints progress, then a table and a PNG plot of the mean outcome
 per policy version with filter and truncation rates. ``--no-curation`` runs the same thing with
@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.client import wait_healthy
-from trainer.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
@@ -87,7 +87,7 @@ def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Names
     (out / "trainer.json").write_text(json.dumps(trainer))
     (out / "producer.json").write_text(json.dumps(producer))
     return [_spawn(["-m", "trainer.worker", "--config", str(out / "trainer.json")], env, out / "trainer.log"),
-            _spawn(["-m", "trainer.rollout", "--config", str(out / "producer.json")], env, out / "producer.log")]
+            _spawn(["-m", "rollout.producer", "--config", str(out / "producer.json")], env, out / "producer.log")]
 
 
 def per_version(url: str) -> list[dict[str, Any]]:
