@@ -76,6 +76,7 @@ class CurationPolicySpec(BaseModel):
     finish_reason_actions lists overrides only; the rest keep their defaults
     (stop keep; length, max_turns mask; tool_error, env_error, timeout, aborted drop).
     overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
+    soft_overlong: DAPO's overlong reward shaping on every member by its length (see `CurationPolicy`).
     """
 
     model_config = _CONFIG
@@ -91,6 +92,7 @@ class CurationPolicySpec(BaseModel):
     resample_budget_multiplier: float = Field(default=2.0, ge=1)
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumSpec = CurriculumSpec()
+    soft_overlong: bool = Field(default=False, strict=True)
 
     @field_validator("overlong_buffer")
     @classmethod
@@ -113,6 +115,7 @@ class CurationPolicySpec(BaseModel):
             resample_budget_multiplier=self.resample_budget_multiplier,
             reward_error=self.reward_error,
             curriculum=CurriculumConfig(**self.curriculum.model_dump()),
+            soft_overlong=self.soft_overlong,
         )
 
     @classmethod
@@ -140,4 +143,5 @@ class CurationPolicySpec(BaseModel):
                 failed=policy.curriculum.failed,
                 low_priority=policy.curriculum.low_priority,
             ),
+            soft_overlong=policy.soft_overlong,
         )
