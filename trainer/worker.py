@@ -92,7 +92,7 @@ class TrainerConfig:
     compile_layers: bool = False  # torch.compile each decoder layer
     temperature: float = 1.0
     loss: LossConfig = field(default_factory=LossConfig)
-    old_from_batch: bool = True
+    old_from_batch: bool = False  # recompute pi_old with the trainer's weights (see trainer.step.StepConfig)
     gradient_checkpointing: bool = False
     parallel: ParallelMode = "ddp"
     device: str = "auto"
