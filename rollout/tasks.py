@@ -86,6 +86,23 @@ def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> l
     ]
 
 
+def mixed_letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum-mixed") -> list[dict[str, Any]]:
+    """Letter-sum with 1, 2 and 3 operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
+    mod K. K + K^2 + K^3 prompts of mixed difficulty: the 1-operand ones (copy the letter) are learned
+    first and soon give all-correct groups, the 3-operand ones stay all-wrong for long -- the groups that
+    carry no GRPO signal, next to the 2-operand ones that do."""
+    k = len(letters)
+    out = []
+    for width in (1, 2, 3):
+        for combo in range(k**width):
+            idx = [(combo // k**p) % k for p in range(width)]
+            text = "".join(letters[i] for i in idx)
+            out.append({"id": f"{dataset}-{text}", "dataset": dataset,
+                        "messages": [{"role": "user", "content": f"{text}="}],
+                        "reference": {"answer": letters[sum(idx) % k]}})
+    return out
+
+
 def letter_sum_spec(name: str = "letter-sum") -> dict[str, Any]:
     """Outcome: the answer is exactly the right letter (then EOS). No SQuAD normalisation: it would strip
     the article-like letter "a" and punctuation such as "=" to "", making "=" match the answer "a"."""
