@@ -1,6 +1,6 @@
 """Does curation help? The demo's GRPO loop with and without curation, over several seeds.
 
-Task: mixed letter-sum (`rollout.tasks.mixed_letter_sum_prompts`): 84 prompts ``x=`` / ``xy=`` / ``xyz=``
+Task: mixed letter-sum (`rollout.tasks.mixed_letter_sum_prompts`): 20 prompts ``x=`` / ``xy=``
 whose answer is one letter then EOS under a 3-token budget, learned by the demo's tiny random-initialised
 Qwen2 (2 layers, hidden 64). Easy prompts soon give all-correct groups, hard ones all-wrong groups, and a
 young policy often runs past the budget: the situations curation is for.
@@ -15,7 +15,7 @@ Arms:
   groups drawn (up to 4x) until a batch holds `groups` groups with signal (DAPO dynamic sampling);
 - plain: every group kept (zero-variance groups train with advantage 0 and dilute the token mean),
   truncated samples kept as ordinary failures, prompts drawn uniformly.
-Both train on batches of `groups` groups per step. Every `eval_every` steps the pass rate over all 84
+Both train on batches of `groups` groups per step. Every `eval_every` steps the pass rate over all 20
 prompts (4 samples each, temperature 1) is measured on the side (not counted as samples).
 
 Run: ``nice -n 10 python -m bench.curation_effect [--quick] [--seeds 5] [--out bench-out]``.
@@ -214,7 +214,7 @@ def plot(runs: list[Run], path: Path, threshold: float) -> None:
             ax.fill_between(xs, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.2)
     for ax, label in ((axes[0], "trainer steps"), (axes[1], "trajectories sampled (mean over seeds)")):
         ax.axhline(threshold, color="grey", linewidth=0.8)
-        ax.set(xlabel=label, ylabel="pass rate, all 84 prompts", ylim=(0, 1.02))
+        ax.set(xlabel=label, ylabel="pass rate, all 20 prompts", ylim=(0, 1.02))
         ax.legend()
     fig.suptitle("mixed letter-sum: curation vs none (band: min-max over seeds)")
     fig.tight_layout()

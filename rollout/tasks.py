@@ -86,14 +86,16 @@ def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> l
     ]
 
 
-def mixed_letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum-mixed") -> list[dict[str, Any]]:
-    """Letter-sum with 1, 2 and 3 operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
-    mod K. K + K^2 + K^3 prompts of mixed difficulty: the 1-operand ones (copy the letter) are learned
-    first and soon give all-correct groups, the 3-operand ones stay all-wrong for long -- the groups that
-    carry no GRPO signal, next to the 2-operand ones that do."""
+def mixed_letter_sum_prompts(
+    letters: str = LETTERS, dataset: str = "letter-sum-mixed", widths: tuple[int, ...] = (1, 2)
+) -> list[dict[str, Any]]:
+    """Letter-sum with 1, 2 (, 3) operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
+    mod K; sum(K^w) prompts of mixed difficulty. The 1-operand ones (copy the letter) are learned first and
+    soon give all-correct groups while the longer ones stay all-wrong for a while: groups that carry no
+    GRPO signal next to groups that do."""
     k = len(letters)
     out = []
-    for width in (1, 2, 3):
+    for width in widths:
         for combo in range(k**width):
             idx = [(combo // k**p) % k for p in range(width)]
             text = "".join(letters[i] for i in idx)

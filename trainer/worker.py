@@ -90,7 +90,7 @@ class TrainerConfig:
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     head_impl: HeadImpl = "inplace"  # "compiled" on GPU fuses the LM-head softmax passes
     compile_layers: bool = False  # torch.compile each decoder layer
-    temperature: float = 1.0
+    temperature: float = 1.0  # for groups whose sampling.temperature is not given
     loss: LossConfig = field(default_factory=LossConfig)
     old_from_batch: bool = False  # recompute pi_old with the trainer's weights (see trainer.step.StepConfig)
     gradient_checkpointing: bool = False
@@ -264,7 +264,7 @@ def _setup(
 
 def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[MicroBatch]:
     """This rank's micro-batches; one empty micro-batch when it has nothing to train on."""
-    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode) if batch else []
+    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode, cfg.temperature) if batch else []
     return mbs or [empty_micro_batch()]
 
 
