@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import nn
@@ -80,7 +80,9 @@ class TrainerConfig:
     max_groups: int | None = None  # exactly one of the three sizes; none given: 8 groups
     max_trajectories: int | None = None
     max_tokens: int | None = None
-    max_staleness: int | None = None
+    # "auto": 2 x save_every with a checkpoint_dir (groups from the newest or the previous checkpoint the
+    # producers load; older ones are not leased), None without; None: no limit
+    max_staleness: int | Literal["auto"] | None = "auto"
     min_groups: int | None = None  # wait (up to wait_seconds) for this many ready groups, then take what is there
     lease_seconds: float = 300.0
     wait_seconds: float = 5.0
@@ -114,6 +116,8 @@ class TrainerConfig:
             self.max_groups = 8
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
+        if self.max_staleness == "auto":
+            self.max_staleness = 2 * self.save_every if self.checkpoint_dir else None
         self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
 
     @classmethod

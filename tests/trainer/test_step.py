@@ -248,3 +248,8 @@ def test_config_from_args_and_validation(tmp_path):
         TrainerConfig(model="x", max_groups=2, max_tokens=4096)
     assert TrainerConfig(model="x").max_groups == 8
     assert TrainerConfig(model="x", max_tokens=4096).max_groups is None
+    # max_staleness follows the checkpoint cadence the producers load: newest or previous checkpoint
+    assert TrainerConfig(model="x", checkpoint_dir="/c", save_every=5).max_staleness == 10
+    assert TrainerConfig(model="x").max_staleness is None  # no checkpoints: producers cannot follow
+    assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=None).max_staleness is None
+    assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=3).max_staleness == 3
