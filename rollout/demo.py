@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "tie_word_embeddings": True}
-# DAPO's recipe: zero-variance filtering on the binary outcome, the soft overlong penalty on truncated samples
+# the curated arm of bench/curation_effect.py: zero-variance filtering on the binary outcome, and -1 for a
+# sample cut by the budget (`penalize` on `length` is exactly -1: a cut sample sits at the end of DAPO's ramp)
 CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}}
 CURATED_MASK = {"name": "demo-curated-mask"}  # the default policy: truncated samples masked
 UNCURATED = {"name": "demo-uncurated", "zero_variance": {"action": "keep"}, "min_group_size": 1,
@@ -209,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=8.0, help="stop after this long")
     ap.add_argument("--threshold", type=float, default=0.5, help="pass rate (10-version mean) that counts as learned")
     ap.add_argument("--truncation", choices=("penalize", "mask"), default="penalize",
-                    help="what the curated run does with samples cut by the token budget: DAPO's soft overlong "
-                         "penalty (default) or the service's default, mask (see the README on why mask can stall)")
+                    help="what the curated run does with samples cut by the token budget: a -1 penalty (default; "
+                         "the end of DAPO's overlong ramp) or the service's default, mask (which can stall: a masked "
+                         "sample gives no gradient, so the policy is never pushed to stop)")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
