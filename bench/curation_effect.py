@@ -229,12 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=4, help="groups per trainer step")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--threshold", type=float, default=0.3)
+    ap.add_argument("--threshold", type=float, nargs="+", default=[0.2, 0.3],
+                    help="pass rates to report steps / samples to (the plot marks the last)")
+    ap.add_argument("--from-json", help="re-print the table and re-plot a saved curation_effect.json, no training")
     ap.add_argument("--arms", default="curated,plain")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds = min(args.steps, 40), min(args.seeds, 2)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())["runs"]
+        runs = [Run(r["arm"], r["seed"], [tuple(e) for e in r["evals"]], r["sampled"], r["no_signal"],
+                    r["truncated"], r["seconds"]) for r in saved]
+        return report(runs, args, write_raw=False)
     torch.set_num_threads(1)
     runs = []
     for seed in range(args.seeds):
@@ -242,14 +249,20 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_arm(arm, seed, args))
             r = runs[-1]
             print(f"{arm:>8} seed {seed}: final pass {r.evals[-1][2]:.3f} after {args.steps} steps, "
-                  f"{r.sampled} samples, {r.seconds:.0f}s; reached {reach(r, args.threshold)}", flush=True)
+                  f"{r.sampled} samples, {r.seconds:.0f}s; reached {reach(r, args.threshold[-1])}", flush=True)
+    return report(runs, args, write_raw=True)
+
+
+def report(runs: list[Run], args: argparse.Namespace, write_raw: bool) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = table(runs, args.threshold)
-    plot(runs, out / "curation_effect.png", args.threshold)
-    raw = [{"arm": r.arm, "seed": r.seed, "evals": r.evals, "sampled": r.sampled, "no_signal": r.no_signal,
-            "truncated": r.truncated, "seconds": r.seconds} for r in runs]
-    (out / "curation_effect.json").write_text(json.dumps({"args": vars(args), "summary": rows, "runs": raw}, indent=1))
+    rows = [table(runs, t) for t in args.threshold]
+    plot(runs, out / "curation_effect.png", args.threshold[-1])
+    if write_raw:
+        raw = [{"arm": r.arm, "seed": r.seed, "evals": r.evals, "sampled": r.sampled, "no_signal": r.no_signal,
+                "truncated": r.truncated, "seconds": r.seconds} for r in runs]
+        body = {"args": vars(args), "summary": rows, "runs": raw}
+        (out / "curation_effect.json").write_text(json.dumps(body, indent=1))
     print(f"plot: {out / 'curation_effect.png'}  data: {out / 'curation_effect.json'}")
     return 0
 
