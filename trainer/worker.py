@@ -118,6 +118,8 @@ class TrainerConfig:
             self.loss = LossConfig(**self.loss)
         if self.max_staleness == "auto":
             self.max_staleness = 2 * self.save_every if self.checkpoint_dir else None
+        if self.max_staleness is not None and not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
+            raise ValueError(f"max_staleness must be an int >= 0, 'auto' or None, got {self.max_staleness!r}")
         self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
 
     @classmethod

@@ -253,3 +253,6 @@ def test_config_from_args_and_validation(tmp_path):
     assert TrainerConfig(model="x").max_staleness is None  # no checkpoints: producers cannot follow
     assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=None).max_staleness is None
     assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=3).max_staleness == 3
+    for bad in ("soon", -1):
+        with pytest.raises(ValueError, match="max_staleness"):
+            TrainerConfig(model="x", max_staleness=bad)
