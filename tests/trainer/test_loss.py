@@ -251,7 +251,7 @@ def test_dual_clip_bounds_the_loss_for_negative_advantages():
     assert float(unbounded.detach()) > 5000  # -A e^8 without it
     pos, _ = policy_loss(logp, old, -adv, mask, cfg)  # A > 0: clip-higher already bounds it, dual clip idle
     pos_plain, _ = policy_loss(logp, old, -adv, mask, LossConfig(agg="seq-mean-token-sum", dual_clip=None))
-    assert float(pos) == float(pos_plain)
+    assert float(pos.detach()) == float(pos_plain.detach())
 
 
 def test_gspo_has_its_own_clip_defaults():
