@@ -14,6 +14,7 @@ COPY service service
 COPY reward_models reward_models
 COPY filters filters
 COPY trainer trainer
+COPY rollout rollout
 COPY migrations migrations
 RUN pip install --no-cache-dir -e ".${EXTRAS}"
 ENV GRPO_CURATOR_HOST=0.0.0.0 \

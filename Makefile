@@ -26,8 +26,8 @@ test: install-dev
 	$(BIN)/python -m pytest
 
 lint: install-dev
-	$(BIN)/ruff check service reward_models filters trainer migrations tests bench
-	$(BIN)/mypy filters reward_models trainer
+	$(BIN)/ruff check service reward_models filters trainer rollout migrations tests bench
+	$(BIN)/mypy filters reward_models trainer rollout
 
 demo: install-dev
 	$(BIN)/grpo-curator demo

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from filters.advantages import batched_advantages
-from filters.overlong import soft_overlong_penalties
-from filters.rules import check_component_present, resample_budget
+from filters.rules import check_component_present, overlong_penalties, resample_budget
 from filters.types import (
     ACTIONS,
     DROP_REASONS,
@@ -154,20 +153,13 @@ def _stale(x: _Inputs, policy: CurationPolicy, current: int | None) -> np.ndarra
     return current - x.policy_version > policy.max_staleness
 
 
-def _penalties(x: _Inputs, which: np.ndarray, policy: CurationPolicy) -> np.ndarray:
-    """(B, G) penalty added to the reward of `which` members (0 elsewhere); see rules.overlong_penalty."""
-    out = np.zeros(which.shape)
-    rows, cols = np.nonzero(which)
-    if rows.size == 0:
-        return out
-    mt = x.max_tokens[rows]
-    nt = x.num_tokens[rows, cols]
-    known = (mt > 0) & (nt > 0)
-    safe_mt = np.where(known, mt, 1)
-    buf = policy.overlong_buffer
-    buffer = np.floor(buf * safe_mt) if buf < 1 else np.full(safe_mt.shape, float(int(buf)))
-    soft = soft_overlong_penalties(nt, safe_mt, np.minimum(buffer, safe_mt))
-    out[rows, cols] = np.where(known, soft, policy.penalty)
+def _penalties(x: _Inputs, act: np.ndarray, base: np.ndarray, policy: CurationPolicy) -> np.ndarray:
+    """(B, G) overlong penalty added to the reward of baseline members (0 elsewhere)."""
+    out = np.zeros(base.shape)
+    rows, cols = np.nonzero(base)
+    if rows.size:
+        penalize = act[rows, cols] == PENALIZE
+        out[rows, cols] = overlong_penalties(x.num_tokens[rows, cols], x.max_tokens[rows], penalize, policy)
     return out
 
 
@@ -207,7 +199,7 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
         missing = missing | x.component[1]
     rerr = cand & missing
     base = cand & ~rerr
-    used = x.total + _penalties(x, base & (act == PENALIZE), policy)
+    used = x.total + _penalties(x, act, base, policy)
     if zv.metric == "outcome":
         metric = np.where(has_outcome, x.outcome, used)
     elif zv.metric == "total":

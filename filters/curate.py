@@ -8,10 +8,14 @@ groups (numpy, padded (B, G)) and returns the same decisions. Steps, in order:
 3. finish_reason -> action (policy.finish_reason_actions):
    keep     normal member;
    mask     in the baseline (its reward counts for mean / std / leave-one-out), advantage 0;
-   penalize normal member whose reward is total + DAPO soft overlong penalty (`rules.overlong_penalty`);
+   penalize normal member whose reward is total + DAPO soft overlong penalty (`rules.overlong_penalties`);
+            a `length` member was cut at the budget (num_tokens == max_tokens), so the ramp gives it
+            exactly -1: for `length`, penalize is a fixed truncation penalty, not DAPO's shaping;
    drop     removed from the group (not in the baseline);
    resample removed like drop, and listed in `GroupDecision.resample` with a larger budget.
-   Baseline candidates are the keep / mask / penalize members.
+   Baseline candidates are the keep / mask / penalize members. With `policy.soft_overlong` every
+   baseline member's reward gets the DAPO soft overlong penalty by its num_tokens, truncated or not
+   (DAPO's overlong reward shaping: answers that stop inside the buffer zone are shaped too).
 4. Reward errors: a candidate whose total is None, or whose metric value (outcome, component) is None
    is dropped with reason "reward_error" -- never a negative. With policy.reward_error "drop_group"
    the whole group is dropped "reward_error" instead.
@@ -132,9 +136,8 @@ def _baseline(
         if i in errors:
             continue
         total = float(trajs[i].total)  # type: ignore[arg-type]
-        if actions[i] == "penalize":
-            total += overlong_penalty(trajs[i].num_tokens, group.max_tokens, policy)
-        used[i] = total
+        penalize = actions[i] == "penalize"
+        used[i] = total + overlong_penalty(trajs[i].num_tokens, group.max_tokens, penalize, policy)
     return used, errors, metric, has_outcome
 
 

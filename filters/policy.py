@@ -77,6 +77,7 @@ class CurationPolicySpec(BaseModel):
     finish_reason_actions lists overrides only; the rest keep their defaults
     (stop keep; length, max_turns mask; tool_error, env_error, timeout, aborted drop).
     overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
+    soft_overlong: DAPO's overlong reward shaping on every member by its length (see `CurationPolicy`).
     """
 
     model_config = _CONFIG
@@ -92,6 +93,7 @@ class CurationPolicySpec(BaseModel):
     resample_budget_multiplier: float = Field(default=2.0, ge=1)
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumSpec = CurriculumSpec()
+    soft_overlong: bool = Field(default=False, strict=True)
 
     @field_validator("overlong_buffer")
     @classmethod
@@ -114,6 +116,7 @@ class CurationPolicySpec(BaseModel):
             resample_budget_multiplier=self.resample_budget_multiplier,
             reward_error=self.reward_error,
             curriculum=CurriculumConfig(**self.curriculum.model_dump()),
+            soft_overlong=self.soft_overlong,
         )
 
     @classmethod
@@ -141,4 +144,5 @@ class CurationPolicySpec(BaseModel):
                 failed=policy.curriculum.failed,
                 low_priority=policy.curriculum.low_priority,
             ),
+            soft_overlong=policy.soft_overlong,
         )

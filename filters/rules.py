@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from filters.overlong import overlong_buffer_tokens, soft_overlong_penalty
+import numpy as np
+
+from filters.overlong import buffer_tokens, soft_overlong_penalties
 from filters.types import (
     FINISH_REASONS,
     Action,
@@ -40,13 +42,31 @@ def resample_budget(max_tokens: int | None, multiplier: float) -> int | None:
     return math.ceil(max_tokens * multiplier)
 
 
-def overlong_penalty(num_tokens: int, max_tokens: int | None, policy: CurationPolicy) -> float:
-    """Penalty added to a `penalize` member's reward: DAPO soft overlong when both lengths are known
-    (num_tokens > 0, max_tokens > 0), otherwise the policy's fixed `penalty`."""
-    if max_tokens is None or max_tokens <= 0 or num_tokens <= 0:
-        return policy.penalty
-    buffer = overlong_buffer_tokens(policy.overlong_buffer, max_tokens)
-    return soft_overlong_penalty(num_tokens, max_tokens, buffer)
+def overlong_penalties(
+    num_tokens: np.ndarray, max_tokens: np.ndarray, penalize: np.ndarray, policy: CurationPolicy
+) -> np.ndarray:
+    """Overlong penalty added to the reward of baseline members: (N,) x3 -> (N,) floats.
+
+    num_tokens, max_tokens (N,) ints (max_tokens <= 0: the group's budget is unknown); penalize (N,)
+    bool, the members whose finish_reason action is `penalize`. A member is shaped when it is a
+    `penalize` member or `policy.soft_overlong` is on (every member, truncated or not: DAPO's overlong
+    reward shaping). A shaped member with known lengths (both > 0) gets the DAPO soft overlong penalty;
+    with an unknown length a `penalize` member gets the policy's fixed `penalty`, any other member 0.
+    """
+    n = np.asarray(num_tokens, dtype=np.int64)
+    m = np.asarray(max_tokens, dtype=np.int64)
+    pen = np.asarray(penalize, dtype=bool)
+    known = (m > 0) & (n > 0)
+    safe_m = np.where(known, m, 1)
+    soft = soft_overlong_penalties(n, safe_m, buffer_tokens(policy.overlong_buffer, safe_m))
+    shaped = pen | policy.soft_overlong
+    return np.where(shaped, np.where(known, soft, np.where(pen, policy.penalty, 0.0)), 0.0)
+
+
+def overlong_penalty(num_tokens: int, max_tokens: int | None, penalize: bool, policy: CurationPolicy) -> float:
+    """`overlong_penalties` for one baseline member (max_tokens None: unknown)."""
+    budget = np.array([max_tokens or 0])
+    return float(overlong_penalties(np.array([num_tokens]), budget, np.array([penalize]), policy)[0])
 
 
 def check_finite(group: GroupScore, metric: str) -> None:

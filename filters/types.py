@@ -154,8 +154,12 @@ class CurationPolicy:
     max_staleness: a group sampled more than this many policy versions behind the trainer is dropped
         ("stale"); None turns the check off.
     min_group_size: groups with fewer baseline members (keep + penalize + mask) are dropped.
-    overlong_buffer: DAPO's overlong buffer L_cache for `penalize`; a value in (0, 1) is a fraction of
-        the group's max_tokens, a whole number >= 1 is a token count, 0 is a hard cut-off.
+    overlong_buffer: DAPO's overlong buffer L_cache for `penalize` and `soft_overlong`; a value in (0, 1)
+        is a fraction of the group's max_tokens (at least one token), a whole number >= 1 is a token
+        count, 0 is a hard cut-off.
+    soft_overlong: DAPO's overlong reward shaping: every baseline member's reward gets the soft
+        overlong penalty by its num_tokens, truncated or not (`penalize` alone shapes only the members
+        whose finish_reason maps to it; a `length` member then always gets exactly -1).
     penalty: added to the reward of a `penalize` member when max_tokens or num_tokens is unknown.
     resample_budget_multiplier: the new budget asked for a `resample` member (x the group max_tokens).
     reward_error: a member whose reward is None is dropped ("drop") or takes its group down
@@ -172,6 +176,7 @@ class CurationPolicy:
     resample_budget_multiplier: float = 2.0
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    soft_overlong: bool = False
 
     def __post_init__(self) -> None:
         merged = merge_finish_reason_actions(self.finish_reason_actions)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from filters.overlong import soft_overlong_penalty
 from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
 from reward_models.patterns import UserPattern
 from reward_models.text import assistant_text
@@ -160,19 +161,9 @@ class OverlongParams(ParamsModel):
         return self
 
 
-def soft_overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
-    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), L_max = max_tokens, L_cache = buffer.
-
-    0 if L <= L_max - L_cache; (L_max - L_cache - L) / L_cache if L_max - L_cache < L <= L_max;
-    -1 if L > L_max.
-    """
-    if length > max_tokens:
-        return -1.0
-    return min((max_tokens - buffer - length) / buffer, 0.0)
-
-
 class OverlongRule(RewardComponent):
-    """DAPO soft overlong penalty on the response token count."""
+    """DAPO soft overlong penalty on the response token count (`filters.overlong`, the one implementation
+    the curation paths use too), with this spec's fixed max_tokens and buffer."""
 
     kind = "rule.overlong"
     Params = OverlongParams

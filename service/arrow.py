@@ -31,6 +31,7 @@ ARROW_SCHEMA = pa.schema(
         ("logprobs", pa.list_(pa.float32())),
         ("advantage", pa.float32()),
         ("total_reward", pa.float32()),
+        ("temperature", pa.float64()),  # the group's sampling.temperature (null when it did not say)
     ]
 )
 _ARRAYS = (("token_ids", TOKEN_DTYPE), ("loss_mask", MASK_DTYPE), ("logprobs", LOGPROB_DTYPE))
@@ -53,6 +54,7 @@ class BatchColumns:
     logprobs: list[bytes | None]
     advantage: list[float | None]
     total_reward: list[float | None]
+    temperature: list[float | None]
 
     def header(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "trainer_id": self.trainer_id, "expires_at": self.expires_at}
@@ -85,6 +87,7 @@ def encode_json(batch: BatchColumns) -> bytes:
                     "id": gid,
                     "prompt_id": batch.prompt_id[i],
                     "policy_version": batch.policy_version[i],
+                    "temperature": batch.temperature[i],
                     "trajectories": [],
                 }
             )
@@ -127,6 +130,7 @@ def encode_arrow(batch: BatchColumns) -> bytes:
         ),
         pa.array([_f32(v) for v in batch.advantage], type=pa.float32()),
         pa.array([_f32(v) for v in batch.total_reward], type=pa.float32()),
+        pa.array(batch.temperature, type=pa.float64()),
     ]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -149,15 +153,16 @@ def _split(column: pa.ListArray, as_numpy: bool) -> list[Any]:
     return rows
 
 
-def _rows(record: pa.RecordBatch, as_numpy: bool) -> list[tuple[tuple[str, str, int], dict[str, Any]]]:
-    """One record batch -> [((group_id, prompt_id, policy_version), trajectory dict)] in row order."""
+def _rows(record: pa.RecordBatch, as_numpy: bool) -> list[tuple[tuple[str, str, int, float | None], dict[str, Any]]]:
+    """One record batch -> [((group_id, prompt_id, policy_version, temperature), trajectory dict)] in row order."""
     cols = {name: record.column(name) for name in record.schema.names}
-    plain = {name: cols[name].to_pylist() for name in ("group_id", "prompt_id", "policy_version", "index")}
+    keys = ("group_id", "prompt_id", "policy_version", "temperature", "index")
+    plain = {name: cols[name].to_pylist() for name in keys}
     lists = {name: _split(cols[name], as_numpy) for name, _ in _ARRAYS}
     scalars = {name: cols[name].to_pylist() for name in ("advantage", "total_reward")}
     out = []
     for i in range(record.num_rows):
-        key = (plain["group_id"][i], plain["prompt_id"][i], plain["policy_version"][i])
+        key = (plain["group_id"][i], plain["prompt_id"][i], plain["policy_version"][i], plain["temperature"][i])
         traj = {"index": plain["index"][i], **{k: v[i] for k, v in lists.items()}}
         traj.update({k: v[i] for k, v in scalars.items()})
         out.append((key, traj))
@@ -174,9 +179,10 @@ def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
     meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
     groups: list[dict[str, Any]] = []
     for record in reader:
-        for (gid, pid, version), traj in _rows(record, as_numpy):
+        for (gid, pid, version, temperature), traj in _rows(record, as_numpy):
             if not groups or groups[-1]["id"] != gid:
-                groups.append({"id": gid, "prompt_id": pid, "policy_version": version, "trajectories": []})
+                group = {"id": gid, "prompt_id": pid, "policy_version": version, "temperature": temperature}
+                groups.append({**group, "trajectories": []})
             groups[-1]["trajectories"].append(traj)
     header = {k: meta[k] for k in ("batch_id", "trainer_id", "expires_at")}
     return {**header, "groups": groups, "stats": orjson.loads(meta.get("stats", "{}"))}

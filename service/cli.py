@@ -82,8 +82,8 @@ def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
 LATER = {
     "score-worker": ("service.workers.main", "score / curate worker: claims received groups, scores and curates them"),
     "train": ("trainer.cli", "GRPO trainer: lease -> train -> ack -> publish"),
-    "rollout": ("trainer.rollout", "rollout producer: sample groups and post them"),
-    "demo": ("trainer.demo", "the whole loop on a tiny model, embedded PostgreSQL"),
+    "rollout": ("rollout.producer", "rollout producer: sample groups and post them"),
+    "demo": ("rollout.demo", "the whole loop on a tiny model, embedded PostgreSQL"),
     "stats": ("service.stats_cli", "print reward statistics as a table"),
     "import": ("service.import_cli", "import prompts from verl Parquet or JSONL"),
     "export": ("service.export_cli", "export SFT / DPO / KTO / rollout datasets (Parquet or JSONL)"),

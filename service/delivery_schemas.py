@@ -72,6 +72,7 @@ class LeasedGroup(BaseModel):
     id: str
     prompt_id: str
     policy_version: int
+    temperature: float | None = Field(None, description="the group's sampling.temperature; null when not given")
     trajectories: list[LeasedTrajectory]
 
 

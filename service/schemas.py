@@ -161,6 +161,11 @@ class GroupIn(FreeJson):
         mt = v.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or not 0 < mt <= INT4_MAX):
             raise ValueError(f"sampling.max_tokens: must be an integer from 1 to {INT4_MAX}")
+        temp = v.get("temperature")  # the trainer computes log-probs at this temperature
+        if temp is not None and (
+            not isinstance(temp, int | float) or isinstance(temp, bool) or not 0 < temp < float("inf")
+        ):
+            raise ValueError("sampling.temperature: must be a finite number > 0")
         return v
 
 

@@ -1,4 +1,4 @@
-"""GRPO trainer and rollout producer.
+"""GRPO trainer (the rollout producer, samplers, tasks and demo live in the `rollout` package).
 
 Training: `logprobs` (LM head fused with the log-prob), `loss` (clipped surrogate, KL, aggregation),
 `packing` (leased batch -> micro-batches), `policy` (the model as a log-prob module), `parallel`

@@ -79,8 +79,9 @@ def save_checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if keep_last is not None:
-        for old in _checkpoints(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        from trainer.checkpoint_readers import prune  # skips checkpoints a producer is loading
+
+        prune(ckpt_dir, keep_last)
     return final
 
 

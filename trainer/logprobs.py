@@ -25,18 +25,29 @@ DEFAULT_CHUNK_TOKENS = 2048
 HeadImpl = Literal["inplace", "functional", "compiled"]
 
 
-def _chunk_stats(z_raw: Tensor, t: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
+def _chunk_stats(z_raw: Tensor, t: Tensor, inv_temp: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
     """Raw logits (n, V) of any dtype, targets (n,) -> (logsumexp, logp of targets, entropy), each (n,),
-    at least fp32, for logits z = z_raw * inv_temp. Functional, so torch.compile fuses it into one pass."""
+    at least fp32, for logits z = z_raw * inv_temp (a float, or (n, 1) per row). Functional, so
+    torch.compile fuses it into one pass.
+
+    Stable for peaked distributions: with s = z - max z and d = sum of exp(s) over every entry but the
+    first maximum, log Z = max z + log1p(d) and H = -sum p log p with log p = s - log1p(d). The direct
+    `lse - sum p z` subtracts two numbers of size |z| to get one of size p_rest * |s|, and loses it.
+    """
     z = _at_least_fp32(z_raw) * inv_temp  # (n, V)
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
-    logp = z.gather(1, t[:, None]).squeeze(1) - lse  # (n,)
-    ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (n,)
-    return lse, logp, ent
+    top, arg = z.max(dim=-1, keepdim=True)  # (n, 1) x2
+    s = z - top  # (n, V), <= 0
+    e = torch.exp(s).scatter(1, arg, 0.0)  # (n, V), the first maximum's exp(0) = 1 left out
+    log_norm = torch.log1p(e.sum(dim=-1, keepdim=True))  # (n, 1)
+    logp_all = s - log_norm  # (n, V)
+    p = torch.exp(logp_all)  # (n, V)
+    ent = -torch.where(p > 0, p * logp_all, 0.0).sum(dim=-1)  # (n,)
+    logp = logp_all.gather(1, t[:, None]).squeeze(1)  # (n,)
+    return (top + log_norm).squeeze(1), logp, ent
 
 
 def _grad_inplace(
-    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: float
+    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: Tensor | float
 ) -> Tensor:
     """Gradient of sum(g_lp * logp + g_ent * H) w.r.t. the raw logits (n, V), in z_raw's dtype
     (g_ent None: the entropy is not differentiated).
@@ -55,7 +66,7 @@ def _grad_inplace(
 
 
 def _grad_functional(
-    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: float
+    z_raw: Tensor, t: Tensor, lse: Tensor, ent: Tensor, g_lp: Tensor, g_ent: Tensor | None, inv_temp: Tensor | float
 ) -> Tensor:
     """The same gradient as `_grad_inplace`, written functionally for torch.compile (one fused pass)."""
     logp_all = _at_least_fp32(z_raw) * inv_temp - lse[:, None]  # (n, V)
@@ -80,7 +91,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float, impl: str
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: Tensor | float, impl: str
     ) -> tuple[Tensor, Tensor]:
         b, t, h = hidden.shape
         flat_h, flat_t = hidden.reshape(b * t, h), targets.reshape(b * t)  # (N, H), (N,)
@@ -94,7 +105,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
             for s in range(0, b * t, chunk):
                 e = min(s + chunk, b * t)
                 z_raw = torch.mm(flat_h[s:e], weight.t())  # (n, V) in the compute dtype
-                lse[s:e], lp_flat[s:e], ent_flat[s:e] = stats(z_raw, flat_t[s:e], inv_temp)
+                lse[s:e], lp_flat[s:e], ent_flat[s:e] = stats(z_raw, flat_t[s:e], _rows(inv_temp, s, e))
                 del z_raw
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.chunk, ctx.inv_temp, ctx.impl = chunk, inv_temp, impl
@@ -120,7 +131,8 @@ class _FusedTokenLogprobs(torch.autograd.Function):
                 e = min(s + ctx.chunk, b * t)
                 z_raw = torch.mm(flat_h[s:e], weight.t())  # (n, V) recomputed
                 g_en_c = None if g_en is None else g_en[s:e]
-                gz = grad(z_raw, flat_t[s:e], lse[s:e], flat_ent[s:e], g_lp[s:e], g_en_c, ctx.inv_temp)
+                inv = _rows(ctx.inv_temp, s, e)
+                gz = grad(z_raw, flat_t[s:e], lse[s:e], flat_ent[s:e], g_lp[s:e], g_en_c, inv)
                 del z_raw
                 if grad_h is not None:
                     grad_h[s:e] = torch.mm(gz, weight)  # (n, H)
@@ -137,18 +149,24 @@ class _FusedTokenLogprobs(torch.autograd.Function):
         )
 
 
+def _rows(inv_temp: Tensor | float, s: int, e: int) -> Tensor | float:
+    """The inverse temperatures of flat rows s:e: a float as is, a per-row (N, 1) tensor sliced."""
+    return inv_temp if isinstance(inv_temp, float) else inv_temp[s:e]
+
+
 def token_logprobs(
     hidden: Tensor,
     weight: Tensor,
     targets: Tensor,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    temperature: float = 1.0,
+    temperature: float | Tensor = 1.0,
     impl: HeadImpl = "inplace",
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of each target token and entropy of the same distribution, fused with the LM head.
 
     hidden (B, T, H), weight (V, H) (the LM head, no bias), targets (B, T) long
-    -> (logp (B, T), entropy (B, T)), fp32 (fp64 for fp64 inputs). Logits are `hidden @ weight.T / temperature`.
+    -> (logp (B, T), entropy (B, T)), fp32 (fp64 for fp64 inputs). Logits are `hidden @ weight.T / temperature`;
+    temperature is one float or a (B, T) tensor (each position's sampling temperature, e.g. per group).
     Under autocast the matmuls run in the autocast dtype; softmax statistics are always fp32.
     Never materialises more than `chunk_tokens` rows of logits at once (forward or backward).
     impl: `inplace` (eager, fewest buffers), `functional` (eager, the code `compiled` compiles),
@@ -157,8 +175,15 @@ def token_logprobs(
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if temperature <= 0:
+    if isinstance(temperature, Tensor):
+        if temperature.shape != targets.shape or not bool((temperature > 0).all()):
+            raise ValueError(f"temperature must be > 0 everywhere, shaped like targets {tuple(targets.shape)}")
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        inv_temp: Tensor | float = (1.0 / temperature.to(hidden.device, dtype)).reshape(-1, 1)  # (N, 1)
+    elif temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    else:
+        inv_temp = 1.0 / float(temperature)
     if impl not in get_args(HeadImpl):
         raise ValueError(f"unknown head impl {impl!r}; valid: {', '.join(get_args(HeadImpl))}")
     dev = hidden.device.type
@@ -167,7 +192,7 @@ def token_logprobs(
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     elif weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)
-    return _FusedTokenLogprobs.apply(hidden, weight, targets, chunk_tokens, 1.0 / temperature, impl)
+    return _FusedTokenLogprobs.apply(hidden, weight, targets, chunk_tokens, inv_temp, impl)
 
 
 def _at_least_fp32(x: Tensor) -> Tensor:

@@ -1,27 +1,42 @@
 """GRPO policy loss as pure tensor functions.
 
 Base objective: GRPO (Shao et al. 2024, "DeepSeekMath", eq. 3) -- the PPO clipped surrogate on
-group-relative advantages plus beta * KL to a frozen reference, with the k3 estimator
-(Schulman 2020, "Approximating KL divergence"): exp(ref - logp) - (ref - logp) - 1.
+group-relative advantages plus beta * KL to a frozen reference.
 
 Where this departs from the GRPO paper (every departure is a `LossConfig` switch):
 - Aggregation (`agg`): the paper averages tokens within a sequence, then sequences
   (`seq-mean-token-mean`). The default here is `token-mean` over all mask-1 tokens of the batch
   (DAPO, Yu et al. 2025, sec. 3.3), so long responses are not under-weighted. `seq-mean-token-sum`
-  sums a sequence's tokens and averages sequences, dropping the length normaliser (Dr. GRPO,
-  Liu et al. 2025, "Understanding R1-Zero-Like Training").
-- Clip-higher: separate `eps_low` / `eps_high`, default 0.2 / 0.28 (DAPO sec. 3.1).
-- `beta` defaults to 0 (DAPO, Dr. GRPO): no KL term and no reference model at all.
-- `kl_estimator`: `k3` (the paper) or `k1` = logp - ref.
+  sums a sequence's tokens and averages sequences; `seq-mean-token-sum-norm` divides each sequence's
+  token sum by one constant (`norm_tokens`, e.g. the generation budget) instead of its length:
+  Dr. GRPO's unbiased aggregation (Liu et al. 2025, "Understanding R1-Zero-Like Training"), used with
+  the `dr_grpo` advantage estimator (no std division) of the curation policy.
+- Clip-higher: separate `eps_low` / `eps_high`, default 0.2 / 0.28 (DAPO sec. 3.1) for the token
+  ratio; 3e-4 / 4e-4 for the sequence ratio (GSPO paper, sec. 5.1), whose values sit much closer to 1.
+- Dual-clip (`dual_clip`, default c = 3; Ye et al. 2020, "Mastering Complex Control in MOBA Games"):
+  for A < 0 the per-token loss is at most -c A, so a token whose ratio exploded (off-policy data)
+  cannot dominate the batch; its gradient is then 0.
+- `beta` defaults to 0 (DAPO, Dr. GRPO): no KL term and no reference model at all. With beta > 0,
+  `kl_mode="loss"` adds beta * an estimator named by the gradient it gives (Schulman 2020,
+  "Approximating KL divergence"; with r = pi / pi_ref on samples of pi):
+  `k2` = (log r)^2 / 2: d/dtheta = log r * grad log pi, whose expectation is the gradient of the
+  reverse KL(pi || pi_ref) -- the KL the GRPO objective names;
+  `k3` = 1/r - 1 + log r (GRPO eq. 4): an unbiased low-variance estimate of KL(pi || pi_ref) as a
+  value, but d/dtheta = (1 - 1/r) grad log pi, whose expectation is the gradient of the forward
+  KL(pi_ref || pi). (k1 = log r as a loss has zero expected gradient, E[grad log pi] = 0, so it is not
+  offered as a loss.) `kl_mode="reward"` instead subtracts beta * k1 from the reward: each token's
+  advantage becomes A - beta * sum_{s >= t} (old_logp_s - ref_logp_s) over mask-1 tokens (detached),
+  the REINFORCE estimator of the gradient of E[R] - beta * KL(pi || pi_ref).
 - `ratio_level="sequence"`: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"),
   the length-normalised sequence ratio s_i = exp(mean_t (logp - old_logp)), in the GSPO-token form
   s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: each token's value is s_i, so a sequence is clipped as a
   whole, and its gradient equals sequence-level GSPO under any of the aggregations here.
-- Truncated importance sampling (`tis_cap`): when the sampler's log-probs (`behaviour_logp`) differ
-  from the trainer's old-policy log-probs, each token's loss is weighted by
+- Truncated importance sampling (`tis_cap`, default 2): when the sampler's log-probs (`behaviour_logp`)
+  differ from the trainer's old-policy log-probs, each token's loss is weighted by
   min(exp(old_logp - behaviour_logp), C), detached (Yao et al. 2025, "Your Efficient RL Framework
   Secretly Brings You Off-Policy RL Training"); with the sequence ratio the weight is sequence-level
-  too, min(exp(mean_t(old_logp - behaviour_logp)), C).
+  too, min(exp(mean_t(old_logp - behaviour_logp)), C). `behaviour_mismatch` reports the mean
+  |old_logp - behaviour_logp|.
 - `entropy_coef`: optional entropy bonus (0 by default; the entropy is always reported).
 Only tokens with loss mask 1 count, in every numerator and every denominator; a sequence with no
 mask-1 token does not count as a sequence. Values at masked positions (even inf / NaN) change nothing.
@@ -36,9 +51,12 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLEstimator = Literal["k1", "k3"]
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+KLEstimator = Literal["k2", "k3"]
+KLMode = Literal["loss", "reward"]
 RatioLevel = Literal["token", "sequence"]
+# default clip ranges (eps_low, eps_high) per ratio level: DAPO clip-higher; GSPO sec. 5.1
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {"token": (0.2, 0.28), "sequence": (3e-4, 4e-4)}
 
 
 def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> None:
@@ -49,25 +67,52 @@ def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Switches of the policy loss; see the module docstring for the papers behind each."""
+    """Switches of the policy loss; see the module docstring for the papers behind each.
 
-    eps_low: float = 0.2
-    eps_high: float = 0.28
+    eps_low / eps_high None: the defaults of the ratio level (`DEFAULT_CLIP`). norm_tokens: the
+    constant of `seq-mean-token-sum-norm` (required by it). dual_clip: c > 1, None turns it off.
+    """
+
+    eps_low: float | None = None
+    eps_high: float | None = None
     agg: AggMode = "token-mean"
     beta: float = 0.0
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = "k2"
+    kl_mode: KLMode = "loss"
     ratio_level: RatioLevel = "token"
-    tis_cap: float | None = None
+    tis_cap: float | None = 2.0
+    dual_clip: float | None = 3.0
+    norm_tokens: int | None = None
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("agg", self.agg, get_args(AggMode))
+        if self.kl_estimator == "k1":
+            raise ValueError(
+                "kl_estimator 'k1' as a loss has zero expected gradient; use k2 (gradient of KL(pi || ref)), "
+                "k3 (gradient of KL(ref || pi)), or kl_mode 'reward' (k1 subtracted from the reward)"
+            )
         check_choice("kl_estimator", self.kl_estimator, get_args(KLEstimator))
+        check_choice("kl_mode", self.kl_mode, get_args(KLMode))
         check_choice("ratio_level", self.ratio_level, get_args(RatioLevel))
-        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
+        low, high = DEFAULT_CLIP[self.ratio_level]
+        object.__setattr__(self, "eps_low", low if self.eps_low is None else self.eps_low)
+        object.__setattr__(self, "eps_high", high if self.eps_high is None else self.eps_high)
+        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:  # type: ignore[operator]
             raise ValueError("eps_low, eps_high and beta must be >= 0")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        if (self.agg == "seq-mean-token-sum-norm") != (self.norm_tokens is not None):
+            raise ValueError("norm_tokens (> 0) is required by agg 'seq-mean-token-sum-norm' and only by it")
+        if self.norm_tokens is not None and self.norm_tokens <= 0:
+            raise ValueError(f"norm_tokens must be > 0, got {self.norm_tokens}")
+
+    @property
+    def clip(self) -> tuple[float, float]:
+        """(eps_low, eps_high), resolved."""
+        return float(self.eps_low), float(self.eps_high)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -114,44 +159,59 @@ def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None) -> Tens
     return total / (m.sum().clamp_min(1) if denom is None else _nonzero(denom.tokens))
 
 
-def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool) -> Tensor:
+def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool, norm: float) -> Tensor:
     sums, n, has = _seq_sums(values, mask)  # (B,), (B,), (B,)
-    per_seq = sums / n.clamp_min(1) if per_token_mean else sums  # (B,)
+    per_seq = sums / n.clamp_min(1) if per_token_mean else sums / norm  # (B,)
     return per_seq.sum() / (has.sum().clamp_min(1) if denom is None else _nonzero(denom.seqs))
 
 
-_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None], Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=True),
-    "seq-mean-token-sum": lambda v, m, d: _seq_mean(v, m, d, per_token_mean=False),
+_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None, float], Tensor]] = {
+    "token-mean": lambda v, m, d, _: _token_mean(v, m, d),
+    "seq-mean-token-mean": lambda v, m, d, _: _seq_mean(v, m, d, True, 1.0),
+    "seq-mean-token-sum": lambda v, m, d, _: _seq_mean(v, m, d, False, 1.0),
+    "seq-mean-token-sum-norm": lambda v, m, d, norm: _seq_mean(v, m, d, False, norm),
 }
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None) -> Tensor:
+def aggregate(
+    values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None, norm_tokens: float | None = None
+) -> Tensor:
     """Reduce per-token losses to a scalar: values (B, T), mask (B, T) -> ().
 
     token-mean: sum of mask-1 values / number of mask-1 tokens (DAPO).
     seq-mean-token-mean: mean over sequences of each sequence's token mean (GRPO paper).
-    seq-mean-token-sum: mean over sequences of each sequence's token sum (Dr. GRPO).
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    seq-mean-token-sum-norm: mean over sequences of each sequence's token sum / norm_tokens (Dr. GRPO).
     `denom` replaces this batch's counts by those of the whole accumulated batch.
     """
     check_choice("aggregation mode", mode, tuple(_AGGREGATORS))
-    return _AGGREGATORS[mode](values, mask, denom)
+    if mode == "seq-mean-token-sum-norm" and not (norm_tokens and norm_tokens > 0):
+        raise ValueError("seq-mean-token-sum-norm needs norm_tokens > 0")
+    return _AGGREGATORS[mode](values, mask, denom, float(norm_tokens or 1.0))
 
 
 _KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
     "k1": lambda log_r: log_r,  # log_r = logp - ref_logp
+    "k2": lambda log_r: 0.5 * log_r.square(),
     "k3": lambda log_r: torch.exp(-log_r) + log_r - 1.0,
 }
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from samples of pi: (B, T), (B, T) -> (B, T).
+    """Per-token KL estimators from samples of pi, log r = logp - ref_logp: (B, T), (B, T) -> (B, T).
 
-    k1 = logp - ref_logp; k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0; GRPO eq. 4).
+    k1 = log r (unbiased value of KL(pi || ref); zero expected gradient, used only in the reward);
+    k2 = (log r)^2 / 2 (gradient: that of KL(pi || ref)); k3 = 1/r - 1 + log r (>= 0, unbiased value
+    of KL(pi || ref), GRPO eq. 4; gradient: that of KL(ref || pi)). See the module docstring.
     """
     check_choice("kl_estimator", estimator, tuple(_KL_ESTIMATORS))
     return _KL_ESTIMATORS[estimator](logp - ref_logp)
+
+
+def kl_reward_to_go(old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """sum_{s >= t} k1_s over mask-1 tokens, k1 = old_logp - ref_logp, detached: (B, T) x3 -> (B, T)."""
+    k1 = torch.where(mask > 0, old_logp - ref_logp, 0.0).detach()  # (B, T)
+    return k1.flip(-1).cumsum(-1).flip(-1)
 
 
 def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
@@ -168,10 +228,18 @@ def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tenso
     return torch.where(m, seq.detach()[:, None] + logp - logp.detach(), 0.0)  # (B, T)
 
 
-def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """Per-token PPO loss -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A): (B, T), (B, 1|T) -> (B, T)."""
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
+) -> Tensor:
+    """Per-token PPO loss -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A): (B, T), (B, 1|T) -> (B, T).
+
+    dual_clip c: where A < 0 the loss is min(that, -c A), bounded whatever the ratio.
+    """
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # (B, T)
-    return -torch.minimum(ratio * adv, clipped * adv)
+    loss = -torch.minimum(ratio * adv, clipped * adv)  # (B, T)
+    if dual_clip is None:
+        return loss
+    return torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
 
 
 def clip_fractions(
@@ -223,27 +291,32 @@ def policy_loss(
     when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors, masked means).
     """
     m = mask > 0
-    adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
-    lr = log_ratio(logp, old_logp, mask, cfg.ratio_level)  # (B, T)
-    ratio = torch.exp(lr)  # (B, T)
-    per_tok = clipped_surrogate(ratio, adv, cfg.eps_low, cfg.eps_high)  # (B, T)
+    if cfg.beta > 0 and ref_logp is None:
+        raise ValueError("cfg.beta > 0 needs ref_logp")
     metrics: dict[str, Tensor] = {}
+    adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
+    if cfg.beta > 0 and cfg.kl_mode == "reward":
+        rtg = kl_reward_to_go(old_logp, ref_logp, mask)  # type: ignore[arg-type]  # (B, T)
+        adv = adv - cfg.beta * rtg  # (B, T)
+        metrics["kl_ref"] = masked_mean(torch.where(m, old_logp - ref_logp, 0.0), mask)  # type: ignore[operator]
+    ratio = torch.exp(log_ratio(logp, old_logp, mask, cfg.ratio_level))  # (B, T)
+    low, high = cfg.clip
+    per_tok = clipped_surrogate(ratio, adv, low, high, cfg.dual_clip)  # (B, T)
     if cfg.tis_cap is not None and behaviour_logp is not None:
         w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap, cfg.ratio_level)  # (B, T)
         per_tok = per_tok * w
         metrics["tis_weight"] = masked_mean(w, mask)
-    metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg)
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError("cfg.beta > 0 needs ref_logp")
-        kl = kl_penalty(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), cfg.kl_estimator)  # (B, T)
+        metrics["behaviour_mismatch"] = masked_mean(torch.where(m, old_logp - behaviour_logp, 0.0).abs(), mask)
+    metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg, None, cfg.norm_tokens)
+    if cfg.beta > 0 and cfg.kl_mode == "loss":
+        kl = kl_penalty(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), cfg.kl_estimator)  # type: ignore[arg-type]
         per_tok = per_tok + cfg.beta * kl
         metrics["kl_ref"] = masked_mean(kl.detach(), mask)
     if entropy is not None:
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
         if cfg.entropy_coef > 0:
             per_tok = per_tok - cfg.entropy_coef * torch.where(m, entropy, 0.0)
-    loss = aggregate(per_tok, mask, cfg.agg, denom)
+    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens)
     metrics.update(_ratio_metrics(logp.detach(), old_logp, ratio.detach(), adv, mask, cfg))
     return loss, metrics
 
@@ -251,14 +324,20 @@ def policy_loss(
 def _ratio_metrics(
     logp: Tensor, old_logp: Tensor, ratio: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig
 ) -> dict[str, Tensor]:
-    """Clip fractions, ratio mean / max and approx KL(old || new) = mean((r - 1) - log r), token ratio."""
-    low, high = clip_fractions(ratio, adv, mask, cfg.eps_low, cfg.eps_high)
+    """Clip fractions, ratio mean / max and approx KL(old || new) = mean((r - 1) - log r), token ratio.
+
+    clip_frac_dual: mask-1 tokens with A < 0 whose loss the dual clip bounds (ratio > c).
+    """
+    low, high = clip_fractions(ratio, adv, mask, *cfg.clip)
     tok_lr = torch.where(mask > 0, logp - old_logp, 0.0)  # (B, T)
     approx_kl = masked_mean(torch.expm1(tok_lr) - tok_lr, mask)
     ratio_max = torch.where(mask > 0, ratio, 0.0).max() if ratio.numel() else ratio.new_zeros(())
+    c = float("inf") if cfg.dual_clip is None else cfg.dual_clip
+    dual = ((ratio > c) & (adv.expand_as(ratio) < 0)).to(ratio.dtype)  # (B, T)
     return {
         "clip_frac_low": low,
         "clip_frac_high": high,
+        "clip_frac_dual": masked_mean(dual, mask),
         "approx_kl": approx_kl,
         "ratio_mean": masked_mean(ratio, mask),
         "ratio_max": ratio_max,

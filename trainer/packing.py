@@ -39,6 +39,7 @@ class TrainSeq:
     old_logp: list[float]
     advantage: float
     policy_version: int
+    temperature: float = 1.0  # the group's sampling temperature
 
 
 @dataclass
@@ -53,6 +54,7 @@ class MicroBatch:
     loss_mask: Tensor  # (S, Tm) float
     old_logp: Tensor  # (S, Tm) float
     advantages: Tensor  # (S,) float
+    temperature: Tensor | None = None  # (R, L) float, each position's sampling temperature (None: the policy's)
 
     @property
     def n_input_tokens(self) -> int:
@@ -70,7 +72,7 @@ class MicroBatch:
         return replace(self, **moved)
 
 
-def _shift(traj: dict[str, Any], version: int, where: str) -> TrainSeq | None:
+def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 1.0) -> TrainSeq | None:
     """One leased trajectory -> its shifted TrainSeq, None when it has nothing to train."""
     ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj["logprobs"]
     if not len(ids) == len(mask) == len(lps):
@@ -85,16 +87,22 @@ def _shift(traj: dict[str, Any], version: int, where: str) -> TrainSeq | None:
         old_logp=[float(v) for v in lps[1 : last + 1]],
         advantage=float(traj["advantage"]),
         policy_version=int(version),
+        temperature=temperature,
     )
 
 
-def sequences_from_batch(batch: dict[str, Any]) -> list[TrainSeq]:
-    """The leased-batch JSON ({"groups": [{"policy_version", "trajectories": [...]}]}) -> shifted sequences."""
+def sequences_from_batch(batch: dict[str, Any], default_temperature: float = 1.0) -> list[TrainSeq]:
+    """The leased-batch JSON ({"groups": [{"policy_version", "temperature"?, "trajectories": [...]}]}) ->
+    shifted sequences; a group without a temperature gets `default_temperature`."""
     out = []
     for group in batch["groups"]:
+        temperature = group.get("temperature")
+        temperature = default_temperature if temperature is None else float(temperature)
+        if not 0 < temperature < float("inf"):
+            raise ValueError(f"group {group.get('id')!r}: temperature must be a finite number > 0, got {temperature}")
         for traj in group["trajectories"]:
             where = f"group {group.get('id')!r} trajectory {traj.get('index')}"
-            seq = _shift(traj, group["policy_version"], where)
+            seq = _shift(traj, group["policy_version"], where, temperature)
             if seq is not None:
                 out.append(seq)
     return out
@@ -146,6 +154,7 @@ def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Tensor
 def _pad_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
     """Rows of equal length L = the longest sequence, right-padded."""
     r, length = len(seqs), max(len(s.inputs) for s in seqs)
+    temp = torch.tensor([s.temperature for s in seqs])[:, None].expand(r, length).clone()  # (R, L)
     ids = torch.zeros(r, length, dtype=torch.long)  # (R, L)
     tgt = torch.zeros(r, length, dtype=torch.long)  # (R, L)
     att = torch.zeros(r, length, dtype=torch.long)  # (R, L)
@@ -159,6 +168,7 @@ def _pad_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
         attention_mask=None if bool(att.all()) else att,
         targets=tgt,
         **_loss_side(seqs, [i * length for i in range(r)]),
+        temperature=temp,
     )
 
 
@@ -168,8 +178,10 @@ def _packed_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
     tgt = torch.tensor([t for s in seqs for t in s.targets])[None]  # (1, L)
     pos = torch.cat([torch.arange(len(s.inputs)) for s in seqs])[None]  # (1, L)
     starts = torch.tensor([0] + [len(s.inputs) for s in seqs[:-1]]).cumsum(0).tolist()
+    temp = torch.cat([torch.full((len(s.inputs),), s.temperature) for s in seqs])[None]  # (1, L)
     return MicroBatch(
-        input_ids=ids, position_ids=pos, attention_mask=None, targets=tgt, **_loss_side(seqs, starts)
+        input_ids=ids, position_ids=pos, attention_mask=None, targets=tgt, **_loss_side(seqs, starts),
+        temperature=temp,
     )
 
 
@@ -187,9 +199,12 @@ def pack_sequences(seqs: Sequence[TrainSeq], token_budget: int, mode: str = "pad
     return [build([seqs[i] for i in plan]) for plan in plans]
 
 
-def pack_batch(batch: dict[str, Any], token_budget: int, mode: str = "pad") -> list[MicroBatch]:
-    """A leased batch (JSON form) -> micro-batches under `token_budget`; see `pack_sequences`."""
-    return pack_sequences(sequences_from_batch(batch), token_budget, mode)
+def pack_batch(
+    batch: dict[str, Any], token_budget: int, mode: str = "pad", default_temperature: float = 1.0
+) -> list[MicroBatch]:
+    """A leased batch (JSON form) -> micro-batches under `token_budget`; see `pack_sequences`.
+    Each position is scored at its group's sampling temperature (`default_temperature` when absent)."""
+    return pack_sequences(sequences_from_batch(batch, default_temperature), token_budget, mode)
 
 
 def empty_micro_batch() -> MicroBatch:

@@ -20,8 +20,8 @@ from trainer.packing import MicroBatch
 class PolicyLogprobs(nn.Module):
     """Causal LM -> per-token log-probs and entropies of given targets.
 
-    forward: input_ids, position_ids (R, L), attention_mask (R, L) | None, targets (R, L)
-    -> (logp (R, L) fp32, entropy (R, L) fp32).
+    forward: input_ids, position_ids (R, L), attention_mask (R, L) | None, targets (R, L),
+    temperature (R, L) | None (None: the policy's one temperature) -> (logp (R, L) fp32, entropy (R, L) fp32).
     """
 
     def __init__(
@@ -43,21 +43,27 @@ class PolicyLogprobs(nn.Module):
         self.head_impl = head_impl
 
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, targets: Tensor
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        attention_mask: Tensor | None,
+        targets: Tensor,
+        temperature: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         out = self.model.get_decoder()(
             input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
         )
         hidden = out.last_hidden_state  # (R, L, H)
         weight = self.model.get_output_embeddings().weight  # (V, H)
-        return token_logprobs(hidden, weight, targets, self.chunk_tokens, self.temperature, self.head_impl)
+        temp = self.temperature if temperature is None else temperature
+        return token_logprobs(hidden, weight, targets, self.chunk_tokens, temp, self.head_impl)
 
 
 def sequence_logprobs(policy: nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor]:
     """Run `policy` (a PolicyLogprobs, possibly wrapped) on a micro-batch and gather the per-sequence
     layout: -> (logp (S, Tm), entropy (S, Tm)); positions past a sequence's end are meaningless
     (their loss mask is 0)."""
-    logp, ent = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.targets)  # (R, L) x2
+    logp, ent = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.targets, mb.temperature)  # (R, L) x2
     return logp.reshape(-1)[mb.gather_index], ent.reshape(-1)[mb.gather_index]
 
 

@@ -25,11 +25,13 @@ _MEAN_KEYS = (
     "pg_loss",
     "clip_frac_low",
     "clip_frac_high",
+    "clip_frac_dual",
     "approx_kl",
     "ratio_mean",
     "entropy",
     "kl_ref",
     "tis_weight",
+    "behaviour_mismatch",
 )
 
 
@@ -37,15 +39,17 @@ _MEAN_KEYS = (
 class StepConfig:
     """How one step runs.
 
-    old_from_batch: the sampler's log-probs in the batch are the old policy (one step per batch,
-    old policy == current weights). False: a no-grad forward gives the old log-probs and the
-    sampler's become the behaviour policy for truncated IS (`loss.tis_cap`).
+    old_from_batch: False (default): a no-grad forward with the trainer's weights gives the old
+    log-probs, and the sampler's log-probs in the batch become the behaviour policy of truncated IS
+    (`loss.tis_cap`) and of the `behaviour_mismatch` metric -- correct whatever checkpoint, engine,
+    precision or temperature handling the producer sampled with. True: trust the sampler's log-probs as
+    the old policy (saves one forward; right only for on-policy data from an identical numerics stack).
     autocast: None = bf16 autocast on CUDA only; True / False force it on / off.
     """
 
     loss: LossConfig = field(default_factory=LossConfig)
     max_grad_norm: float | None = 1.0
-    old_from_batch: bool = True
+    old_from_batch: bool = False
     autocast: bool | None = None
 
 
@@ -148,6 +152,7 @@ def _finish_metrics(sums: Tensor, ratio_max: Tensor, cfg: StepConfig, grad_norm:
         out.pop("kl_ref")
     if cfg.loss.tis_cap is None or cfg.old_from_batch:
         out.pop("tis_weight")
+        out.pop("behaviour_mismatch")
     out.update(
         loss=float(sums[-3]) / world_size(),
         ratio_max=float(ratio_max),

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import nn
@@ -80,7 +80,9 @@ class TrainerConfig:
     max_groups: int | None = None  # exactly one of the three sizes; none given: 8 groups
     max_trajectories: int | None = None
     max_tokens: int | None = None
-    max_staleness: int | None = None
+    # "auto": 2 x save_every with a checkpoint_dir (groups from the newest or the previous checkpoint the
+    # producers load; older ones are not leased), None without; None: no limit
+    max_staleness: int | Literal["auto"] | None = "auto"
     min_groups: int | None = None  # wait (up to wait_seconds) for this many ready groups, then take what is there
     lease_seconds: float = 300.0
     wait_seconds: float = 5.0
@@ -90,9 +92,9 @@ class TrainerConfig:
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     head_impl: HeadImpl = "inplace"  # "compiled" on GPU fuses the LM-head softmax passes
     compile_layers: bool = False  # torch.compile each decoder layer
-    temperature: float = 1.0
+    temperature: float = 1.0  # for groups whose sampling.temperature is not given
     loss: LossConfig = field(default_factory=LossConfig)
-    old_from_batch: bool = True
+    old_from_batch: bool = False  # recompute pi_old with the trainer's weights (see trainer.step.StepConfig)
     gradient_checkpointing: bool = False
     parallel: ParallelMode = "ddp"
     device: str = "auto"
@@ -114,6 +116,10 @@ class TrainerConfig:
             self.max_groups = 8
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
+        if self.max_staleness == "auto":
+            self.max_staleness = 2 * self.save_every if self.checkpoint_dir else None
+        if self.max_staleness is not None and not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
+            raise ValueError(f"max_staleness must be an int >= 0, 'auto' or None, got {self.max_staleness!r}")
         self.adam_betas = (float(self.adam_betas[0]), float(self.adam_betas[1]))
 
     @classmethod
@@ -264,7 +270,7 @@ def _setup(
 
 def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[MicroBatch]:
     """This rank's micro-batches; one empty micro-batch when it has nothing to train on."""
-    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode) if batch else []
+    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode, cfg.temperature) if batch else []
     return mbs or [empty_micro_batch()]
 
 

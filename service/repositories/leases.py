@@ -165,7 +165,9 @@ def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
 
 _BATCH_ROWS_SQL = """
 SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs,
-       t.advantage, t.total_reward
+       t.advantage, t.total_reward,
+       CASE WHEN jsonb_typeof(g.sampling -> 'temperature') = 'number'
+            THEN (g.sampling ->> 'temperature')::float8 END AS temperature
   FROM trajectories t JOIN groups g ON g.pk = t.group_pk
  WHERE t.group_pk = ANY(%(pks)s) AND (t.action IS NULL OR t.action = ANY(%(actions)s))
  ORDER BY t.group_pk, t.idx

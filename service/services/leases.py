@@ -145,11 +145,11 @@ def _columns(
     position = {pk: i for i, pk in enumerate(lease.group_pks)}
     rows = sorted(lease_repo.batch_rows(session, lease.group_pks), key=lambda r: (position[r.pk], r.idx))
     names: tuple[str, ...] = ("group_id", "prompt_id", "policy_version", "index", "token_ids", "loss_mask")
-    names += ("logprobs", "advantage", "total_reward")
+    names += ("logprobs", "advantage", "total_reward", "temperature")
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for r in rows:
         values = (r.id, r.prompt_id, r.policy_version, r.idx, r.token_ids, r.loss_mask, r.logprobs)
-        for name, value in zip(names, (*values, r.advantage, r.total_reward), strict=True):
+        for name, value in zip(names, (*values, r.advantage, r.total_reward, r.temperature), strict=True):
             columns[name].append(value)
     stats = _stats(body, lease.policy_version or 0, columns, replayed=replayed, skipped=skipped)
     return BatchColumns(

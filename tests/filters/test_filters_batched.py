@@ -75,6 +75,7 @@ def policies(draw: st.DrawFn) -> CurationPolicy:
         ),
         overlong_buffer=draw(st.sampled_from([0.0, 0.2, 100.0])),
         reward_error=draw(st.sampled_from(["drop", "drop_group"])),
+        soft_overlong=draw(st.booleans()),
     )
 
 
@@ -124,6 +125,71 @@ def test_vectorised_matches_reference(
     assert len(got) == len(expected)
     for fast, ref in zip(got, expected, strict=True):
         assert_same(fast, ref)
+
+
+@st.composite
+def small_budget_groups(draw: st.DrawFn, gid: int) -> GroupScore:
+    """Budgets of 1-8 tokens, lengths around them: where rounding the buffer goes wrong."""
+    budget = draw(st.integers(1, 8))
+    size = draw(st.integers(1, 8))
+    trajs = [
+        TrajectoryScore(
+            index=i,
+            finish_reason=draw(st.sampled_from(FINISH_REASONS)),
+            total=draw(st.sampled_from([0.0, 1.0])),
+            components={},
+            outcome=draw(st.sampled_from([0.0, 1.0])),
+            num_tokens=draw(st.integers(0, budget + 1)),
+        )
+        for i in range(size)
+    ]
+    return GroupScore(f"s{gid}", 0, trajs, max_tokens=budget)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.integers(1, 5).flatmap(lambda n: st.tuples(*[small_budget_groups(i) for i in range(n)])),
+    actions=st.fixed_dictionaries({f: st.sampled_from(ACTIONS) for f in FINISH_REASONS}),
+    buffer=st.sampled_from([0.0, 0.1, 0.2, 0.5, 0.9, 1.0, 2.0, 3.0, 8.0, 20.0]),
+    soft=st.booleans(),
+    metric=st.sampled_from(["outcome", "total"]),
+)
+def test_small_budgets_every_action_match_reference(
+    batch: tuple[GroupScore, ...], actions: dict[str, str], buffer: float, soft: bool, metric: str
+) -> None:
+    policy = CurationPolicy(
+        zero_variance=ZeroVariance(metric=metric, action="keep"),
+        finish_reason_actions=actions,
+        min_group_size=1,
+        overlong_buffer=buffer,
+        soft_overlong=soft,
+    )
+    expected = [curate_group(g, policy, None) for g in batch]
+    got = curate_groups(list(batch), policy, None)
+    for fast, ref in zip(got, expected, strict=True):
+        assert_same(fast, ref)
+    for group, dec in zip(batch, got, strict=True):  # and both equal DAPO's formula, written out here
+        for t, d in zip(group.trajectories, dec.trajectories, strict=True):
+            if d.reward_used is None:
+                continue
+            penalize = actions[t.finish_reason] == "penalize"
+            shaped = soft or penalize
+            unknown = -1.0 if penalize else 0.0  # num_tokens 0: length unknown, the policy's fixed penalty
+            penalty = _dapo(t.num_tokens, group.max_tokens, buffer) if t.num_tokens else unknown
+            want = t.total + (penalty if shaped else 0.0)
+            assert d.reward_used == pytest.approx(want, abs=1e-12), (t, group.max_tokens, buffer)
+
+
+def _dapo(length: int, l_max: int, buffer: float) -> float:
+    """DAPO eq. 13 with L_cache = the buffer in tokens (a fraction: floor, at least 1 token; at most
+    L_max)."""
+    cache = int(buffer) if buffer >= 1 else (max(1, math.floor(buffer * l_max)) if buffer > 0 else 0)
+    cache = min(cache, l_max)
+    if length > l_max:
+        return -1.0
+    if length <= l_max - cache:
+        return 0.0
+    return (l_max - cache - length) / cache
 
 
 def _group(gid: str, totals: list[float | None], frs: list[str] | None = None, **kw: object) -> GroupScore:

@@ -311,6 +311,38 @@ class TestPenalizeAndResample:
         assert [t.reward_used for t in fixed.trajectories] == [1.0, -1.0, -1.0]
         assert fixed.status == "ready" and actions(fixed) == ["keep", "penalize", "penalize"]
 
+    def test_penalize_on_length_is_exactly_minus_one(self) -> None:
+        # a `length` member stopped at the budget: the ramp's end, -1, whatever the buffer
+        for buffer in (0.2, 0.5, 1.0, 3.0, 100.0):
+            policy = CurationPolicy(finish_reason_actions={"length": "penalize"}, overlong_buffer=buffer)
+            for budget in (1, 2, 3, 8, 1000):
+                group = make_group([1.0, 1.0], ["stop", "length"], num_tokens=[1, budget], max_tokens=budget)
+                d = curate_group(group, policy, None)
+                assert d.trajectories[1].reward_used == 0.0, (buffer, budget)  # total 1 + (-1)
+
+    def test_soft_overlong_shapes_stop_members_inside_the_buffer(self) -> None:
+        # L_max 10, L_cache 4 (0.4 x 10): lengths 6 -> 0, 7 -> -0.25, 9 -> -0.75, 10 (cut) -> -1
+        group = make_group(
+            [1.0, 1.0, 1.0, 0.0], ["stop", "stop", "stop", "length"], num_tokens=[6, 7, 9, 10], max_tokens=10
+        )
+        off = curate_group(group, CurationPolicy(overlong_buffer=0.4), None)
+        assert [t.reward_used for t in off.trajectories] == [1.0, 1.0, 1.0, 0.0]  # stop members untouched
+        on = curate_group(group, CurationPolicy(overlong_buffer=0.4, soft_overlong=True), None)
+        assert [t.reward_used for t in on.trajectories] == pytest.approx([1.0, 0.75, 0.25, -1.0])
+        assert actions(on) == ["keep", "keep", "keep", "mask"]  # the cut member still masked by default
+        # shaping alone gives signal to an all-correct group only when the metric is the shaped total
+        solved = make_group([1.0] * 3, outcomes=[1.0] * 3, num_tokens=[2, 9, 9], max_tokens=10)
+        policy = CurationPolicy(overlong_buffer=0.4, soft_overlong=True)
+        assert curate_group(solved, policy, None).drop_reason == "zero_variance"
+
+    def test_soft_overlong_and_penalize_do_not_add_twice(self) -> None:
+        policy = CurationPolicy(
+            finish_reason_actions={"length": "penalize"}, overlong_buffer=2, soft_overlong=True
+        )
+        group = make_group([1.0, 1.0, 1.0], ["stop", "length", "length"], num_tokens=[3, 4, 0], max_tokens=4)
+        d = curate_group(group, policy, None)
+        assert [t.reward_used for t in d.trajectories] == [0.5, 0.0, 0.0]  # 0 tokens: unknown, fixed -1
+
     def test_resample_listed_even_when_group_dropped(self) -> None:
         policy = CurationPolicy(finish_reason_actions={"length": "resample"}, resample_budget_multiplier=1.5)
         group = make_group([1.0, 0.0, 0.0], finish_reasons=["stop", "length", "length"], max_tokens=1001)

@@ -97,7 +97,9 @@ class TestCurationPolicySpec:
         assert CurationPolicySpec(name="p").to_policy() == CurationPolicy()
 
     def test_round_trip(self) -> None:
-        policy = CurationPolicy(max_staleness=3, finish_reason_actions={"aborted": "resample"}, penalty=-0.5)
+        policy = CurationPolicy(
+            max_staleness=3, finish_reason_actions={"aborted": "resample"}, penalty=-0.5, soft_overlong=True
+        )
         spec = CurationPolicySpec.from_policy("p2", policy)
         assert CurationPolicySpec.model_validate(spec.model_dump(mode="json")).to_policy() == policy
 
@@ -125,6 +127,8 @@ class TestCurationPolicySpec:
             ({"name": "p", "resample_budget_multiplier": 0.5}, ("resample_budget_multiplier",)),
             ({"name": "p", "curriculum": {"solved": 0.0}}, ("curriculum",)),
             ({"name": "p", "zero_varianse": {}}, ("zero_varianse",)),
+            ({"name": "p", "soft_overlong": "yes"}, ("soft_overlong",)),
+            ({"name": "p", "soft_overlong": 1}, ("soft_overlong",)),
         ],
     )
     def test_errors_name_the_field(self, body: dict, loc: tuple) -> None:

@@ -115,6 +115,10 @@ BAD_GROUPS = {
     "negative_version": (_bad(policy_version=-1), "policy_version"),
     "unknown_field": (_bad(trajectories__0__rewardz=1), "trajectories[0].rewardz"),
     "bad_max_tokens": (_bad(sampling={"max_tokens": 0}), "sampling.max_tokens"),
+    "zero_temperature": (_bad(sampling={"temperature": 0}), "sampling.temperature"),
+    "text_temperature": (_bad(sampling={"temperature": "hot"}), "sampling.temperature"),
+    "bool_temperature": (_bad(sampling={"temperature": True}), "sampling.temperature"),
+    "negative_temperature": (_bad(sampling={"temperature": -0.5}), "sampling.temperature"),
     "no_answer_at_all": (_bad(trajectories__0__messages=[{"role": "user", "content": "hi"}]), "trajectories[0].final_answer"),
     "unknown_role": (_bad(trajectories__0__messages=[{"role": "robot", "content": "x"}]), "trajectories[0].messages[0].role"),
 }

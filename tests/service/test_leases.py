@@ -77,7 +77,7 @@ class TestLease:
         assert group_ids(batch) == ids[:2]  # oldest first, whole groups
         sent = make_group("x", n=4)["trajectories"]
         g = batch["groups"][0]
-        assert (g["prompt_id"], g["policy_version"]) == ("a-p0", 2)
+        assert (g["prompt_id"], g["policy_version"], g["temperature"]) == ("a-p0", 2, 1.0)
         for i, t in enumerate(g["trajectories"]):
             assert t["index"] == i
             assert t["token_ids"] == sent[i]["token_ids"]
@@ -319,7 +319,9 @@ class TestFormats:
         g["trajectories"][1] = make_trajectory(seed=9, logprobs=None)  # the sampler sent no log-probs
         g["trajectories"][2] = make_trajectory(seed=3, token_ids=None, loss_mask=None, logprobs=None)
         g["trajectories"][3] = make_trajectory(seed=4, prompt_len=0, response_len=0)  # empty arrays
-        for body in (g, make_group("fmt-1", n=3, policy_version=7)):
+        no_temp = make_group("fmt-1", n=3, policy_version=7, sampling={"max_tokens": 4})
+        g["sampling"]["temperature"] = 0.7  # the trainer scores this group's tokens at 0.7
+        for body in (g, no_temp):
             assert api.post("/v1/groups", json=body).status_code == 201
         mark_ready(db)
         set_actions(db, "fmt-1", {1: "mask", 2: "penalize"})
@@ -347,6 +349,7 @@ class TestFormats:
         assert t[1]["logprobs"] is None and t[1]["token_ids"] is not None
         assert t[2]["token_ids"] is None and t[3]["token_ids"] == [] and t[3]["logprobs"] == []
         assert [x["index"] for x in as_json["groups"][1]["trajectories"]] == [0, 2]
+        assert [g["temperature"] for g in as_json["groups"]] == [0.7, None]
         self._check_columns(r_arrow.content, as_json)
 
     def _check_columns(self, data: bytes, as_json: dict) -> None:

@@ -84,6 +84,29 @@ class TestScoreAndCurate:
         assert (t3["action"], t3["advantage"], t3["reason"]) == ("mask", 0.0, "finish_reason:length")
         assert any(d["index"] == 3 and d["action"] == "mask" for d in g["decisions"])
 
+    def test_small_budget_overlong_penalty_reaches_the_service_path(self, api, scorer):
+        """The service curates with the vectorised path: a 3-token budget must still give the member cut
+        at the budget -1 (a 0.2 buffer is one token, not zero), and soft_overlong shapes a `stop` answer
+        inside the buffer too."""
+        _spec(api)
+        body = {"name": "dapo", "finish_reason_actions": {"length": "penalize"}, "soft_overlong": True}
+        assert api.post("/v1/curation-policies", json=body).status_code == 201
+        assert api.put("/v1/datasets/toy", json={"reward_spec": "math", "curation_policy": "dapo"}).status_code == 200
+        group = make_group("tiny-budget", answers=["42", "41", "42", "42"], sampling={"max_tokens": 3})
+        lengths = [1, 2, 3, 3]  # 3 = the budget: in the 1-token buffer (stop) or cut (length)
+        for t, n in zip(group["trajectories"], lengths, strict=True):
+            t["num_tokens"] = n
+        group["trajectories"][3]["finish_reason"] = "length"
+        api.post("/v1/groups", json=group)
+        drain(api.factory, scorer)
+        g = api.get("/v1/groups/tiny-budget").json()
+        totals = [t["total_reward"] for t in g["trajectories"]]
+        assert totals == pytest.approx([1.1, 0.1, 1.1, 1.1])
+        assert g["status"] == "ready" and [t["action"] for t in g["trajectories"]] == ["keep"] * 3 + ["penalize"]
+        # rewards used 1.1, 0.1, 1.1 - 1, 1.1 - 1: the 3-token stop answer and the cut one both get -1
+        adv = [t["advantage"] for t in g["trajectories"]]
+        assert adv[0] > 0 > adv[1] and adv[1:] == pytest.approx([adv[1]] * 3, abs=1e-5)
+
     def test_infrastructure_failure_is_dropped_not_negative(self, api, scorer):
         group = make_group("infra", answers=["42", "41", "42", "41"])
         group["trajectories"][1]["finish_reason"] = "env_error"

@@ -138,3 +138,50 @@ def test_bad_arguments_raise():
         token_logprobs(hidden, weight, targets, temperature=0.0)
     with pytest.raises(ValueError, match="inplace, functional, compiled"):
         token_logprobs(hidden, weight, targets, impl="triton")
+
+
+@pytest.mark.parametrize("impl", ["inplace", "functional"])
+def test_per_position_temperature_matches_loop(impl):
+    hidden, weight, targets = _inputs(b=2, t=3)
+    temps = torch.tensor([[0.5, 0.5, 0.5], [1.3, 1.3, 0.9]], dtype=torch.float64)  # a group each, mixed
+    lp, ent = token_logprobs(hidden, weight, targets, chunk_tokens=4, temperature=temps, impl=impl)
+    gh, gw = torch.autograd.grad((lp + 0.3 * ent).sum(), [hidden, weight])
+    ref_lp, ref_ent = [], []
+    for i in range(2):
+        for j in range(3):
+            a, b = loop_logprobs(hidden[i : i + 1, j : j + 1], weight, targets[i : i + 1, j : j + 1], float(temps[i, j]))
+            ref_lp.append(a.reshape(()))
+            ref_ent.append(b.reshape(()))
+    ref_lp_t, ref_ent_t = torch.stack(ref_lp).view(2, 3), torch.stack(ref_ent).view(2, 3)
+    rh, rw = torch.autograd.grad((ref_lp_t + 0.3 * ref_ent_t).sum(), [hidden, weight])
+    torch.testing.assert_close(lp, ref_lp_t)
+    torch.testing.assert_close(ent, ref_ent_t)
+    torch.testing.assert_close(gh, rh)
+    torch.testing.assert_close(gw, rw)
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(hidden, weight, targets, temperature=temps * 0)
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(hidden, weight, targets, temperature=temps[:, :2])
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0, 1000.0])
+@pytest.mark.parametrize("gap", [5.0, 12.0, 25.0])
+def test_entropy_of_a_peaked_distribution_matches_float64(offset, gap):
+    """fp32 logits [offset + gap, offset, ..., offset]: the entropy (~ V e^-gap (gap + 1)) is tiny next to
+    the logits and must keep its digits; `lse - sum p z` loses them once offset is large."""
+    v = 50
+    hidden = torch.ones(1, 4, 1)  # (1, 4, 1)
+    weight = torch.full((v, 1), offset)
+    weight[7, 0] = offset + gap  # (V, 1)
+    targets = torch.tensor([[7, 7, 0, 3]])
+    lp, ent = token_logprobs(hidden, weight, targets)
+    z64 = (hidden.double() @ weight.double().T)[0, 0]  # (V,)
+    logp64 = torch.log_softmax(z64, -1)
+    ref = float(-(logp64.exp() * logp64).sum())  # float64 reference
+    assert ref > 0
+    assert float((ent - ref).abs().max()) / ref < 1e-4, (ent, ref)
+    torch.testing.assert_close(lp[0].double(), logp64[targets[0]], rtol=1e-5, atol=1e-6)
+    z32 = z64.float()
+    naive = float(torch.logsumexp(z32, -1) - (torch.softmax(z32, -1) * z32).sum(-1))
+    if offset >= 1000 and gap >= 12:  # the old formula is really wrong here (so this test can fail)
+        assert abs(naive - ref) / ref > 0.03

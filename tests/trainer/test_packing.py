@@ -122,3 +122,32 @@ def test_packed_and_padded_logprobs_equal_one_sequence_at_a_time():
                 n = int((mb.loss_mask[s] != 0).nonzero().max()) + 1
                 ref = want[tuple(flat_ids[mb.gather_index[s, :n]].tolist())]
                 torch.testing.assert_close(logp[s, :n], ref[:n], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_each_group_is_scored_at_its_own_sampling_temperature():
+    model = tiny_model()
+    policy = PolicyLogprobs(model, chunk_tokens=7, temperature=1.0)  # the trainer's own setting: unused
+    batch = make_batch(n_groups=3, group_size=3, seed=6)
+    temps = {batch["groups"][0]["id"]: 0.6, batch["groups"][1]["id"]: 1.7}  # the third says nothing
+    for g in batch["groups"]:
+        g["temperature"] = temps.get(g["id"])
+    by_inputs = {}
+    for g in batch["groups"]:
+        for s in sequences_from_batch({"groups": [g]}):
+            by_inputs[tuple(s.inputs)] = (s, temps.get(g["id"], 1.3))  # 1.3: the default passed below
+    for mode in ("pad", "pack"):
+        for mb in pack_batch(batch, 64, mode, default_temperature=1.3):
+            logp, _ = sequence_logprobs(policy, mb)  # (S, Tm)
+            flat_ids = mb.input_ids.reshape(-1)
+            for s in range(logp.shape[0]):
+                n = int((mb.loss_mask[s] != 0).nonzero().max()) + 1
+                seq, temp = by_inputs[tuple(flat_ids[mb.gather_index[s, :n]].tolist())]
+                logits = model(input_ids=torch.tensor([seq.inputs])).logits  # (1, n, V)
+                want = token_logprobs_plain(logits, torch.tensor([seq.targets]), temp)[0]
+                torch.testing.assert_close(logp[s, :n], want[:n], atol=1e-5, rtol=1e-5)
+                other = token_logprobs_plain(logits, torch.tensor([seq.targets]), 1.0)[0]
+                assert temp == 1.0 or not torch.allclose(logp[s, :n], other[:n], atol=1e-4)
+    batch["groups"][2]["temperature"] = 0.0
+    with pytest.raises(ValueError, match="temperature"):
+        pack_batch(batch, 64)

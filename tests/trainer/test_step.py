@@ -124,6 +124,20 @@ def test_trainer_old_logprobs_with_tis_and_reference_kl():
         _train(batch, StepConfig(loss=LossConfig(beta=0.1)))
 
 
+def test_pi_old_is_recomputed_by_default_and_tis_weights_are_capped():
+    batch = make_batch(seed=4)
+    for group in batch["groups"]:  # a sampler far from the trainer: behaviour log-probs 3 nats too low
+        for traj in group["trajectories"]:
+            traj["logprobs"] = [lp - 3.0 if m else lp for lp, m in zip(traj["logprobs"], traj["loss_mask"], strict=True)]
+    assert StepConfig().old_from_batch is False and TrainerConfig(model_config={}).old_from_batch is False
+    _, metrics = _train(batch)  # defaults
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)  # pi_old == the trainer's weights
+    assert metrics["tis_weight"] == pytest.approx(2.0)  # exp(>= 2.6) on every token, capped at 2
+    assert metrics["behaviour_mismatch"] > 2.5  # mean |log pi_old - log pi_behaviour|
+    _, trusted = _train(batch, StepConfig(old_from_batch=True))  # the sampler's numbers as pi_old
+    assert trusted["approx_kl"] > 1.0 and "tis_weight" not in trusted
+
+
 def test_nothing_to_train_skips_the_step():
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -234,3 +248,11 @@ def test_config_from_args_and_validation(tmp_path):
         TrainerConfig(model="x", max_groups=2, max_tokens=4096)
     assert TrainerConfig(model="x").max_groups == 8
     assert TrainerConfig(model="x", max_tokens=4096).max_groups is None
+    # max_staleness follows the checkpoint cadence the producers load: newest or previous checkpoint
+    assert TrainerConfig(model="x", checkpoint_dir="/c", save_every=5).max_staleness == 10
+    assert TrainerConfig(model="x").max_staleness is None  # no checkpoints: producers cannot follow
+    assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=None).max_staleness is None
+    assert TrainerConfig(model="x", checkpoint_dir="/c", max_staleness=3).max_staleness == 3
+    for bad in ("soon", -1):
+        with pytest.raises(ValueError, match="max_staleness"):
+            TrainerConfig(model="x", max_staleness=bad)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.episodes import multi_turn, single_turn
-from trainer.sampler import HFSampler
-from trainer.tasks import EOS, TOOLS, CharTokenizer, calculator
+from rollout.episodes import multi_turn, single_turn
+from rollout.sampler import HFSampler
+from rollout.tasks import EOS, TOOLS, CharTokenizer, calculator
 from trainer.worker import TrainerConfig, build_model, tiny_model_config
 
 ALPHABET = "".join(sorted(set("<call>calc(2+3)</call>5=abcd")))

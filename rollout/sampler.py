@@ -21,6 +21,7 @@ class Completion:
 
 class Sampler(Protocol):
     def sample(self, prompt_ids: list[int], n: int, max_tokens: int, seed: int) -> list[Completion]: ...
+    def close(self) -> None: ...
 
 
 def stable_seed(key: str) -> int:
@@ -57,17 +58,42 @@ class HFSampler:
         logp = torch.log_softmax(scores, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)  # (n, T)
         return [_cut(g.tolist(), lp.tolist(), self.eos) for g, lp in zip(generated, logp, strict=True)]
 
+    def close(self) -> None:
+        """Drop the model: the producer builds a new sampler for each checkpoint."""
+        self.model = None
+
 
 class VLLMSampler:
     """vLLM's offline engine on a checkpoint directory (``SamplingParams(logprobs=0)`` returns the
-    sampled token's log-prob). The engine is rebuilt when the producer loads a new checkpoint."""
+    sampled token's log-prob). The engine is asked for *processed* log-probs (after temperature): vLLM V1
+    returns the raw model distribution's by default, which is not the distribution sampled from when the
+    temperature is not 1. The producer closes the engine (`close`) before loading a new checkpoint."""
 
     def __init__(self, model_dir: str | Path, eos_token_id: int, temperature: float = 1.0,
                  gpu_memory_utilization: float = 0.5) -> None:
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_dir), gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
+        kwargs = {"model": str(model_dir), "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": True}
+        try:
+            self.llm: Any = LLM(**kwargs, logprobs_mode="processed_logprobs")
+        except TypeError:  # a vLLM without logprobs_mode (V0 engines return processed log-probs)
+            self.llm = LLM(**kwargs)
         self.eos, self.temperature = eos_token_id, temperature
+
+    def close(self) -> None:
+        """Shut the engine down and release its GPU memory (idempotent)."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def sample(self, prompt_ids: list[int], n: int, max_tokens: int, seed: int) -> list[Completion]:
         from vllm import SamplingParams

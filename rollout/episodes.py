@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from trainer.sampler import Completion, Sampler
+from rollout.sampler import Completion, Sampler
 
 TOOL_CALL = re.compile(r"<call>(\w+)\((.*?)\)</call>", re.DOTALL)
 

@@ -1,7 +1,7 @@
 """``grpo-curator demo``: the whole loop on a laptop, no configuration, embedded PostgreSQL.
 
 Starts four real processes -- the service (with its score / curate worker), a rollout producer and a
-GRPO trainer -- on the letter-sum task (``trainer.tasks``): a tiny random-initialised model learns to
+GRPO trainer -- on the letter-sum task (``rollout.tasks``): a tiny random-initialised model learns to
 answer ``xy=`` with the letter at (x + y) mod 4 under a 3-token budget, so truncated samples and
 zero-variance groups really occur. Prints progress, then a table and a PNG plot of the mean outcome
 per policy version with filter and truncation rates. ``--no-curation`` runs the same thing with
@@ -22,15 +22,16 @@ from typing import Any
 
 import httpx
 
+from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.client import API_KEY_ENV, wait_healthy
 from service.services.keys import provision_local
-from trainer.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "tie_word_embeddings": True}
-# DAPO's recipe: zero-variance filtering on the binary outcome, the soft overlong penalty on truncated samples
+# the curated arm of bench/curation_effect.py: zero-variance filtering on the binary outcome, and -1 for a
+# sample cut by the budget (`penalize` on `length` is exactly -1: a cut sample sits at the end of DAPO's ramp)
 CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}}
 CURATED_MASK = {"name": "demo-curated-mask"}  # the default policy: truncated samples masked
 UNCURATED = {"name": "demo-uncurated", "zero_variance": {"action": "keep"}, "min_group_size": 1,
@@ -88,7 +89,7 @@ def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Names
     (out / "trainer.json").write_text(json.dumps(trainer))
     (out / "producer.json").write_text(json.dumps(producer))
     return [_spawn(["-m", "trainer.worker", "--config", str(out / "trainer.json")], {**env, API_KEY_ENV: keys["demo-trainer"]}, out / "trainer.log"),
-            _spawn(["-m", "trainer.rollout", "--config", str(out / "producer.json")], {**env, API_KEY_ENV: keys["demo-producer"]}, out / "producer.log")]
+            _spawn(["-m", "rollout.producer", "--config", str(out / "producer.json")], {**env, API_KEY_ENV: keys["demo-producer"]}, out / "producer.log")]
 
 
 def per_version(url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
@@ -213,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=8.0, help="stop after this long")
     ap.add_argument("--threshold", type=float, default=0.5, help="pass rate (10-version mean) that counts as learned")
     ap.add_argument("--truncation", choices=("penalize", "mask"), default="penalize",
-                    help="what the curated run does with samples cut by the token budget: DAPO's soft overlong "
-                         "penalty (default) or the service's default, mask (see the README on why mask can stall)")
+                    help="what the curated run does with samples cut by the token budget: a -1 penalty (default; "
+                         "the end of DAPO's overlong ramp) or the service's default, mask (which can stall: a masked "
+                         "sample gives no gradient, so the policy is never pushed to stop)")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")

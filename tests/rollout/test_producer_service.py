@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from rollout.producer import RolloutConfig, Spool, build_group, run
+from rollout.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
 from service.client import CuratorClient
 from tests.conftest import ROOT
-from trainer.rollout import RolloutConfig, Spool, build_group, run
-from trainer.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
 from trainer.worker import tiny_model_config
 
 
@@ -61,8 +61,8 @@ def test_producer_posts_valid_groups_with_length_when_cut(live_server, producer_
 
 
 def test_restart_reposts_spooled_groups_without_duplicates(live_server, producer_cfg):
-    from trainer.rollout import Policy
-    from trainer.tasks import load_tokenizer
+    from rollout.producer import Policy
+    from rollout.tasks import load_tokenizer
 
     with CuratorClient(live_server.url) as c:
         policy = Policy(producer_cfg, load_tokenizer(producer_cfg.tokenizer))
@@ -85,7 +85,7 @@ def test_producer_killed_mid_run_then_restarted(live_server, producer_cfg, tmp_p
     cfg_path = tmp_path / "producer.json"
     raw = {k: getattr(producer_cfg, k) for k in producer_cfg.__dataclass_fields__}
     cfg_path.write_text(json.dumps(raw))
-    cmd = [sys.executable, "-m", "trainer.rollout", "--config", str(cfg_path)]
+    cmd = [sys.executable, "-m", "rollout.producer", "--config", str(cfg_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
     with CuratorClient(live_server.url) as c:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import latest_checkpoint, load_trainer_state
-from trainer.episodes import multi_turn, single_turn
-from trainer.sampler import HFSampler, Sampler, VLLMSampler, stable_seed, vllm_available
-from trainer.tasks import TOOLS, load_tokenizer, render_prompt
+from rollout.episodes import multi_turn, single_turn
+from rollout.sampler import HFSampler, Sampler, VLLMSampler, stable_seed, vllm_available
+from rollout.tasks import TOOLS, load_tokenizer, render_prompt
+from trainer.checkpoint import load_trainer_state
+from trainer.checkpoint_readers import read_latest
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,16 @@ class Policy:
     sampler: Sampler | None = field(default=None, repr=False)
 
     def refresh(self) -> bool:
-        """Load the latest checkpoint when there is a newer one (or the initial weights once)."""
-        ckpt = latest_checkpoint(self.cfg.checkpoint_dir)
-        if self.sampler is not None and ckpt == self.checkpoint:
-            return False
-        version = load_trainer_state(ckpt).policy_version if ckpt else 0
-        self.sampler = self._build(ckpt)
+        """Load the latest checkpoint when there is a newer one (or the initial weights once), holding it
+        against the trainer's pruning while it loads; the old sampler is closed first (frees its engine)."""
+        with read_latest(self.cfg.checkpoint_dir) as ckpt:
+            if self.sampler is not None and ckpt == self.checkpoint:
+                return False
+            version = load_trainer_state(ckpt).policy_version if ckpt else 0
+            if self.sampler is not None:
+                self.sampler.close()
+                self.sampler = None
+            self.sampler = self._build(ckpt)
         self.checkpoint, self.version = ckpt, version
         log.info("producer %s: sampling with policy version %d (%s)", self.cfg.producer_id, version, ckpt or "initial")
         return True

@@ -86,6 +86,25 @@ def letter_sum_prompts(letters: str = LETTERS, dataset: str = "letter-sum") -> l
     ]
 
 
+def mixed_letter_sum_prompts(
+    letters: str = LETTERS, dataset: str = "letter-sum-mixed", widths: tuple[int, ...] = (1, 2)
+) -> list[dict[str, Any]]:
+    """Letter-sum with 1, 2 (, 3) operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
+    mod K; sum(K^w) prompts of mixed difficulty. The 1-operand ones (copy the letter) are learned first and
+    soon give all-correct groups while the longer ones stay all-wrong for a while: groups that carry no
+    GRPO signal next to groups that do."""
+    k = len(letters)
+    out = []
+    for width in widths:
+        for combo in range(k**width):
+            idx = [(combo // k**p) % k for p in range(width)]
+            text = "".join(letters[i] for i in idx)
+            out.append({"id": f"{dataset}-{text}", "dataset": dataset,
+                        "messages": [{"role": "user", "content": f"{text}="}],
+                        "reference": {"answer": letters[sum(idx) % k]}})
+    return out
+
+
 def letter_sum_spec(name: str = "letter-sum") -> dict[str, Any]:
     """Outcome: the answer is exactly the right letter (then EOS). No SQuAD normalisation: it would strip
     the article-like letter "a" and punctuation such as "=" to "", making "=" match the answer "a"."""
