@@ -16,6 +16,7 @@ import orjson
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.processes import prune_dead_handles
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def start_embedded(data_dir: Path) -> str:
     with _lock:
         if key not in _embedded:
             data_dir.mkdir(parents=True, exist_ok=True)
+            prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
             _embedded[key] = pgserver.get_server(data_dir, cleanup_mode="stop")
         server = _embedded[key]
     return server.get_uri()  # type: ignore[attr-defined]
