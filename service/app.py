@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import service.routers
+from service import openapi
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
@@ -74,7 +75,10 @@ def create_app(
         title="grpo-curator",
         version="0.1.0",
         summary="Trajectory curation and reward service for GRPO-style RL",
+        docs_url=None,  # /docs is served from service/static (no assets from a CDN), see routers/observability
+        redoc_url=None,
     )
+    openapi.install(app)
     app.state.settings = settings
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)

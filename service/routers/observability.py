@@ -1,4 +1,4 @@
-"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard."""
+"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard, GET /docs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from service.deps import SessionDep
 from service.services import summary
 
 router = APIRouter(tags=["observability"])
-DASHBOARD = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"
+STATIC = Path(__file__).resolve().parent.parent / "static"
+DASHBOARD = STATIC / "dashboard.html"
+DOCS = STATIC / "docs.html"
 
 
 @router.get("/metrics", response_class=Response)
@@ -28,3 +30,9 @@ def get_summary(session: SessionDep) -> dict[str, Any]:
 @router.get("/dashboard", response_class=HTMLResponse)
 def dashboard() -> HTMLResponse:
     return HTMLResponse(DASHBOARD.read_text())
+
+
+@router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+def docs() -> HTMLResponse:
+    """The API reference, rendered in the browser from /openapi.json with nothing loaded from elsewhere."""
+    return HTMLResponse(DOCS.read_text())
