@@ -17,6 +17,7 @@ from service import openapi
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.deps import format_errors
 from service.errors import ServiceError
+from service.metrics import RequestMetricsMiddleware
 from service.middleware import BodyLimitMiddleware
 from service.settings import Settings, get_settings
 
@@ -84,6 +85,7 @@ def create_app(
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware)  # outermost: times every request, 413s included
     for router in _routers():
         app.include_router(router)
     return app

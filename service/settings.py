@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     max_score_attempts: int = 3
     lease_seconds_default: float = 300.0
     log_level: str = "info"
+    worker_metrics_port: int | None = None  # a score worker serves its Prometheus metrics here when set
 
     @property
     def embedded_dir(self) -> Path:

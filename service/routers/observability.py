@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from service import metrics as process_metrics
 from service.deps import SessionDep
 from service.services import summary
 
@@ -19,7 +20,9 @@ DOCS = STATIC / "docs.html"
 
 @router.get("/metrics", response_class=Response)
 def metrics(session: SessionDep) -> Response:
-    return Response(summary.prometheus_text(session), media_type="text/plain; version=0.0.4")
+    """The database gauges (the same from every replica) and this process's request / scoring metrics."""
+    body = summary.prometheus_text(session) + process_metrics.process_text()
+    return Response(body, media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/summary")
