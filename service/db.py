@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,9 @@ def start_embedded(data_dir: Path) -> str:
 
     The data directory survives restarts; the server is stopped when the last process using it exits.
     """
-    import pgserver  # imported lazily: only the embedded default needs it
+    with warnings.catch_warnings():  # platformdirs warns once about XDG_RUNTIME_DIR; not the user's concern
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver  # imported lazily: only the embedded default needs it
 
     key = str(data_dir.resolve())
     with _lock:
