@@ -112,3 +112,30 @@ def test_score_worker_serves_its_own_metrics(fresh_db):
         proc.wait(timeout=30)
     assert proc.returncode in (0, 128 + signal.SIGTERM)  # stopped cleanly either way (no traceback)
 
+
+
+def test_grafana_dashboard_queries_only_metrics_the_service_exposes(api):
+    """Every metric a panel of deploy/grafana/grpo-curator.json queries exists on /metrics after traffic."""
+    import json
+
+    from tests.conftest import ROOT
+
+    dash = json.loads((ROOT / "deploy" / "grafana" / "grpo-curator.json").read_text())
+    api.post("/v1/groups", json=make_group("graf-1"))
+    api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1})
+    from service import metrics as process_metrics
+
+    process_metrics.COMPONENT_LATENCY.labels("rule.format", "fmt").observe(0.001)  # as a worker would
+    process_metrics.COMPONENT_RESULTS.labels("rule.format", "fmt", "ok").inc()
+    page = api.get("/metrics").text
+    exposed = {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line and line[0] != "#"}
+    exposed |= {m + "_total" for m in re.findall(r"^# TYPE (\S+) counter", page, re.M)}
+    exposed |= set(re.findall(r"^# TYPE (\S+) gauge", page, re.M))  # labelled gauges with no sample yet
+    queried = {
+        name
+        for panel in dash["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bgrpo_curator_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= exposed, queried - exposed
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
