@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from service.client import wait_healthy
+from service.processes import stop_all
 from trainer.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,13 +112,7 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
         procs += start_workers(url, out, env, args)
         rows = _watch(url, procs, args, label)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(reversed(procs))  # also on Ctrl-C / failure; the service stops its embedded PostgreSQL
     reached = versions_to_reach(rows, args.threshold)
     return {"label": label, "rows": rows, "steps_to_threshold": reached, "out": str(out)}
 

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient
+from service.processes import processes_mentioning
 from tests.conftest import ROOT
 from trainer.rollout import RolloutConfig, Spool, build_group, run
 from trainer.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
@@ -115,3 +116,4 @@ def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
     assert "policy v" in r.stdout
     versions = [int(row["key"]) for row in result["rows"]]
     assert max(versions) >= 1  # groups were sampled by a policy the trainer published
+    assert processes_mentioning(str(out)) == []  # service, workers and the embedded PostgreSQL all stopped
