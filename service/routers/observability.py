@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from service import metrics as process_metrics
 from service.deps import SessionDep
+from service.errors import NotFound
 from service.services import summary
 
 router = APIRouter(tags=["observability"])
@@ -39,3 +40,14 @@ def dashboard() -> HTMLResponse:
 def docs() -> HTMLResponse:
     """The API reference, rendered in the browser from /openapi.json with nothing loaded from elsewhere."""
     return HTMLResponse(DOCS.read_text())
+
+
+ASSETS = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+@router.get("/dashboard/static/{name}", include_in_schema=False)
+def dashboard_asset(name: str) -> Response:
+    """The dashboard's scripts and styles, shipped in the package (a fixed list: no path from the URL)."""
+    if name not in ASSETS:
+        raise NotFound(f"no dashboard asset {name!r}")
+    return Response((STATIC / name).read_bytes(), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
