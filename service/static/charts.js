@@ -34,7 +34,7 @@
   // opts: {title, xLabel, yLabel, unit ("%" scales fractions), series: [{name, points: [[x, y|null]]}],
   //        yMin, yMax, maxStep (largest x step drawn as a line; default 1, i.e. consecutive versions)}
   function lineChart(container, opts) {
-    const W = 520, H = 260, L = 62, R = 14, T = 30, B = 46;
+    const W = 520, H = 270, L = 58, R = 14, T = 46, B = 46;
     const box = document.createElement("div");
     box.className = "chart";
     container.append(box);
@@ -56,7 +56,7 @@
     const axes = svg("g", { class: "axes", "font-size": 11, fill: "#5b6672" });
     for (const t of yr.ticks) {
       axes.append(svg("line", { x1: L, x2: W - R, y1: py(t), y2: py(t), stroke: "#eceff3" }));
-      axes.append(svg("text", { x: L - 6, y: py(t) + 4, "text-anchor": "end", class: "tick y-tick" }, fmt(t, opts.unit)));
+      axes.append(svg("text", { x: L - 6, y: py(t) + 4, "text-anchor": "end", class: "tick y-tick" }, fmt(t, opts.unit === "%" ? "%" : "")));
     }
     const integerX = xs.every((x) => Number.isInteger(x));
     for (const t of xr.ticks) {
@@ -86,7 +86,7 @@
         root.append(dot);
       }
       root.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 1.6, class: "series" }));
-      const lx = L + 8 + (i % 3) * 150, ly = T + 4 + Math.floor(i / 3) * 14;
+      const lx = L + (i % 3) * 150, ly = 34 + Math.floor(i / 3) * 12;
       root.append(svg("rect", { x: lx, y: ly - 8, width: 10, height: 3, fill: color }));
       root.append(svg("text", { x: lx + 14, y: ly - 4, "font-size": 11, fill: "#1d232a", class: "legend" }, s.name));
     });

@@ -184,7 +184,7 @@ async function group(id) {
     (g.decisions || []).length ? table(["trajectory", "action", "rule", "reason", "policy", "at"],
       g.decisions.map((d) => [d.index === null ? "group" : d.index, d.action, d.rule, d.reason, d.policy || "", d.created_at.slice(0, 19)]))
       : el("p", { class: "muted" }, "no decisions yet"),
-    el("h2", {}, "Trajectories"), g.trajectories.map(trajectory));
+    el("h2", {}, "Trajectories"), ...g.trajectories.map(trajectory));
 }
 
 async function trainer() {
