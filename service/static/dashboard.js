@@ -116,10 +116,12 @@ function params() {
   return Object.fromEntries(new URLSearchParams(q));
 }
 
+const FINISH = ["", "stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"];
+
 async function groups() {
   const p = params();
   const qs = new URLSearchParams();
-  for (const k of ["dataset", "status", "policy_version", "cursor"]) if (p[k]) qs.set(k, p[k]);
+  for (const k of ["dataset", "status", "policy_version", "drop_reason", "finish_reason", "min_reward", "max_reward", "cursor"]) if (p[k]) qs.set(k, p[k]);
   qs.set("limit", "100");
   const page = await api("/v1/groups?" + qs);
   const inputs = {};
@@ -135,9 +137,11 @@ async function groups() {
     field("status", el("select", {}, statuses.map((s) => el("option", { value: s }, s || "any")))),
     field("policy_version", el("input", { size: 5, type: "number", min: 0 })),
     field("drop_reason", el("input", { size: 14 })),
+    field("finish_reason", el("select", {}, FINISH.map((s) => el("option", { value: s }, s || "any")))),
+    field("min_reward", el("input", { size: 6, type: "number", step: "any" })),
+    field("max_reward", el("input", { size: 6, type: "number", step: "any" })),
     el("button", { type: "submit" }, "Filter")));
-  let rows = page.groups;
-  if (p.drop_reason) rows = rows.filter((g) => (g.drop_reason || "").includes(p.drop_reason));
+  const rows = page.groups;
   main.append(table(["group", "dataset", "policy version", "status", "drop reason", "trajectories", "tokens", "created"],
     rows.map((g) => [el("a", { href: "#group/" + encodeURIComponent(g.id), class: "group-link" }, g.id), g.dataset, g.policy_version,
       el("span", { class: "tag " + g.status }, g.status), g.drop_reason || "", g.n_trajectories, g.n_tokens, g.created_at.replace("T", " ").slice(0, 19)]),
