@@ -97,3 +97,14 @@ def test_dashboard_pages_in_a_real_browser(browser, populated, tmp_path):
 def test_a_missing_group_shows_an_error_not_a_blank_page(browser, live_server, tmp_path):
     text = _page(browser, live_server.url + "/dashboard#group/nope", "document.querySelector('#error') && document.body.innerText", "missing", tmp_path)
     assert "404" in text
+
+
+def test_the_api_docs_page_renders_offline(browser, live_server, tmp_path):
+    """/docs draws every operation and the group body's schema from /openapi.json, with nothing from outside."""
+    text = _page(browser, live_server.url + "/docs", "document.querySelectorAll('details.op').length > 20 && document.body.innerText", "docs", tmp_path)
+    assert "POST" in text and "/v1/groups" in text and "GroupIn" in text
+    browser.evaluate("document.querySelectorAll('details.op').forEach(d => d.open = true)")
+    body = browser.evaluate("document.body.innerText")
+    assert "run7-step12-gsm8k-17" in body  # the example group body is shown
+    assert "trajectories" in body and "finish_reason" in body
+    assert browser.errors == [], browser.errors
