@@ -6,7 +6,8 @@ reads) and once for all time (bucket ``ALL_TIME``), plus all-time cells over eve
 ``ALL_DATASETS``), so a query without ``since`` reads one cell per key it answers. A cell is a flat map of
 additive counters -- counts, sums, sums of squares and cross products, sparse log-bucket histograms -- so
 cells merge by adding. Means, population standard deviations, rates and Pearson correlations are exact;
-quantiles come from the histograms, within ``ALPHA`` relative error (DDSketch, Masson et al. 2019).
+quantiles come from the histograms (``service.services.sketch``: exact for small multiples of 1/8, else
+within ``ALPHA`` relative error, DDSketch, Masson et al. 2019), interpolated between ranks like numpy.
 ``since`` applies at hour granularity (the UTC hour that contains it). Each process keeps the summaries
 of all-time cells by cell version, so a cell that did not change is neither read nor summarised again.
 
