@@ -34,7 +34,7 @@
   // opts: {title, xLabel, yLabel, unit ("%" scales fractions), series: [{name, points: [[x, y|null]]}],
   //        yMin, yMax, maxStep (largest x step drawn as a line; default 1, i.e. consecutive versions)}
   function lineChart(container, opts) {
-    const W = 520, H = 270, L = 58, R = 14, T = 46, B = 46;
+    const W = 520, H = 270, L = 70, R = 14, T = 46, B = 46;
     const box = document.createElement("div");
     box.className = "chart";
     container.append(box);
@@ -68,7 +68,7 @@
     axes.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, stroke: "#5b6672", class: "y-axis" }));
     axes.append(svg("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle", class: "x-label" }, opts.xLabel || ""));
     const yl = (opts.yLabel || "") + (opts.unit && opts.unit !== "%" ? ` (${opts.unit})` : opts.unit === "%" ? " (%)" : "");
-    axes.append(svg("text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 14 ${(T + H - B) / 2})`, class: "y-label" }, yl));
+    axes.append(svg("text", { x: 12, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${(T + H - B) / 2})`, class: "y-label" }, yl));
     root.append(axes);
     const maxStep = opts.maxStep === undefined ? 1 : opts.maxStep;
     series.forEach((s, i) => {
