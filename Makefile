@@ -1,8 +1,18 @@
 # Two commands on a fresh machine: `make serve` (the service on the embedded PostgreSQL) and `make test`.
+#
+# Variables (override on the command line, e.g. `make test TORCH_INDEX_URL=`):
+#   PY               the Python that creates the virtualenv (default python3)
+#   VENV             where the virtualenv lives (default .venv)
+#   TORCH_SPEC       the torch requirement installed for tests / the trainer (default torch==2.13.0)
+#   TORCH_INDEX_URL  the package index torch comes from; the default is PyTorch's CPU-only index, so
+#                    `make test` never pulls the multi-GB CUDA build. Set it empty to take torch from the
+#                    default index (CUDA builds on Linux), or to a CUDA index (.../whl/cu124) for a GPU.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: install install-dev serve test lint demo bench clean
 
@@ -10,17 +20,24 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# the service alone needs no torch
-install: $(BIN)/python
+# stamp files: the package is (re)installed only when pyproject.toml changed since the last install
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
+	@touch $@
 
-# tests and the trainer: install torch first (a CPU build where one is on disk), then the project
-install-dev: $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev,trainer]"
+	@touch $@ $(VENV)/.installed
+
+# the service alone needs no torch
+install: $(VENV)/.installed
+
+# tests and the trainer: torch first (CPU-only unless TORCH_INDEX_URL says otherwise), then the project
+install-dev: $(VENV)/.installed-dev
 
 serve: install
-	$(BIN)/grpo-curator serve
+	@$(BIN)/grpo-curator serve
 
 test: install-dev
 	$(BIN)/python -m pytest
@@ -30,7 +47,7 @@ lint: install-dev
 	$(BIN)/mypy filters reward_models trainer rollout
 
 demo: install-dev
-	$(BIN)/grpo-curator demo
+	@$(BIN)/grpo-curator demo
 
 clean:
 	rm -rf $(VENV) .grpo-curator

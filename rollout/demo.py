@@ -24,6 +24,7 @@ import httpx
 
 from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.client import API_KEY_ENV, wait_healthy
+from service.processes import stop_all
 from service.services.keys import provision_local
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,13 +117,7 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
         procs += start_workers(url, out, env, args, keys)
         rows = _watch(url, procs, args, label, headers)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(reversed(procs))  # also on Ctrl-C / failure; the service stops its embedded PostgreSQL
     reached = versions_to_reach(rows, args.threshold)
     return {"label": label, "rows": rows, "steps_to_threshold": reached, "out": str(out)}
 

@@ -8,20 +8,19 @@ import logging
 import pkgutil
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 
 import service.routers
+from service import openapi
 from service.auth import RedactTokens, check_routes
 from service.db import get_engine, make_sessionmaker, resolve_database_url
 from service.dbadmin import libpq_url
-from service.errors import document_errors, install_error_handlers
+from service.errors import install_error_handlers
 from service.integrations_middleware import PathKeyMiddleware
+from service.metrics import RequestMetricsMiddleware
 from service.middleware import RequestGuardMiddleware
 from service.ready import ReadyHub
-from service.schemas import GroupIn, GroupsIn
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,10 @@ def create_app(
         title="grpo-curator",
         version="0.1.0",
         summary="Trajectory curation and reward service for GRPO-style RL",
+        docs_url=None,  # /docs is served from service/static (no assets from a CDN), see routers/observability
+        redoc_url=None,
     )
+    openapi.install(app)
     app.state.settings = settings
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
@@ -82,25 +84,16 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(PathKeyMiddleware)
+    app.add_middleware(RequestMetricsMiddleware)  # times every request, 413s included
+    app.add_middleware(PathKeyMiddleware)  # outermost: an OpenRLHF key in the path becomes a header first
     for router in _routers():
         app.include_router(router)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     check_routes(app)  # every route declares who may use it
     access_log = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, RedactTokens) for f in access_log.filters):
         access_log.addFilter(RedactTokens())  # a token in a path (token_param routes) is never logged
     return app
 
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, plus every error status with the service's error schema (built once)."""
-    if app.openapi_schema is None:
-        schema = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
-        )
-        app.openapi_schema = document_errors(schema, extra_models=(GroupIn, GroupsIn))
-    return app.openapi_schema
 
 
 def create_served_app() -> FastAPI:

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from service.cli_errors import CommandFailed, check_set_options, explain, missing_extra
+from service.processes import exit_on_signals
 from service.settings import get_settings
 
 
@@ -92,7 +94,12 @@ LATER = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo-curator", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="grpo-curator",
+        description=__doc__,
+        epilog="Global options (before or after the command): --log-level debug|info|warning|error "
+        "(default warning), --debug (full tracebacks).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the API (and an in-process worker); migrates to head first")
     p.add_argument("--host")
@@ -109,15 +116,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
+def _global_options(argv: list[str]) -> tuple[list[str], bool, str]:
+    """Pull ``--debug`` and ``--log-level LEVEL`` out of argv (before or after the command)."""
+    rest, debug, level, i = [], False, os.environ.get("GRPO_CURATOR_LOG_LEVEL", "warning"), 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--debug":
+            debug = True
+        elif arg == "--log-level" and i + 1 < len(argv):
+            level, i = argv[i + 1], i + 1
+        elif arg.startswith("--log-level="):
+            level = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, debug, level
+
+
+def _configure_logging(level: str, debug: bool) -> None:
+    name = "DEBUG" if debug else level.upper()
+    if not isinstance(logging.getLevelName(name), int):
+        raise CommandFailed(f"--log-level {level!r}: expected one of debug, info, warning, error")
+    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for noisy in ("httpx", "httpcore"):  # one line per request otherwise, between the command's own lines
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+    os.environ["GRPO_CURATOR_LOG_LEVEL"] = "debug" if debug else level.lower()  # serve's uvicorn, children
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in LATER:  # these parse their own options (argparse's REMAINDER drops leading --flags)
         import importlib
 
+        hint = missing_extra(argv[0])
+        if hint:
+            raise CommandFailed(hint)
+        check_set_options(argv[0], argv[1:])
         return int(importlib.import_module(LATER[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every failure ends in one line on stderr and a non-zero exit; ``--debug`` shows the traceback."""
+    argv, debug, level = _global_options(sys.argv[1:] if argv is None else list(argv))
+    exit_on_signals()  # SIGTERM runs the exit hooks (the embedded PostgreSQL stops with its last user)
+    command = argv[0] if argv else ""
+    try:
+        _configure_logging(level, debug)
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the one place a command's failure becomes a message
+        if debug:
+            raise
+        print(f"error: {explain(exc, command)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

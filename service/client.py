@@ -264,11 +264,21 @@ class CuratorClient:
         return self._json("POST", "/v1/sampling/requests/done", json={"request_ids": ids}) if ids else {"done": []}
 
     # -- statistics -------------------------------------------------------------------------------------
-    def stats(self, by: str = "policy_version", **filters: Any) -> dict[str, Any]:
+    def stats(self, by: str | None = None, **filters: Any) -> dict[str, Any]:
+        """GET /v1/stats; ``by`` left out takes the service's default (``dataset``)."""
         return self._json("GET", "/v1/stats", params=_params(by=by, **filters))
 
     def summary(self) -> dict[str, Any]:
         return self._json("GET", "/v1/summary")
+
+
+def default_url() -> str:
+    """The service the command-line tools talk to: ``GRPO_CURATOR_URL``, else
+    ``http://127.0.0.1:<GRPO_CURATOR_PORT or 8000>`` (the port ``serve`` listens on)."""
+    url = os.environ.get("GRPO_CURATOR_URL")
+    if url:
+        return url.rstrip("/")
+    return f"http://127.0.0.1:{os.environ.get('GRPO_CURATOR_PORT') or 8000}"
 
 
 def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.embedded import lock_down
+from service.processes import prune_dead_handles
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -39,12 +41,15 @@ def start_embedded(data_dir: Path) -> str:
 
     The data directory survives restarts; the server is stopped when the last process using it exits.
     """
-    import pgserver  # imported lazily: only the embedded default needs it
+    with warnings.catch_warnings():  # platformdirs warns once about XDG_RUNTIME_DIR; not the user's concern
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver  # imported lazily: only the embedded default needs it
 
     key = str(data_dir.resolve())
     with _lock:
         if key not in _embedded:
             data_dir.mkdir(parents=True, exist_ok=True)
+            prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
             _embedded[key] = pgserver.get_server(data_dir, cleanup_mode="stop")
             lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
         server = _embedded[key]

@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)
     # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
     judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
+    worker_metrics_port: int | None = None  # a score worker serves its Prometheus metrics here when set
 
     @property
     def embedded_dir(self) -> Path:

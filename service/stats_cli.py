@@ -15,13 +15,17 @@ from typing import Any
 import httpx
 import orjson
 
-from service.client import CuratorClient, CuratorError
+from service.client import CuratorClient, CuratorError, default_url
 from service.services.stats import STATS_BY
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-curator stats", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default %(default)s)")
+    parser.add_argument(
+        "--url",
+        default=default_url(),
+        help="the service (default: GRPO_CURATOR_URL, else http://127.0.0.1:GRPO_CURATOR_PORT; now %(default)s)",
+    )
     parser.add_argument("--by", default="dataset", choices=STATS_BY)
     parser.add_argument("--dataset", help="only this dataset")
     parser.add_argument("--since", help="ISO time; applied at hour granularity (UTC)")

@@ -25,6 +25,7 @@ from service.client import wait_healthy
 from service.db import to_sqlalchemy_url
 from service.dbadmin import create_database, drop_database
 from service.migrate import upgrade
+from service.processes import exit_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,8 +36,11 @@ def _server_url() -> str:
         return to_sqlalchemy_url(url)
     import pgserver
 
-    data = Path(tempfile.gettempdir()) / "grpo-curator-test-pg"
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    # one server per test run, in its own temp dir: two checkouts (or two runs) never share one; it is
+    # stopped and deleted when this process exits (SIGTERM included, see service.processes)
+    exit_on_signals()
+    data = Path(tempfile.mkdtemp(prefix="grpo-curator-test-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="delete")
     return to_sqlalchemy_url(server.get_uri())
 
 

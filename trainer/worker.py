@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol, get_args
 import torch
 from torch import nn
 
+from trainer import trackers
 from trainer.checkpoint import (
     TrainerState,
     latest_checkpoint,
@@ -311,6 +312,7 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
     """
     ctx, model, policy, optimizer, state = _setup(cfg)
     ref = build_reference(cfg, ctx)
+    tracked = trackers.from_env(asdict(cfg)) if ctx.is_main else trackers.Trackers([])  # W&B / MLflow / TB
     step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
     history: list[dict[str, float]] = []
     idle = 0
@@ -331,6 +333,7 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
             continue
         state = TrainerState(state.policy_version + 1, state.step + 1)
         publish(client, state, metrics, ctx)  # publish
+        tracked.log_step(state.step, metrics, batch)
         history.append(metrics)
         if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
             save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, select
+from sqlalchemy import Row, exists, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.models import Decision, Group, Reward
+from service.models import Decision, Group, Reward, Trajectory
 
 _INSERT_GROUP = (
     pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
@@ -86,9 +86,25 @@ def list_groups(
     policy_version: int | None,
     after_pk: int | None,
     limit: int,
+    drop_reason: str | None = None,
+    finish_reason: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
 ) -> list[Group]:
-    """Keyset pagination by pk (stable under concurrent inserts)."""
+    """Keyset pagination by pk (stable under concurrent inserts). ``finish_reason`` / ``min_reward`` /
+    ``max_reward``: groups with at least one trajectory that matches all of them."""
     stmt = select(Group).order_by(Group.pk).limit(limit)
+    if drop_reason is not None:
+        stmt = stmt.where(Group.drop_reason == drop_reason)
+    member = [Trajectory.group_pk == Group.pk]
+    if finish_reason is not None:
+        member.append(Trajectory.finish_reason == finish_reason)
+    if min_reward is not None:
+        member.append(Trajectory.total_reward >= min_reward)
+    if max_reward is not None:
+        member.append(Trajectory.total_reward <= max_reward)
+    if len(member) > 1:
+        stmt = stmt.where(exists().where(*member))
     if dataset is not None:
         stmt = stmt.where(Group.dataset == dataset)
     if status is not None:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from filters.types import FinishReason
 from service.auth import ADMIN, PRODUCER, SERVICE, VIEWER, KeyDep, allow
 from service.deps import GroupBody, SessionDep, SettingsDep
 from service.schemas import (
@@ -93,7 +94,12 @@ def list_groups(
     policy_version: PolicyVersionQuery = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    drop_reason: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    finish_reason: Annotated[FinishReason | None, Query(description="a member ended this way")] = None,
+    min_reward: Annotated[float | None, Query(allow_inf_nan=False, description="a member's total >= this")] = None,
+    max_reward: Annotated[float | None, Query(allow_inf_nan=False, description="a member's total <= this")] = None,
 ) -> GroupPage:
     return group_service.list_groups(
-        session, dataset=dataset, status=status, policy_version=policy_version, cursor=cursor, limit=limit
+        session, dataset=dataset, status=status, policy_version=policy_version, cursor=cursor, limit=limit,
+        drop_reason=drop_reason, finish_reason=finish_reason, min_reward=min_reward, max_reward=max_reward,
     )

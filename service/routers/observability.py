@@ -1,4 +1,4 @@
-"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard."""
+"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard, GET /docs."""
 
 from __future__ import annotations
 
@@ -8,17 +8,23 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from service import metrics as process_metrics
 from service.auth import PRODUCER, VIEWER, allow, public
 from service.deps import SessionDep
+from service.errors import NotFound
 from service.services import summary
 
 router = APIRouter(tags=["observability"])
-DASHBOARD = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"
+STATIC = Path(__file__).resolve().parent.parent / "static"
+DASHBOARD = STATIC / "dashboard.html"
+DOCS = STATIC / "docs.html"
 
 
 @router.get("/metrics", response_class=Response, dependencies=[allow(VIEWER, public_setting="metrics_public")])
 def metrics(session: SessionDep) -> Response:
-    return Response(summary.prometheus_text(session), media_type="text/plain; version=0.0.4")
+    """The database gauges (the same from every replica) and this process's request / scoring metrics."""
+    body = summary.prometheus_text(session) + process_metrics.process_text()
+    return Response(body, media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/summary", dependencies=[allow(VIEWER, PRODUCER)])  # producers read the backlog
@@ -29,3 +35,20 @@ def get_summary(session: SessionDep) -> dict[str, Any]:
 @router.get("/dashboard", response_class=HTMLResponse, dependencies=[public()])  # the shell; its data needs a key
 def dashboard() -> HTMLResponse:
     return HTMLResponse(DASHBOARD.read_text())
+
+
+@router.get("/docs", response_class=HTMLResponse, include_in_schema=False, dependencies=[public()])
+def docs() -> HTMLResponse:
+    """The API reference, rendered in the browser from /openapi.json with nothing loaded from elsewhere."""
+    return HTMLResponse(DOCS.read_text())
+
+
+ASSETS = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+@router.get("/dashboard/static/{name}", include_in_schema=False, dependencies=[public()])
+def dashboard_asset(name: str) -> Response:
+    """The dashboard's scripts and styles, shipped in the package (a fixed list: no path from the URL)."""
+    if name not in ASSETS:
+        raise NotFound(f"no dashboard asset {name!r}")
+    return Response((STATIC / name).read_bytes(), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})

@@ -18,7 +18,8 @@ router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
 
 class Distribution(BaseModel):
-    """Exact count / mean / population std; quantiles approximate (within 2 % relative)."""
+    """Exact count / mean / population std; quantiles interpolate like numpy (exact for multiples of 1/8
+    up to 64, else within 2 % relative)."""
 
     count: int
     mean: float | None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -114,14 +115,17 @@ def list_groups(
     policy_version: int | None,
     cursor: str | None,
     limit: int,
+    **member_filters: Any,
 ) -> GroupPage:
+    """``member_filters``: drop_reason, finish_reason, min_reward, max_reward (see the repository)."""
     after_pk = None
     if cursor is not None:
         if not cursor.isdigit():
             raise BadRequest("cursor: not a cursor returned by this endpoint")
         after_pk = int(cursor)
     rows = group_repo.list_groups(
-        session, dataset=dataset, status=status, policy_version=policy_version, after_pk=after_pk, limit=limit
+        session, dataset=dataset, status=status, policy_version=policy_version, after_pk=after_pk, limit=limit,
+        **member_filters,
     )
     next_cursor = str(rows[-1].pk) if len(rows) == limit else None
     return GroupPage(groups=[_summary(g) for g in rows], next_cursor=next_cursor)

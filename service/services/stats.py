@@ -6,7 +6,8 @@ reads) and once for all time (bucket ``ALL_TIME``), plus all-time cells over eve
 ``ALL_DATASETS``), so a query without ``since`` reads one cell per key it answers. A cell is a flat map of
 additive counters -- counts, sums, sums of squares and cross products, sparse log-bucket histograms -- so
 cells merge by adding. Means, population standard deviations, rates and Pearson correlations are exact;
-quantiles come from the histograms, within ``ALPHA`` relative error (DDSketch, Masson et al. 2019).
+quantiles come from the histograms (``service.services.sketch``: exact for small multiples of 1/8, else
+within ``ALPHA`` relative error, DDSketch, Masson et al. 2019), interpolated between ranks like numpy.
 ``since`` applies at hour granularity (the UTC hour that contains it). Each process keeps the summaries
 of all-time cells by cell version, so a cell that did not change is neither read nor summarised again.
 
@@ -36,60 +37,20 @@ from sqlalchemy.orm import Session
 from filters.types import check_choice
 from service.errors import BadRequest
 from service.repositories import stats as repo
+from service.services.sketch import ALPHA, QUANTILES, bucket_of, bucket_value, quantiles
+
+__all__ = ["ALPHA", "QUANTILES", "bucket_of", "bucket_value", "quantiles"]  # re-exported
 
 StatsBy = Literal["policy_version", "dataset", "component", "finish_reason"]
 STATS_BY: tuple[str, ...] = get_args(StatsBy)
 
-ALPHA = 0.02  # relative accuracy of the quantiles
-_GAMMA = (1 + ALPHA) ** 2  # bucket i holds [gamma^(i - 1/2), gamma^(i + 1/2)), represented by gamma^i
-_LOG_GAMMA = math.log(_GAMMA)
-_ZERO = 1e-9  # |v| below this falls in the zero bucket
 _EXCLUDED = ("drop", "resample")
 _ZERO_VARIANCE = "zero_variance"
-QUANTILES = (0.1, 0.5, 0.9)
 
 Counters = dict[str, float]
 CellKey = tuple[str, str, str, datetime]  # (dim, key, dataset, hour or ALL_TIME)
 ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # the bucket of the all-time cells
 ALL_DATASETS = ""  # the dataset of the all-time cells over every dataset (dataset names are never empty)
-
-
-# -- histograms ---------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1 << 16)
-def bucket_of(value: float) -> str:
-    """Log bucket of a value (DDSketch-style, centred): 'z' for |v| < 1e-9, else 'p<i>' / 'n<i>' (sign)
-    with i = round(log_gamma |v|); ``bucket_value`` is within ALPHA of every member, and exact for 1."""
-    magnitude = abs(value)
-    if magnitude < _ZERO:
-        return "z"
-    return f"{'p' if value > 0 else 'n'}{round(math.log(magnitude) / _LOG_GAMMA)}"
-
-
-@lru_cache(maxsize=1 << 16)
-def bucket_value(bucket: str) -> float:
-    """The representative gamma^i of a bucket (relative error <= ALPHA for every member)."""
-    if bucket == "z":
-        return 0.0
-    value = _GAMMA ** int(bucket[1:])
-    return value if bucket[0] == "p" else -value
-
-
-def quantiles(hist: Mapping[str, float], qs: Sequence[float] = QUANTILES) -> list[float | None]:
-    """Lower quantiles (the value of rank floor(q (n - 1)) in sorted order) of a bucket histogram
-    {bucket: count}, each within ALPHA of the exact one; None for an empty histogram."""
-    items = sorted((bucket_value(b), c) for b, c in hist.items() if c > 0)
-    n = sum(c for _, c in items)
-    if n <= 0:
-        return [None for _ in qs]
-    out: list[float | None] = []
-    for q in qs:
-        rank, seen = math.floor(q * (n - 1) + 1e-9), 0.0
-        for value, count in items:
-            seen += count
-            if seen > rank:
-                out.append(value)
-                break
-    return out
 
 
 # -- counters of one trajectory ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from reward_models.sandbox_backend import describe_backend
 from reward_models.sandbox_settings import get_sandbox_settings
 from reward_models.scoring import Scorer
 from service.db import get_engine, make_sessionmaker
+from service.metrics import serve_metrics
 from service.settings import Settings, get_settings
 from service.workers.pipeline import run_forever
 
@@ -53,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=settings.worker_batch_groups, help="groups per transaction")
     parser.add_argument("--timeout", type=float, default=settings.component_timeout_s, help="seconds per component")
     parser.add_argument("--memory-mb", type=int, default=settings.component_memory_mb)
+    parser.add_argument("--metrics-port", type=int, default=settings.worker_metrics_port,
+                        help="serve Prometheus metrics (component latency / errors) on this port")
     args = parser.parse_args(argv)
+    if args.metrics_port:
+        serve_metrics(args.metrics_port)
     from service.db import resolve_database_url
     from service.migrate import upgrade
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from reward_models.base import PromptInfo, Sample
 from reward_models.scoring import Scorer
 from reward_models.spec import RewardSpec, ScoredSample
+from service import metrics
 from service.models import Group, Prompt, Trajectory
 from service.repositories import pipeline as repo
 from service.services import specs
@@ -110,6 +111,7 @@ class _Writes:
 
     def add(self, g: Group, version: specs.Versioned, spec: RewardSpec, scored: list[ScoredSample]) -> None:
         self.rewards += _reward_rows(g, version, {c.name: c.kind for c in spec.components}, scored)
+        metrics.observe_components({c.name: c.kind for c in spec.components}, [s.components for s in scored])
         errors = _errors(scored)
         attempts = g.score_attempts + 1
         row = {"pk": g.pk, "reward_spec_name": version.name, "reward_spec_version": version.version,

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 from rollout.producer import RolloutConfig, Spool, build_group, run
 from rollout.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
 from service.client import CuratorClient
+from service.processes import processes_mentioning
 from tests.conftest import ROOT
 from trainer.worker import tiny_model_config
 
@@ -119,3 +120,4 @@ def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
     logs = {p.name: p.read_text() for p in Path(result["out"]).glob("*.log")}
     assert "auth on" in logs["service.log"]  # the demo made its own keys: every process authenticated
     assert not [name for name, text in logs.items() if "gck_" in text] and "gck_" not in r.stdout + r.stderr
+    assert processes_mentioning(str(out)) == []  # service, workers and the embedded PostgreSQL all stopped

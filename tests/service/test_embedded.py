@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
+import pytest
 
 from service.client import wait_healthy
+from service.processes import processes_mentioning
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
 
@@ -25,9 +29,17 @@ def _serve(data_dir, port):
     return proc, url
 
 
-def _stop(proc):
-    proc.terminate()
+def _stop(proc, sig=signal.SIGTERM):
+    proc.send_signal(sig)
     proc.wait(timeout=30)
+
+
+def _leftovers(marker, wait_s=10.0):
+    """Processes whose command line names ``marker`` (the run's data dir), after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while (left := processes_mentioning(str(marker))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def test_embedded_default_survives_restart(tmp_path):
@@ -44,6 +56,28 @@ def test_embedded_default_survives_restart(tmp_path):
         assert got["id"] == "emb-1" and len(got["trajectories"]) == 4
     finally:
         _stop(proc)
+    assert _leftovers(data_dir) == []  # the embedded PostgreSQL stopped with its last user
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_no_embedded_postgres_left_after_a_signal(tmp_path, sig):
+    data_dir = tmp_path / "state"
+    proc, _ = _serve(data_dir, free_port())
+    assert _leftovers(data_dir, wait_s=0), "the embedded server should be running while serve is"
+    _stop(proc, sig)
+    assert _leftovers(data_dir) == []
+
+
+def test_a_killed_user_does_not_keep_the_server_alive(tmp_path):
+    """SIGKILL skips every exit hook: the server outlives it, but the next serve stops it on exit."""
+    data_dir = tmp_path / "state"
+    proc, _ = _serve(data_dir, free_port())
+    _stop(proc, signal.SIGKILL)
+    assert _leftovers(data_dir, wait_s=0)  # nothing could stop it
+    proc, url = _serve(data_dir, free_port())  # attaches to the running server
+    assert httpx.get(url + "/healthz").status_code == 200
+    _stop(proc)
+    assert _leftovers(data_dir) == []
 
 
 def test_embedded_server_admits_only_its_own_os_user(tmp_path):

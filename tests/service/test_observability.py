@@ -17,4 +17,8 @@ def test_metrics_and_summary_count_groups_by_status(client):
 
 def test_dashboard_is_served(client):
     r = client.get("/dashboard")
-    assert r.status_code == 200 and "grpo-curator" in r.text and "/v1/stats?by=policy_version" in r.text
+    assert r.status_code == 200 and "grpo-curator" in r.text and "/dashboard/static/dashboard.js" in r.text
+    js = client.get("/dashboard/static/dashboard.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert "/v1/stats?by=policy_version" in js.text
+    assert client.get("/dashboard/static/..%2Fapp.py").status_code == 404

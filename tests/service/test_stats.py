@@ -152,14 +152,15 @@ class TestSeededDataset:
         assert t["count"] == 5
         assert t["mean"] == pytest.approx(0.68) and t["std"] == pytest.approx(float(np.std(totals)))
         assert t["std"] == pytest.approx(math.sqrt(0.2656))
-        assert t["p10"] == 0.0 and _close(t["p50"], 1.1) and _close(t["p90"], 1.1)
+        p10, p50, p90 = np.quantile(totals, stats.QUANTILES)  # 0.04, 1.1, 1.1 (linear interpolation)
+        assert _close(t["p10"], p10) and _close(t["p50"], p50) and _close(t["p90"], p90)
         assert math_row["pass_rate"] == pytest.approx(3 / 5)
         assert math_row["zero_variance_fraction"] == pytest.approx(2 / 6)
         assert math_row["drop_fraction"] == pytest.approx(
             {"finish_reason:env_error": 1 / 6, "zero_variance": 2 / 6}
         )
         assert math_row["truncation_rate"] == pytest.approx({"env_error": 1 / 6, "length": 1 / 6})
-        assert math_row["length"]["mean"] == pytest.approx(140 / 6) and _close(math_row["length"]["p90"], 30)
+        assert math_row["length"]["mean"] == pytest.approx(140 / 6) and math_row["length"]["p90"] == 35  # exact
         lengths = [10, 20, 40, 10, 30]
         assert math_row["length_reward_corr"] == pytest.approx(_corr(lengths, totals))
         correct, fmt = math_row["components"]["correct"], math_row["components"]["fmt"]
@@ -270,6 +271,13 @@ def test_concurrent_writers_add_up(fresh_db):
     assert rows["math"]["total"]["mean"] == pytest.approx(1.2 / 3)
 
 
+def _hist(values) -> dict[str, float]:
+    hist: dict[str, float] = {}
+    for v in values:
+        hist[stats.bucket_of(float(v))] = hist.get(stats.bucket_of(float(v)), 0.0) + 1
+    return hist
+
+
 class TestSketch:
     def test_bucket_value_is_within_alpha(self):
         rng = random.Random(0)
@@ -279,15 +287,33 @@ class TestSketch:
         assert stats.bucket_of(0.0) == "z" and stats.bucket_value("z") == 0.0
 
     @pytest.mark.parametrize("seed_", range(5))
-    def test_quantiles_match_exact_lower_quantiles(self, seed_):
+    def test_quantiles_match_numpy_within_alpha(self, seed_):
         rng = np.random.default_rng(seed_)
         values = np.concatenate([rng.normal(0, 2, 500), rng.integers(0, 4000, 500), [0.0] * 20])
-        hist: dict[str, float] = {}
-        for v in values:
-            hist[stats.bucket_of(float(v))] = hist.get(stats.bucket_of(float(v)), 0.0) + 1
-        exact = np.quantile(values, stats.QUANTILES, method="lower")
-        for got, want in zip(stats.quantiles(hist), exact, strict=True):
-            assert abs(got - want) <= stats.ALPHA * abs(want) + 1e-12
+        exact = np.quantile(values, stats.QUANTILES)  # numpy's default: linear interpolation
+        for got, want in zip(stats.quantiles(_hist(values)), exact, strict=True):
+            assert abs(got - want) <= stats.ALPHA * max(abs(want), 1.0)
+
+    @pytest.mark.parametrize(
+        "values",
+        [[0, 1], [1, 0, 0], [2, 2, 1, 0, 2], [0.5, 1, 0, 0.25], [-1, 1], [7], [0, 0, 0, 1], [64, 3, 17]],
+    )
+    def test_small_and_reward_values_are_exact(self, values):
+        """p90 of {0, 1} is 0.9 (not 0), and integers <= 2 never give 2.04."""
+        qs = (0.0, 0.1, 0.25, 0.5, 0.9, 1.0)
+        got = stats.quantiles(_hist(values), qs)
+        assert got == pytest.approx(np.quantile(np.array(values, dtype=float), qs), abs=1e-12)
+        assert min(values) <= min(got) and max(got) <= max(values)
+
+    @pytest.mark.parametrize("seed_", range(3))
+    def test_integer_lengths_are_exact(self, seed_):
+        values = np.random.default_rng(seed_).integers(0, 65, 301)
+        assert stats.quantiles(_hist(values)) == pytest.approx(np.quantile(values, stats.QUANTILES), abs=1e-9)
+
+    def test_retracted_counts_leave_the_quantiles(self):
+        hist = _hist([0, 1, 1, 1])
+        hist[stats.bucket_of(1.0)] -= 3  # retract the three 1s
+        assert stats.quantiles(hist) == [0.0, 0.0, 0.0]
 
     def test_empty(self):
         assert stats.quantiles({}) == [None, None, None]

@@ -1,0 +1,99 @@
+"""Processes this project starts, and how they all end: no embedded PostgreSQL or child left behind.
+
+- ``exit_on_signals()``: SIGTERM / SIGHUP end the process through ``SystemExit``, so ``finally`` blocks
+  and ``atexit`` hooks (the embedded PostgreSQL's stop among them) run. uvicorn re-raises the signal it
+  caught after its own shutdown, into the handler installed before it, so ``serve`` exits cleanly too.
+- ``prune_dead_handles(pgdata)``: the embedded server (``pgserver``) is stopped by the last process that
+  uses it, counted in a pid file; a process killed with SIGKILL stays in that file forever and the server
+  would never stop. Dead pids are removed before attaching.
+- ``stop_all(procs)``: terminate children (their whole process group when they lead one), wait, kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+
+HANDLES = ".handle_pids.json"  # pgserver's list of the processes using a data directory
+
+
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) in the main thread (no-op off the main thread)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, _raise_exit)
+        except ValueError:  # not the main thread
+            return
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune_dead_handles(pgdata: Path) -> list[int]:
+    """Drop the pids of exited processes from pgserver's handle list; returns the pids kept."""
+    path = Path(pgdata) / HANDLES
+    try:
+        pids = [int(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+    alive = [p for p in pids if pid_alive(p)]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
+    return alive
+
+
+def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None:
+    """Terminate each child (its process group when it was started with ``start_new_session``), wait up to
+    ``timeout_s`` for each, then kill what is left."""
+    procs = list(procs)
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        if os.getpgid(proc.pid) == proc.pid:  # a group leader: reach its children too
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def processes_mentioning(marker: str) -> list[str]:
+    """Command lines of live processes (from /proc) that contain ``marker`` -- e.g. a run's temp dir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{entry.name}: {cmdline.strip()}")
+    return found

@@ -1,0 +1,97 @@
+"use strict";
+// A small SVG line chart: axes with ticks and labels, units, a legend, and gaps where data is missing
+// (a null value, or a jump of more than `maxStep` on the x axis, breaks the line).
+(function () {
+  const NS = "http://www.w3.org/2000/svg";
+  const COLORS = ["#2f7dd1", "#2e9d5b", "#c8423b", "#c98a12", "#7a4fc9", "#1b9aa8", "#d4578f", "#5b6672"];
+
+  function svg(tag, attrs, text) {
+    const n = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    return n;
+  }
+
+  function niceTicks(lo, hi, count) {
+    if (!(hi > lo)) { const pad = Math.abs(lo) > 0 ? Math.abs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
+    const raw = (hi - lo) / Math.max(1, count);
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+    const start = Math.floor(lo / step) * step, end = Math.ceil(hi / step) * step;
+    const ticks = [];
+    for (let v = start; v <= end + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
+    return { lo: start, hi: end, ticks };
+  }
+
+  function fmt(v, unit) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "–";
+    if (unit === "%") return (v * 100).toFixed(Math.abs(v) < 0.1 ? 1 : 0) + "%";
+    const a = Math.abs(v);
+    const s = a >= 1e4 ? v.toExponential(1) : a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toPrecision(2);
+    return unit ? s + " " + unit : s;
+  }
+
+  // opts: {title, xLabel, yLabel, unit ("%" scales fractions), series: [{name, points: [[x, y|null]]}],
+  //        yMin, yMax, maxStep (largest x step drawn as a line; default 1, i.e. consecutive versions)}
+  function lineChart(container, opts) {
+    const W = 520, H = 270, L = 70, R = 14, T = 46, B = 46;
+    const box = document.createElement("div");
+    box.className = "chart";
+    container.append(box);
+    const series = (opts.series || []).filter((s) => s.points.some((p) => p[1] !== null && p[1] !== undefined));
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.title });
+    root.append(svg("text", { x: L, y: 18, "font-size": 14, "font-weight": 600, class: "chart-title" }, opts.title));
+    box.append(root);
+    if (!series.length) {
+      root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#7b8794", "font-size": 13 }, "no data yet"));
+      return box;
+    }
+    const xs = series.flatMap((s) => s.points.map((p) => p[0]));
+    const ys = series.flatMap((s) => s.points.map((p) => p[1])).filter((y) => y !== null && y !== undefined);
+    const xr = niceTicks(Math.min(...xs), Math.max(...xs), 6);
+    const yr = niceTicks(opts.yMin !== undefined ? Math.min(opts.yMin, ...ys) : Math.min(...ys),
+      opts.yMax !== undefined ? Math.max(opts.yMax, ...ys) : Math.max(...ys), 5);
+    const px = (x) => L + ((x - xr.lo) / (xr.hi - xr.lo)) * (W - L - R);
+    const py = (y) => H - B - ((y - yr.lo) / (yr.hi - yr.lo)) * (H - T - B);
+    const axes = svg("g", { class: "axes", "font-size": 11, fill: "#5b6672" });
+    for (const t of yr.ticks) {
+      axes.append(svg("line", { x1: L, x2: W - R, y1: py(t), y2: py(t), stroke: "#eceff3" }));
+      axes.append(svg("text", { x: L - 6, y: py(t) + 4, "text-anchor": "end", class: "tick y-tick" }, fmt(t, opts.unit === "%" ? "%" : "")));
+    }
+    const integerX = xs.every((x) => Number.isInteger(x));
+    for (const t of xr.ticks) {
+      if (integerX && !Number.isInteger(t)) continue;
+      axes.append(svg("line", { x1: px(t), x2: px(t), y1: H - B, y2: H - B + 4, stroke: "#5b6672" }));
+      axes.append(svg("text", { x: px(t), y: H - B + 16, "text-anchor": "middle", class: "tick x-tick" }, String(t)));
+    }
+    axes.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#5b6672", class: "x-axis" }));
+    axes.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, stroke: "#5b6672", class: "y-axis" }));
+    axes.append(svg("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle", class: "x-label" }, opts.xLabel || ""));
+    const yl = (opts.yLabel || "") + (opts.unit && opts.unit !== "%" ? ` (${opts.unit})` : opts.unit === "%" ? " (%)" : "");
+    axes.append(svg("text", { x: 12, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${(T + H - B) / 2})`, class: "y-label" }, yl));
+    root.append(axes);
+    const maxStep = opts.maxStep === undefined ? 1 : opts.maxStep;
+    series.forEach((s, i) => {
+      const color = s.color || COLORS[i % COLORS.length];
+      let d = "", prev = null;
+      const pts = [...s.points].sort((a, b) => a[0] - b[0]);
+      for (const [x, y] of pts) {
+        const ok = y !== null && y !== undefined && !Number.isNaN(y);
+        if (!ok) { prev = null; continue; }
+        const join = prev !== null && (maxStep === null || x - prev <= maxStep);
+        d += `${join ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`;
+        prev = x;
+        const dot = svg("circle", { cx: px(x), cy: py(y), r: 2.2, fill: color });
+        dot.append(svg("title", {}, `${s.name}: ${fmt(y, opts.unit)} at ${opts.xLabel || "x"} ${x}`));
+        root.append(dot);
+      }
+      root.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 1.6, class: "series" }));
+      const lx = L + (i % 3) * 150, ly = 34 + Math.floor(i / 3) * 12;
+      root.append(svg("rect", { x: lx, y: ly - 8, width: 10, height: 3, fill: color }));
+      root.append(svg("text", { x: lx + 14, y: ly - 4, "font-size": 11, fill: "#1d232a", class: "legend" }, s.name));
+    });
+    return box;
+  }
+
+  window.Charts = { lineChart, fmt, niceTicks };
+})();

@@ -1,0 +1,247 @@
+"use strict";
+// The dashboard: overview by policy version, per-dataset / per-component views, a group browser with a
+// transcript viewer, the trainer view. Everything comes from the public API; nothing from elsewhere.
+const KEY = "grpo-curator-api-key";
+const { lineChart, fmt } = window.Charts;
+const main = document.getElementById("main");
+let asked = false;
+
+function el(tag, attrs = {}, ...kids) {
+  const n = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") n.className = v; else if (k.startsWith("on")) n[k] = v; else n.setAttribute(k, v);
+  }
+  for (const k of kids.flat()) if (k !== null && k !== undefined) n.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return n;
+}
+
+async function api(path) {
+  const key = localStorage.getItem(KEY);
+  const r = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {} });
+  if (r.status === 401 && !asked) {  // ask once; the key stays in this browser
+    asked = true;
+    const k = window.prompt("This service needs an API key (a viewer key is enough):");
+    if (k) { localStorage.setItem(KEY, k); return api(path); }
+  }
+  if (!r.ok) {
+    let msg = r.statusText;
+    try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
+    throw new Error(`${path}: ${r.status} ${msg}`);
+  }
+  return r.json();
+}
+
+const pct = (v) => fmt(v, "%");
+const sum = (o) => (o ? Object.values(o).reduce((a, b) => a + b, 0) : null);
+const byKey = (rows) => rows.map((r) => ({ ...r, x: Number(r.key) })).filter((r) => Number.isFinite(r.x));
+
+function card(label, value) {
+  return el("div", { class: "card" }, el("div", { class: "v" }, value), el("div", { class: "l" }, label));
+}
+
+function table(headers, rows, numeric = []) {
+  const t = el("table", {}, el("tr", {}, headers.map((h, i) => el("th", { class: numeric.includes(i) ? "num" : "" }, h))));
+  for (const row of rows) t.append(el("tr", {}, row.map((c, i) => el("td", { class: numeric.includes(i) ? "num" : "" }, c))));
+  return t;
+}
+
+function series(rows, pick) { return rows.map((r) => [r.x, pick(r) ?? null]); }
+
+function keysOf(rows, field) {
+  return [...new Set(rows.flatMap((r) => Object.keys(r[field] || {})))].sort();
+}
+
+function versionCharts(grid, rows, xLabel) {
+  const opts = { xLabel, series: [] };
+  lineChart(grid, { ...opts, title: "Outcome (pass rate) and total reward", yLabel: "reward", series: [
+    { name: "pass rate", points: series(rows, (r) => r.pass_rate) },
+    { name: "mean total", points: series(rows, (r) => r.total && r.total.mean) }] });
+  lineChart(grid, { ...opts, title: "Zero-variance and drop rates", unit: "%", yMin: 0, series: [
+    { name: "zero variance", points: series(rows, (r) => r.zero_variance_fraction) },
+    { name: "dropped (all reasons)", points: series(rows, (r) => sum(r.drop_fraction)) }] });
+  lineChart(grid, { ...opts, title: "Truncation rate by cause", unit: "%", yMin: 0,
+    series: keysOf(rows, "truncation_rate").map((k) => ({ name: k, points: series(rows, (r) => (r.truncation_rate || {})[k] ?? 0) })) });
+  lineChart(grid, { ...opts, title: "Response length", yLabel: "length", unit: "tokens", yMin: 0, series: [
+    { name: "mean", points: series(rows, (r) => r.length && r.length.mean) },
+    { name: "p90", points: series(rows, (r) => r.length && r.length.p90) }] });
+  lineChart(grid, { ...opts, title: "Length–reward correlation", yLabel: "Pearson r", yMin: -1, yMax: 1, series: [
+    { name: "r(length, total)", points: series(rows, (r) => r.length_reward_corr) }] });
+}
+
+async function overview() {
+  const [summary, stats] = await Promise.all([api("/v1/summary"), api("/v1/stats?by=policy_version")]);
+  const groups = summary.groups || {};
+  main.append(el("h2", {}, "Groups"), el("div", { class: "cards", id: "cards" },
+    ["received", "scored", "ready", "leased", "consumed", "dropped", "reward_error"].map((s) => card(s, groups[s] || 0)),
+    card("active leases", summary.active_leases), card("policy version", summary.policy_version)));
+  const drops = Object.entries(summary.drop_reasons || {});
+  const dropped = (groups.dropped || 0) + (groups.reward_error || 0);
+  main.append(el("h2", {}, `Dropped groups by reason (${dropped})`),
+    drops.length ? table(["reason", "groups"], drops.map(([k, v]) => [k, v]), [1]) : el("p", { class: "muted" }, "none"));
+  main.append(el("h2", {}, "By the policy version that sampled the group"));
+  const grid = el("div", { class: "grid" });
+  main.append(grid);
+  versionCharts(grid, byKey(stats.rows), "policy version");
+}
+
+async function datasets() {
+  const stats = await api("/v1/stats?by=dataset");
+  main.append(el("h2", {}, "Datasets"), table(
+    ["dataset", "trajectories", "pass rate", "mean total", "zero variance", "dropped", "truncated", "mean length"],
+    stats.rows.map((r) => [el("a", { href: "#datasets/" + encodeURIComponent(r.key) }, r.key), r.count, pct(r.pass_rate),
+      fmt(r.total && r.total.mean), pct(r.zero_variance_fraction), pct(sum(r.drop_fraction)), pct(sum(r.truncation_rate)),
+      fmt(r.length && r.length.mean)]), [1, 2, 3, 4, 5, 6, 7]));
+  const comps = await api("/v1/stats?by=component");
+  main.append(el("h2", {}, "Components (all datasets)"), componentTable(comps.rows));
+}
+
+function componentTable(rows) {
+  return table(["component", "values", "mean", "std", "p10", "p50", "p90", "error rate", "r(length)"],
+    rows.map((r) => [r.key, r.count, fmt(r.mean), fmt(r.std), fmt(r.p10), fmt(r.p50), fmt(r.p90), pct(r.error_rate), fmt(r.length_reward_corr)]),
+    [1, 2, 3, 4, 5, 6, 7, 8]);
+}
+
+async function dataset(name) {
+  const q = "&dataset=" + encodeURIComponent(name);
+  const [versions, comps] = await Promise.all([api("/v1/stats?by=policy_version" + q), api("/v1/stats?by=component" + q)]);
+  main.append(el("h2", {}, `Dataset ${name}`), el("p", {}, el("a", { href: "#groups?dataset=" + encodeURIComponent(name) }, "browse its groups")));
+  const grid = el("div", { class: "grid" });
+  main.append(grid);
+  versionCharts(grid, byKey(versions.rows), "policy version");
+  main.append(el("h2", {}, "Components"), componentTable(comps.rows));
+}
+
+function params() {
+  const q = location.hash.split("?")[1] || "";
+  return Object.fromEntries(new URLSearchParams(q));
+}
+
+const FINISH = ["", "stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"];
+
+async function groups() {
+  const p = params();
+  const qs = new URLSearchParams();
+  for (const k of ["dataset", "status", "policy_version", "drop_reason", "finish_reason", "min_reward", "max_reward", "cursor"]) if (p[k]) qs.set(k, p[k]);
+  qs.set("limit", "100");
+  const page = await api("/v1/groups?" + qs);
+  const inputs = {};
+  const field = (name, node) => { inputs[name] = node; node.value = p[name] || ""; return el("label", {}, name.replace("_", " "), node); };
+  const statuses = ["", "received", "scored", "ready", "dropped", "leased", "consumed", "reward_error"];
+  const go = () => {
+    const q = new URLSearchParams();
+    for (const [k, n] of Object.entries(inputs)) if (n.value) q.set(k, n.value);
+    location.hash = "#groups?" + q;
+  };
+  main.append(el("h2", {}, "Groups"), el("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); go(); } },
+    field("dataset", el("input", { size: 14 })),
+    field("status", el("select", {}, statuses.map((s) => el("option", { value: s }, s || "any")))),
+    field("policy_version", el("input", { size: 5, type: "number", min: 0 })),
+    field("drop_reason", el("input", { size: 14 })),
+    field("finish_reason", el("select", {}, FINISH.map((s) => el("option", { value: s }, s || "any")))),
+    field("min_reward", el("input", { size: 6, type: "number", step: "any" })),
+    field("max_reward", el("input", { size: 6, type: "number", step: "any" })),
+    el("button", { type: "submit" }, "Filter")));
+  const rows = page.groups;
+  main.append(table(["group", "dataset", "policy version", "status", "drop reason", "trajectories", "tokens", "created"],
+    rows.map((g) => [el("a", { href: "#group/" + encodeURIComponent(g.id), class: "group-link" }, g.id), g.dataset, g.policy_version,
+      el("span", { class: "tag " + g.status }, g.status), g.drop_reason || "", g.n_trajectories, g.n_tokens, g.created_at.replace("T", " ").slice(0, 19)]),
+    [2, 5, 6]));
+  if (page.next_cursor) {
+    const q = new URLSearchParams(p); q.set("cursor", page.next_cursor);
+    main.append(el("p", {}, el("a", { href: "#groups?" + q }, "next page →")));
+  }
+}
+
+function content(c) {
+  if (c === null || c === undefined) return "";
+  return typeof c === "string" ? c : JSON.stringify(c, null, 2);
+}
+
+function message(m) {
+  const calls = (m.tool_calls || []).map((tc) => el("div", { class: "tool-call" },
+    el("span", { class: "tag" }, "tool call " + (tc.id || "")), el("code", {}, (tc.function || {}).name || ""),
+    el("pre", {}, content((tc.function || {}).arguments))));
+  return el("div", { class: "msg " + m.role }, el("div", { class: "role" }, m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")),
+    el("pre", {}, content(m.content)), calls);
+}
+
+function trajectory(t) {
+  const rewards = Object.entries(t.rewards || {}).map(([name, r]) => [name, r.value === null ? "–" : fmt(r.value),
+    r.error ? el("span", { class: "err" }, r.error) : "", r.latency_ms === null || r.latency_ms === undefined ? "" : r.latency_ms.toFixed(1) + " ms"]);
+  return el("div", { class: "traj" },
+    el("h3", {}, `Trajectory ${t.index} `, el("span", { class: "tag " + (t.action || "") }, t.action || "no action yet"),
+      el("span", { class: "tag" }, "finish: " + t.finish_reason)),
+    el("div", { class: "cards" }, card("total reward", fmt(t.total_reward)), card("outcome", fmt(t.outcome)),
+      card("advantage", fmt(t.advantage)), card("tokens", t.num_tokens), card("turns", t.num_turns)),
+    t.reason ? el("p", {}, "reason: ", t.reason) : null,
+    rewards.length ? table(["component", "value", "error", "latency"], rewards, [1, 3]) : el("p", { class: "muted" }, "not scored yet"),
+    el("div", { class: "transcript" }, (t.messages || []).map(message)),
+    el("div", { class: "final" }, el("strong", {}, "final answer: "), el("pre", {}, t.final_answer)));
+}
+
+async function group(id) {
+  const g = await api("/v1/groups/" + encodeURIComponent(id) + "?include_tokens=true");
+  main.append(el("h2", {}, "Group ", el("code", {}, g.id), " ", el("span", { class: "tag " + g.status }, g.status)),
+    table(["prompt", "dataset", "policy version", "reward spec", "curation policy", "drop reason", "score error"],
+      [[g.prompt_id, g.dataset, g.policy_version, g.reward_spec || "", g.curation_policy || "", g.drop_reason || "", g.score_error || ""]]),
+    el("h2", {}, "Decision log"),
+    (g.decisions || []).length ? table(["trajectory", "action", "rule", "reason", "policy", "at"],
+      g.decisions.map((d) => [d.index === null ? "group" : d.index, d.action, d.rule, d.reason, d.policy || "", d.created_at.slice(0, 19)]))
+      : el("p", { class: "muted" }, "no decisions yet"),
+    el("h2", {}, "Trajectories"), ...g.trajectories.map(trajectory));
+}
+
+async function trainer() {
+  const [history, summary] = await Promise.all([api("/v1/policy/history?limit=1000"), api("/v1/summary")]);
+  const rows = history.versions.map((v) => ({ x: v.version, m: v.metrics || {}, t: Date.parse(v.created_at) }));
+  const g = summary.groups || {};
+  const span = rows.length > 1 ? (Math.max(...rows.map((r) => r.t)) - Math.min(...rows.map((r) => r.t))) / 60000 : null;
+  const consumed = rows.reduce((a, r) => a + (r.m.groups || 0), 0);
+  main.append(el("h2", {}, "Trainer"), el("div", { class: "cards" }, card("policy version", summary.policy_version),
+    card("active leases", summary.active_leases), card("ready groups", g.ready || 0), card("consumed groups", g.consumed || 0),
+    card("versions per minute", span ? fmt((rows.length - 1) / span) : "–"),
+    card("groups trained per minute", span && consumed ? fmt(consumed / span) : "–")));
+  const m = (k) => rows.map((r) => [r.x, r.m[k] ?? null]);
+  const clip = rows.map((r) => [r.x, r.m.clip_fraction ?? (r.m.clip_frac_low !== undefined ? (r.m.clip_frac_low || 0) + (r.m.clip_frac_high || 0) : null)]);
+  const grid = el("div", { class: "grid" });
+  main.append(grid);
+  const base = { xLabel: "policy version" };
+  lineChart(grid, { ...base, title: "Loss", yLabel: "loss", series: [{ name: "loss", points: m("loss") }] });
+  lineChart(grid, { ...base, title: "KL", yLabel: "KL", series: [{ name: "KL to reference", points: rows.map((r) => [r.x, r.m.kl ?? r.m.kl_ref ?? null]) },
+    { name: "approx KL to old policy", points: m("approx_kl") }] });
+  lineChart(grid, { ...base, title: "Entropy", yLabel: "entropy", unit: "nats", series: [{ name: "entropy", points: m("entropy") }] });
+  lineChart(grid, { ...base, title: "Clip fraction", unit: "%", yMin: 0, series: [{ name: "clipped tokens", points: clip }] });
+  lineChart(grid, { ...base, title: "TIS weight (sampler / trainer mismatch)", yLabel: "weight", series: [{ name: "mean TIS weight", points: m("tis_weight") }] });
+  lineChart(grid, { ...base, title: "Batch staleness", yLabel: "versions", yMin: 0, series: [{ name: "mean", points: m("staleness_mean") }, { name: "max", points: m("staleness_max") }] });
+}
+
+const PAGES = { overview, datasets, groups, trainer };
+
+async function render() {
+  const hash = location.hash.slice(1) || "overview";
+  const [head] = hash.split("?");
+  const [page, ...rest] = head.split("/");
+  const arg = rest.length ? decodeURIComponent(rest.join("/")) : null;
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === (page === "group" ? "groups" : page)));
+  main.replaceChildren();
+  const status = document.getElementById("status");
+  try {
+    if (page === "group" && arg) await group(arg);
+    else if (page === "datasets" && arg) await dataset(arg);
+    else await (PAGES[page] || overview)();
+    status.textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (e) {
+    main.append(el("p", { class: "err", id: "error" }, String(e.message || e)));
+    status.textContent = "";
+  }
+}
+
+document.getElementById("key").onclick = () => {
+  const k = window.prompt("API key (kept in this browser; empty to forget it)", localStorage.getItem(KEY) || "");
+  if (k === null) return;
+  if (k) localStorage.setItem(KEY, k); else localStorage.removeItem(KEY);
+  asked = false;
+  render();
+};
+window.addEventListener("hashchange", render);
+render();

@@ -1,0 +1,110 @@
+"""The dashboard in a real headless Chromium (driven over the DevTools protocol): every page loads with
+no console error or failed load, charts have axes, and the transcript of a posted group is shown.
+Screenshots land in the test's temp dir. Needs Debian's `chromium` package (skipped without it)."""
+
+from __future__ import annotations
+
+import copy
+from urllib.parse import quote
+
+import pytest
+
+from reward_models.scoring import Scorer
+from service.client import CuratorClient
+from service.db import get_engine, make_sessionmaker
+from service.examples import AGENT_GROUPS, POLICY
+from service.processes import processes_mentioning
+from service.workers.pipeline import drain
+from tests.helpers import make_group
+from tests.service.cdp import Browser, find_chromium
+
+CHROMIUM = find_chromium()
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+AGENT_ID = "agent#1"  # "#" must survive the dashboard's links and fetches
+
+
+@pytest.fixture
+def browser(tmp_path):
+    b = Browser(CHROMIUM, tmp_path / "profile")
+    yield b
+    b.close()
+    assert processes_mentioning(str(tmp_path / "profile")) == []  # the browser and its helpers are gone
+
+
+@pytest.fixture
+def populated(live_server):
+    groups = copy.deepcopy(AGENT_GROUPS)
+    groups["groups"][0]["id"] = AGENT_ID
+    with CuratorClient(live_server.url) as c:
+        c._json("POST", "/v1/groups", json=groups)
+        for v, answers in enumerate((["42", "41", "42", "7"], ["42", "42", "42", "42"], ["1", "42", "9", "42"])):
+            c.post_group(make_group(f"g{v}", prompt_id=f"p{v}", answers=answers, policy_version=v))
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        drain(make_sessionmaker(get_engine(live_server.db_url)), scorer)
+    with CuratorClient(live_server.url) as c:
+        for version in (1, 2, 4):  # version 3 missing: a gap, not a line
+            c._json("POST", "/v1/policy", json={**POLICY, "version": version})
+    return live_server
+
+
+AXES = """(() => { const drawn = [...document.querySelectorAll('.chart svg')].filter(s => s.querySelector('path.series'));
+  return drawn.every(s => s.querySelector('.x-axis') && s.querySelector('.y-axis') &&
+      s.querySelectorAll('.x-tick').length >= 2 && s.querySelectorAll('.y-tick').length >= 2 &&
+      s.querySelector('.x-label').textContent.length > 0) ? drawn.length : -1; })()"""  # charts with a line
+
+
+def _page(browser, url, ready, shot, tmp_path):
+    browser.goto(url)
+    value = browser.wait_for(ready)
+    browser.screenshot(tmp_path / f"{shot}.png")
+    assert (tmp_path / f"{shot}.png").stat().st_size > 5000
+    return value
+
+
+def test_dashboard_pages_in_a_real_browser(browser, populated, tmp_path):
+    base = populated.url + "/dashboard"
+    cards = _page(browser, base + "#overview", "document.querySelector('#cards') && document.querySelectorAll('.chart').length >= 5 && document.body.innerText", "overview", tmp_path)
+    assert "policy version" in cards and "Dropped groups by reason" in cards
+    assert browser.evaluate(AXES) >= 4  # truncation has none to draw: "no data yet", not an empty frame
+    assert "no data yet" in browser.evaluate("document.querySelector('.grid').textContent")
+
+    _page(browser, base + "#datasets", "document.querySelectorAll('table tr').length > 2", "datasets", tmp_path)
+    assert "calc" in browser.evaluate("document.body.innerText") and "correct" in browser.evaluate("document.body.innerText")
+    _page(browser, base + "#datasets/toy", "document.querySelectorAll('.chart').length >= 5", "dataset-toy", tmp_path)
+    assert browser.evaluate(AXES) >= 3
+
+    _page(browser, base + "#groups", "document.querySelectorAll('a.group-link').length >= 4", "groups", tmp_path)
+    links = browser.evaluate("[...document.querySelectorAll('a.group-link')].map(a => a.getAttribute('href'))")
+    assert "#group/" + quote(AGENT_ID, safe="") in links
+    _page(browser, base + "#groups?status=dropped", "document.querySelector('form.filters') && document.body.innerText", "groups-dropped", tmp_path)
+    assert browser.evaluate("[...document.querySelectorAll('a.group-link')].map(a => a.textContent)") == ["g1"]  # all correct: zero variance
+
+    text = _page(browser, base + "#group/" + quote(AGENT_ID, safe=""), "document.querySelector('.transcript') && document.body.innerText", "transcript", tmp_path)
+    assert AGENT_ID in text
+    assert "calculator" in text and "12*7" in text and "12 * 7 = 84" in text  # tool call, its arguments, the answer
+    assert "tool (c1)" in text.lower() or "TOOL (C1)" in text  # the tool result, tied to its call
+    assert "advantage" in text.lower() and "correct" in text  # per-component reward table
+    assert "Decision log" in text
+
+    _page(browser, base + "#trainer", "document.querySelectorAll('.chart').length >= 5", "trainer", tmp_path)
+    assert browser.evaluate(AXES) >= 4  # loss, KL, entropy, clip fraction (no TIS / staleness metrics posted)
+    # the loss chart's line breaks at the missing version 3: two path segments ("M" twice)
+    loss = browser.evaluate("document.querySelector('.chart svg path.series').getAttribute('d')")
+    assert loss.count("M") == 2, loss
+    assert browser.errors == [], browser.errors
+
+
+def test_a_missing_group_shows_an_error_not_a_blank_page(browser, live_server, tmp_path):
+    text = _page(browser, live_server.url + "/dashboard#group/nope", "document.querySelector('#error') && document.body.innerText", "missing", tmp_path)
+    assert "404" in text
+
+
+def test_the_api_docs_page_renders_offline(browser, live_server, tmp_path):
+    """/docs draws every operation and the group body's schema from /openapi.json, with nothing from outside."""
+    text = _page(browser, live_server.url + "/docs", "document.querySelectorAll('details.op').length > 20 && document.body.innerText", "docs", tmp_path)
+    assert "POST" in text and "/v1/groups" in text and "GroupIn" in text
+    browser.evaluate("document.querySelectorAll('details.op').forEach(d => d.open = true)")
+    body = browser.evaluate("document.body.innerText")
+    assert "run7-step12-gsm8k-17" in body  # the example group body is shown
+    assert "trajectories" in body and "finish_reason" in body
+    assert browser.errors == [], browser.errors
