@@ -4,14 +4,15 @@
 #   PY               the Python that creates the virtualenv (default python3)
 #   VENV             where the virtualenv lives (default .venv)
 #   TORCH_SPEC       the torch requirement installed for tests / the trainer (default torch==2.13.0)
-#   TORCH_INDEX_URL  the package index torch comes from; the default is PyTorch's CPU-only index, so
-#                    `make test` never pulls the multi-GB CUDA build. Set it empty to take torch from the
-#                    default index (CUDA builds on Linux), or to a CUDA index (.../whl/cu124) for a GPU.
+#   TORCH_INDEX_URL  the package index torch comes from (default: pip's configured index). On Linux the
+#                    default PyPI build of torch is the multi-GB CUDA one; for CPU only, point this at
+#                    PyTorch's CPU index: `make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu`
+#                    (a machine with a local CPU wheel, like CI's, needs nothing).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
 TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: install install-dev serve test lint demo bench clean
@@ -27,7 +28,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev,trainer]"
+	$(BIN)/pip install -q -e ".[dev,trainer,integrations]"
 	@touch $@ $(VENV)/.installed
 
 # the service alone needs no torch
