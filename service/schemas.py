@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
-GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error")
+GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error",
+                  "curation_error")
 Key = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s/]+$")]
 
 

@@ -293,9 +293,16 @@ def ack(session: Session, batch_id: str) -> LeaseState:
     return _state(session, lease)
 
 
-def nack(session: Session, batch_id: str) -> LeaseState:
-    """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired."""
+def nack(session: Session, batch_id: str, reason: str | None = None, drop: bool = False) -> LeaseState:
+    """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
+
+    ``reason`` is kept on the lease. ``drop``: the trainer cannot use these groups (a poison batch), so
+    they leave the queue as 'dropped' / 'untrainable' with a decision instead of going back to it."""
     lease = _locked(session, batch_id)
+    if lease.status == "active":
+        lease_repo.set_reason(session, batch_id, reason)
+        if drop:
+            lease_repo.drop_held_groups(session, batch_id, reason or "no reason given")
     if lease.status == "nacked":
         return _state(session, lease)
     if lease.status != "active":
@@ -306,6 +313,28 @@ def nack(session: Session, batch_id: str) -> LeaseState:
     lease_repo.release_groups(session, [batch_id])
     _ended(lease, "nacked", lease_repo.end_lease(session, batch_id, "nacked"))
     return _state(session, lease)
+
+
+def extend(session: Session, batch_id: str, lease_seconds: float) -> LeaseState:
+    """Heartbeat: the lease's deadline becomes ``lease_seconds`` from now, while it is active and still
+    holds every one of its groups (409 otherwise: it expired and its groups went back or were re-leased)."""
+    lease = _locked(session, batch_id)
+    if lease.status != "active":
+        raise LeaseConflict(
+            f"batch_id: lease {batch_id} is {lease.status}; it can no longer be extended",
+            detail={"batch_id": batch_id, "status": lease.status},
+        )
+    held = lease_repo.count_held(session, batch_id)
+    if held != lease.n_groups:
+        raise LeaseConflict(f"batch_id: lease {batch_id} holds {held} of its {lease.n_groups} groups",
+                            detail={"batch_id": batch_id, "held": held})
+    set_committed_value(lease, "expires_at", lease_repo.extend_lease(session, batch_id, lease_seconds))
+    return _state(session, lease)
+
+
+def drop_stale(session: Session) -> int:
+    """Ready groups past their curation policy's ``max_staleness`` leave the queue ('dropped', 'stale')."""
+    return lease_repo.drop_stale_ready(session)
 
 
 def state(session: Session, batch_id: str) -> LeaseState:
