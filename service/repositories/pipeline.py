@@ -180,6 +180,27 @@ def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: 
     )
 
 
+def retract_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
+    """Undo ``record_outcomes`` for these groups (a rescore / recurate will record them again): each
+    group's outcome leaves its prompt's recent outcomes (the newest equal entry) and n_groups."""
+    if not rows:
+        return
+    by_prompt: dict[str, list[float]] = {}
+    for pid, mean in rows:
+        by_prompt.setdefault(pid, []).append(mean)
+    stmt = select(Prompt).where(Prompt.id.in_(by_prompt)).order_by(Prompt.id).with_for_update()
+    for p in session.execute(stmt).scalars():
+        recent = [float(x) for x in p.recent_outcomes]
+        for mean in by_prompt[p.id]:
+            hits = [i for i, x in enumerate(recent) if abs(x - mean) < 1e-12]
+            if hits:
+                del recent[hits[-1]]
+        p.recent_outcomes = recent
+        p.n_groups = max(0, p.n_groups - len(by_prompt[p.id]))
+        p.pass_rate = sum(recent) / len(recent) if recent else None
+    session.flush()
+
+
 def trajectory_components(
     session: Session, group_pks: list[int], spec: tuple[str, int]
 ) -> dict[tuple[int, int], dict[str, float | None]]:

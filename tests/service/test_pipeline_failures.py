@@ -206,3 +206,36 @@ def test_reordered_keys_retry_is_the_same_group(api):
     assert api.post("/v1/groups", json=again).status_code == 200
     other = make_group("order", sampling={"top_p": 0.8, "max_tokens": 16, "temperature": 1})
     assert api.post("/v1/groups", json=other).status_code == 409
+
+
+def _exact_spec(api):
+    r = api.post("/v1/reward-specs", json={"name": "exact", "components": [
+        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True}]})
+    assert r.status_code == 201, r.text
+
+
+class TestRescore:
+    def test_rescore_does_not_double_count_pass_rates(self, api, scorer):
+        _exact_spec(api)
+        api.post("/v1/groups", json=make_group("rs", answers=["42", "41", "42", "1"]))
+        drain(api.factory, scorer)
+        with api.factory() as s:
+            before = s.execute(text("SELECT n_groups, pass_rate, recent_outcomes FROM prompts")).one()
+        assert before == (1, 0.5, [0.5])
+        assert api.post("/v1/rescore", json={"reward_spec": "exact"}).json()["groups"] == 1
+        drain(api.factory, scorer)
+        with api.factory() as s:
+            assert s.execute(text("SELECT n_groups, pass_rate, recent_outcomes FROM prompts")).one() == before
+
+    def test_rescore_fences_off_a_worker_scoring_the_old_request(self, api, scorer):
+        _exact_spec(api)
+        api.post("/v1/groups", json=make_group("rf", answers=["42", "41", "42", "1"]))
+        with api.factory.begin() as s:
+            pks = repo.claim_received(s, "old-worker", 10, 600, 10)
+        with api.factory() as s:
+            job = scoring.prepare(s, "old-worker", pks)
+        assert api.post("/v1/rescore", json={"reward_spec": "exact"}).json()["groups"] == 1
+        scoring.score(scorer, job)
+        with api.factory.begin() as s:
+            assert scoring.write(s, job, 10, scoring.Backoff()).fenced == 1
+        assert run_once(api.factory, scorer).ready == 1
