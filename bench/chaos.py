@@ -178,7 +178,7 @@ def build(root: Path) -> Cluster:
         c.api_urls.append(f"http://127.0.0.1:{port}")
         c.procs.append(Proc(f"api{i}", [*py, "service.cli", "serve", "--port", str(port)], env, root / f"api{i}.log"))
     for i in range(2):
-        c.procs.append(Proc(f"worker{i}", [*py, "service.workers.main", "--processes", "1", "--batch", "8"],
+        c.procs.append(Proc(f"worker{i}", [*py, "service.cli", "score-worker", "--processes", "1", "--batch", "8"],
                             {**env, **WORKER_ENV}, root / f"worker{i}.log"))
     urls = ",".join(c.api_urls)
     for i in range(2):
