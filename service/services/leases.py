@@ -68,17 +68,20 @@ class Claim:
     def offer(self, pk: int, n: int, tokens: int) -> Verdict:
         """Take a group of ``n`` deliverable trajectories / ``tokens`` token ids if it fits.
 
-        A group with nothing deliverable is skipped; so is a first group that alone exceeds the budget
-        (it must not block the queue for this trainer). Any later group that does not fit ends the batch.
+        A group with nothing deliverable is skipped. A first group that alone exceeds the budget is
+        delivered alone (the trainer splits it into micro-batches): passing it over would leave it ready
+        forever when every trainer asks for the same budget. Any later group that does not fit ends the
+        batch; a group over the Arrow limit (MAX_LEASE_TOKENS) is never deliverable and is skipped.
         """
         cost = _units(self.kind, 1, n, tokens)
-        if n == 0:
+        if n == 0 or (not self.pks and tokens > MAX_LEASE_TOKENS):
             self.skipped += 1
             return "skipped"
         if self.used() + cost > self.limit or self.tokens + tokens > MAX_LEASE_TOKENS:
             if not self.pks:
-                self.skipped += 1
-                return "skipped"
+                self.pks.append(pk)
+                self.trajectories += n
+                self.tokens += tokens
             return "full"
         self.pks.append(pk)
         self.trajectories += n
@@ -229,7 +232,9 @@ async def lease(
         await run_in_threadpool(session.rollback)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return None
+            if final:
+                return None
+            continue  # the deadline passed during a non-final attempt: one last, final attempt
         await anyio.sleep(min(delay, remaining))
         delay = min(delay * 2, POLL_MAX_S)
         if await disconnected():
