@@ -4,12 +4,10 @@ One loop: lease -> log-probs -> loss -> step -> publish -> checkpoint every `sav
 Under `torchrun` every rank leases its own batch (trainer id `<id>-rank<r>`); a rank that got
 nothing trains on an empty micro-batch (zero loss mask, zero gradient) so the collectives line up,
 and the loss denominators are global, so the update is that of the union of the ranks' batches.
-Crash safety: a batch is acked only once a checkpoint holding its update is written; until then a
-heartbeat keeps its lease alive, and after a crash the lease expires and the groups are delivered
-again to the resumed trainer (trainer.delivery). Policy versions continue from the service's latest
-published version, so a trainer that crashed between a publish and its next checkpoint resumes
-with latest + 1 instead of re-publishing a version (409). A batch the trainer cannot use (no token
-ids, no behaviour logprobs when the loss needs them) is nacked with its reason and dropped.
+Crash safety (trainer.delivery): a batch is acked only once a checkpoint holding its update is written;
+until then a heartbeat keeps its lease alive, and after a crash it expires and is delivered again to the
+resumed trainer. Versions continue from the service's latest published one (no 409 after a crash between
+publish and checkpoint). A batch the trainer cannot use is nacked with its reason and dropped.
 
 Run: `python -m trainer.worker --config trainer.json --set loss.beta=0.04 --set lr=1e-6`,
 or `torchrun --nproc-per-node 8 -m trainer.worker ...`; `--tiny` trains a tiny random model.
