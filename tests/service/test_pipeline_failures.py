@@ -239,3 +239,28 @@ class TestRescore:
         with api.factory.begin() as s:
             assert scoring.write(s, job, 10, scoring.Backoff()).fenced == 1
         assert run_once(api.factory, scorer).ready == 1
+
+
+def test_concurrent_outcome_updates_in_opposite_orders_never_deadlock(api):
+    for pid in ("pa", "pb", "pc"):
+        api.post("/v1/groups", json=make_group(f"g-{pid}", prompt_id=pid))
+    orders = [[("pa", 1.0), ("pb", 0.0), ("pc", 1.0)], [("pc", 0.0), ("pb", 1.0), ("pa", 0.0)]]
+    barrier, errors = threading.Barrier(2), []
+
+    def work(rows):
+        for _ in range(25):
+            barrier.wait()
+            try:
+                with api.factory.begin() as s:
+                    repo.record_outcomes(s, rows)
+            except Exception as exc:  # a deadlock aborts one transaction
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(o,)) for o in orders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with api.factory() as s:
+        assert s.execute(text("SELECT array_agg(n_groups ORDER BY id) FROM prompts")).scalar_one() == [50, 50, 50]
