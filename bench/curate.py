@@ -35,11 +35,11 @@ from reward_models.scoring import Scorer
 from service.app import create_app
 from service.db import get_engine, make_sessionmaker, to_sqlalchemy_url
 from service.migrate import upgrade
-from service.repositories.pipeline import claim_groups
+from service.repositories.pipeline import claim_groups, claim_received
 from service.services import stats
+from service.workers import scoring
 from service.workers.curation import curate
 from service.workers.pipeline import curate_pass
-from service.workers.scoring import score_groups
 
 TARGET_GROUPS_PER_S = 50_000
 # A plausible mix for a math / agent run: mostly answered, some budget cut-offs, few infra failures.
@@ -192,10 +192,14 @@ def _ingest_and_score(url: str, n_groups: int, size: int) -> None:
     with Scorer(processes=1) as scorer:
         while True:
             with factory.begin() as s:
-                groups = claim_groups(s, "received", 512)
-                if not groups:
-                    break
-                score_groups(s, scorer, groups, 3)
+                pks = claim_received(s, "bench", 512, 600.0, 3)
+            if not pks:
+                break
+            with factory() as s:
+                job = scoring.prepare(s, "bench", pks)
+            scoring.score(scorer, job)
+            with factory.begin() as s:
+                scoring.write(s, job, 3, scoring.Backoff())  # scored, not curated: the bench times curation
 
 
 _RESET = (

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from reward_models.base import ComponentResult
+from reward_models.base import ComponentResult, error_result
 from reward_models.registry import KINDS, make_component
 
 
@@ -89,8 +89,16 @@ class ScoredSample:
     outcome: float | None
 
 
+def _finite(r: ComponentResult) -> ComponentResult:
+    """A NaN / inf value is a component error (it would poison totals and advantages), never a score."""
+    if r.value is None or math.isfinite(r.value):
+        return r
+    return error_result(f"non-finite value {r.value!r}", r.details, r.latency_ms)
+
+
 def combine(spec: RewardSpec, results: dict[str, ComponentResult]) -> ScoredSample:
     """Weighted sum ``total = sum_k w_k * r_k`` over the spec's components; missing or errored -> None."""
+    results = {name: _finite(r) for name, r in results.items()}
     values = [results[c.name].value if c.name in results else None for c in spec.components]
     total: float | None = None
     if all(v is not None for v in values):

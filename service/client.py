@@ -187,9 +187,14 @@ class CuratorClient:
         """Consume the batch's groups; 409 (CuratorError) when the lease expired and was taken over."""
         return self._json("POST", f"/v1/batches/{segment(batch_id)}/ack")
 
-    def nack(self, batch_id: str) -> dict[str, Any]:
-        """Give the batch's groups back to the queue."""
-        return self._json("POST", f"/v1/batches/{segment(batch_id)}/nack")
+    def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False) -> dict[str, Any]:
+        """Give the batch's groups back to the queue (``drop``: they cannot be trained on; drop them)."""
+        body = _params(reason=reason, drop=drop or None)
+        return self._json("POST", f"/v1/batches/{segment(batch_id)}/nack", json=body or None)
+
+    def extend(self, batch_id: str, lease_seconds: float) -> dict[str, Any]:
+        """Heartbeat: the lease now expires ``lease_seconds`` from now; 409 once it ended."""
+        return self._json("POST", f"/v1/batches/{segment(batch_id)}/extend", json={"lease_seconds": lease_seconds})
 
     def get_batch(self, batch_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/batches/{segment(batch_id)}")

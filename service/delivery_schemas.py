@@ -59,6 +59,19 @@ class LeaseIn(Strict):
         return name, int(getattr(self, name))
 
 
+class ExtendIn(Strict):
+    """``POST /v1/batches/{batch_id}/extend``: the lease's new deadline, counted from now."""
+
+    lease_seconds: float = Field(gt=0, le=MAX_LEASE_SECONDS)
+
+
+class NackIn(Strict):
+    """``POST /v1/batches/{batch_id}/nack`` (body optional): why, and whether the groups are unusable."""
+
+    reason: str | None = Field(default=None, max_length=2000)
+    drop: bool = Field(default=False, description="the groups cannot be trained on: drop them, do not redeliver")
+
+
 class LeasedTrajectory(BaseModel):
     index: int
     token_ids: list[int] | None

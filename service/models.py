@@ -1,7 +1,8 @@
 """ORM models (SQLAlchemy 2). The schema itself is created only by Alembic migrations.
 
 Lifecycle of a group: received -> scored -> ready | dropped -> leased -> consumed; ``reward_error`` when a
-component kept failing. Token ids / loss masks / log-probs are raw little-endian bytea (see service.arrays).
+component kept failing (or its spec could not be resolved); ``curation_error`` when curation raised for it.
+Token ids / loss masks / log-probs are raw little-endian bytea (see service.arrays).
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ class Group(Base):
     score_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     score_error: Mapped[str | None] = mapped_column(Text)
     retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # backoff after a failed attempt
+    # a score worker's claim (migration 0005): a token unique to the claim, and until when it holds
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     metric_std: Mapped[float | None] = mapped_column(Float)
     outcome_mean: Mapped[float | None] = mapped_column(Float)
     # delivery
@@ -211,6 +215,7 @@ class Lease(Base):
     created_at: Mapped[datetime] = _now()
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str | None] = mapped_column(Text)  # why a trainer nacked it
 
 
 class PolicyState(Base):

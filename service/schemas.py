@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
-GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error")
+GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error")
 
 # Limits of the wire (docs/errors.md). Integers that reach an int4 column are bounded by INT4_MAX; any
 # integer anywhere in a body must fit int64 and any string must be storable (service.wire_checks).

@@ -39,7 +39,12 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = 0.5
     component_timeout_s: float = 10.0
     component_memory_mb: int = 1024
-    max_score_attempts: int = 3
+    # scoring retries (service.workers.pipeline): attempts per group, exponential backoff with jitter
+    # (base * 2**(n-1), capped), and how long a worker's claim on a group holds before others may take it
+    max_score_attempts: int = 10
+    score_backoff_base_s: float = 1.0
+    score_backoff_max_s: float = 300.0
+    score_claim_seconds: float = 600.0
     lease_seconds_default: float = 300.0
     # long polls: waiters per API process (beyond it: 429 + Retry-After), and the periodic re-check
     lease_max_waiters: int = Field(default=1024, ge=0)

@@ -1,12 +1,13 @@
 """`grpo-curator train`: the GRPO trainer worker.
 
-One loop: lease -> log-probs -> loss -> step -> ack -> publish (+ checkpoint every `save_every`).
+One loop: lease -> log-probs -> loss -> step -> publish -> checkpoint every `save_every` -> ack.
 Under `torchrun` every rank leases its own batch (trainer id `<id>-rank<r>`); a rank that got
 nothing trains on an empty micro-batch (zero loss mask, zero gradient) so the collectives line up,
 and the loss denominators are global, so the update is that of the union of the ranks' batches.
-Policy versions continue across restarts: the first version published after resuming from a
-checkpoint saved at version v is v + 1. (A crash between a publish and the next checkpoint
-re-publishes the versions after that checkpoint with new weights.)
+Crash safety (trainer.delivery): a batch is acked only once a checkpoint holding its update is written;
+until then a heartbeat keeps its lease alive, and after a crash it expires and is delivered again to the
+resumed trainer. Versions continue from the service's latest published one (no 409 after a crash between
+publish and checkpoint). A batch the trainer cannot use is nacked with its reason and dropped.
 
 Run: `python -m trainer.worker --config trainer.json --set loss.beta=0.04 --set lr=1e-6`,
 or `torchrun --nproc-per-node 8 -m trainer.worker ...`; `--tiny` trains a tiny random model.
@@ -20,7 +21,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -34,6 +35,16 @@ from trainer.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
+from trainer.delivery import (
+    DeliveryClient,
+    Heartbeat,
+    ack_batches,
+    lease_batch,
+    next_version,
+    publish_version,
+    refuse,
+    unusable,
+)
 from trainer.logprobs import DEFAULT_CHUNK_TOKENS, HeadImpl
 from trainer.loss import LossConfig, check_choice
 from trainer.packing import MicroBatch, PackMode, empty_micro_batch, pack_batch
@@ -44,23 +55,7 @@ from trainer.step import StepConfig, train_step
 log = logging.getLogger(__name__)
 
 
-class LeaseClient(Protocol):
-    """The part of `service.client.CuratorClient` the worker uses."""
-
-    def lease(
-        self,
-        trainer_id: str,
-        *,
-        max_groups: int | None = None,
-        max_trajectories: int | None = None,
-        max_tokens: int | None = None,
-        max_staleness: int | None = None,
-        lease_seconds: float = 300,
-        wait_seconds: float = 0,
-        min_groups: int | None = None,
-    ) -> dict[str, Any] | None: ...
-    def ack(self, batch_id: str) -> dict[str, Any]: ...
-    def publish_policy(self, version: int, metrics: dict[str, Any]) -> dict[str, Any]: ...
+LeaseClient = DeliveryClient
 
 
 @dataclass
@@ -187,7 +182,8 @@ def _sharded(cfg: TrainerConfig, ctx: DistContext) -> bool:
 def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str, Any] | None:
     """This rank's batch (None when nothing was ready within `wait_seconds`)."""
     trainer_id = cfg.trainer_id if ctx.world_size == 1 else f"{cfg.trainer_id}-rank{ctx.rank}"
-    return client.lease(
+    return lease_batch(
+        client,
         trainer_id,
         max_groups=cfg.max_groups,
         max_trajectories=cfg.max_trajectories,
@@ -199,20 +195,23 @@ def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str
     )
 
 
-def ack(client: LeaseClient, batch: dict[str, Any] | None) -> bool:
-    """Ack this rank's batch -> False when the service refused (the lease expired and was re-leased)."""
+def usable(client: LeaseClient, batch: dict[str, Any] | None, cfg: TrainerConfig) -> dict[str, Any] | None:
+    """The batch, or None when it cannot be trained on (then it was nacked with its reason and dropped)."""
     if batch is None:
-        return True
-    from service.client import CuratorError
+        return None
+    reason = unusable(batch, need_logprobs=cfg.old_from_batch)
+    if reason is None:
+        return batch
+    refuse(client, batch, reason)
+    return None
 
-    try:
-        client.ack(batch["batch_id"])
-    except CuratorError as exc:
-        if exc.status_code != 409:
-            raise
-        log.warning("ack of batch %s refused: %s", batch["batch_id"], exc)
-        return False
-    return True
+
+def ack(client: LeaseClient, batch_ids: list[str], heartbeat: Heartbeat) -> bool:
+    """Ack these batches (their updates are durable) and stop their heartbeat -> False if any was refused."""
+    refused = ack_batches(client, batch_ids)
+    heartbeat.release(batch_ids)
+    batch_ids.clear()
+    return refused == 0
 
 
 def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torch.device) -> dict[str, float]:
@@ -275,6 +274,14 @@ def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[Micr
     return mbs or [empty_micro_batch()]
 
 
+def checkpoint(cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState,
+               ctx: DistContext) -> None:
+    """Write the checkpoint (a collective under FSDP) and wait until it is complete on every rank."""
+    assert cfg.checkpoint_dir is not None
+    save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)
+    barrier()
+
+
 def _any_rank(flag: bool, ctx: DistContext) -> bool:
     """True when `flag` holds on at least one rank."""
     return int(all_reduce(torch.tensor(int(flag), device=ctx.device), "sum")) > 0
@@ -297,10 +304,10 @@ def _report(
 
 
 def publish(client: LeaseClient, state: TrainerState, metrics: dict[str, float], ctx: DistContext) -> None:
-    """Rank 0 publishes the new policy version once every rank has acked."""
+    """Rank 0 publishes the new policy version once every rank has stepped."""
     barrier()
     if ctx.is_main:
-        client.publish_policy(state.policy_version, metrics)
+        publish_version(client, state.policy_version, metrics)
         rounded = {k: round(v, 6) for k, v in metrics.items()}
         log.info("policy version %d: %s", state.policy_version, json.dumps(rounded))
 
@@ -311,34 +318,42 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
     -> the metrics published for each update.
     """
     ctx, model, policy, optimizer, state = _setup(cfg)
+    state = TrainerState(next_version(client, state.policy_version), state.step)
     ref = build_reference(cfg, ctx)
     tracked = trackers.from_env(asdict(cfg)) if ctx.is_main else trackers.Trackers([])  # W&B / MLflow / TB
     step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
     history: list[dict[str, float]] = []
+    pending: list[str] = []  # batches trained since the last checkpoint: acked once it is written
     idle = 0
-    while max_steps is None or len(history) < max_steps:
-        batch = lease(client, cfg, ctx)  # lease
-        if not _any_rank(batch is not None, ctx):
-            idle += 1
-            if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
-                break
-            continue
-        idle, t0 = 0, time.perf_counter()
-        mbs = micro_batches(batch, cfg)
-        metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
-        seconds = time.perf_counter() - t0
-        acked = ack(client, batch)  # ack
-        metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
-        if metrics["skipped"]:
-            continue
-        state = TrainerState(state.policy_version + 1, state.step + 1)
-        publish(client, state, metrics, ctx)  # publish
-        tracked.log_step(state.step, metrics, batch)
-        history.append(metrics)
-        if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
-            save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)
-    if cfg.checkpoint_dir and history and state.step % cfg.save_every != 0:
-        save_checkpoint(cfg.checkpoint_dir, model, optimizer, state, ctx.is_main, cfg.keep_checkpoints)
+    with Heartbeat(client, cfg.lease_seconds) as heartbeat:
+        while max_steps is None or len(history) < max_steps:
+            batch = usable(client, lease(client, cfg, ctx), cfg)  # lease
+            if not _any_rank(batch is not None, ctx):
+                idle += 1
+                if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
+                    break
+                continue
+            if batch is not None:
+                heartbeat.hold(batch["batch_id"])
+                pending.append(batch["batch_id"])
+            idle, t0 = 0, time.perf_counter()
+            mbs = micro_batches(batch, cfg)
+            metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
+            seconds = time.perf_counter() - t0
+            acked = ack(client, pending, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
+            metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
+            if metrics["skipped"]:
+                continue
+            state = TrainerState(state.policy_version + 1, state.step + 1)
+            publish(client, state, metrics, ctx)  # publish
+            tracked.log_step(state.step, metrics, batch)
+            history.append(metrics)
+            if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
+                checkpoint(cfg, model, optimizer, state, ctx)
+                ack(client, pending, heartbeat)  # ack: the updates these batches fed are durable
+        if cfg.checkpoint_dir and _any_rank(bool(pending), ctx):  # every rank decides alike (a collective)
+            checkpoint(cfg, model, optimizer, state, ctx)
+            ack(client, pending, heartbeat)
     return history
 
 

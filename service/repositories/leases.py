@@ -16,7 +16,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from service.models import Group, Lease, Trajectory
+from service.models import Decision, Group, Lease, Trajectory
 
 # trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
 DELIVERABLE_ACTIONS = ("keep", "penalize")
@@ -206,3 +206,70 @@ def consume_groups(session: Session, lease_id: str, current_version: int) -> int
         .execution_options(synchronize_session=False)
     )
     return cast(CursorResult[Any], session.execute(stmt)).rowcount or 0
+
+
+# -- heartbeat, trainer refusals, staleness -------------------------------------------------------------
+def extend_lease(session: Session, lease_id: str, lease_seconds: float) -> datetime:
+    """Move an active lease's deadline to ``lease_seconds`` from now (database clock)."""
+    expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
+    stmt = (
+        update(Lease)
+        .where(Lease.id == lease_id, Lease.status == "active")
+        .values(expires_at=expires)
+        .returning(Lease.expires_at)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).scalar_one()
+
+
+def set_reason(session: Session, lease_id: str, reason: str | None) -> None:
+    if reason is not None:
+        session.execute(update(Lease).where(Lease.id == lease_id).values(reason=reason)
+                        .execution_options(synchronize_session=False))
+
+
+def drop_held_groups(session: Session, lease_id: str, reason: str) -> list[int]:
+    """Groups still held by this lease -> 'dropped' ('untrainable'), each with a decision; their pks."""
+    stmt = (
+        update(Group)
+        .where(Group.lease_id == lease_id, Group.status == "leased")
+        .values(status="dropped", drop_reason="untrainable", lease_id=None)
+        .returning(Group.pk)
+        .execution_options(synchronize_session=False)
+    )
+    pks = sorted(session.execute(stmt).scalars())
+    _decisions(session, [(pk, "untrainable", f"untrainable: the trainer refused it: {reason}") for pk in pks])
+    return pks
+
+
+_STALE_SQL = """
+WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM policy_versions),
+stale AS (
+  SELECT g.pk, (c.body->>'max_staleness')::int AS ms, (SELECT v FROM cur) AS v
+    FROM groups g
+    JOIN curation_policies c ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
+   WHERE g.status = 'ready' AND jsonb_typeof(c.body->'max_staleness') = 'number'
+     AND (SELECT v FROM cur) - g.policy_version > (c.body->>'max_staleness')::int
+   ORDER BY g.pk LIMIT :n FOR UPDATE OF g SKIP LOCKED)
+UPDATE groups g SET status = 'dropped', drop_reason = 'stale'
+  FROM stale WHERE g.pk = stale.pk
+RETURNING g.pk, g.policy_version, stale.ms, stale.v
+"""
+
+
+def drop_stale_ready(session: Session, limit: int = 1000) -> int:
+    """Ready groups sampled more than their curation policy's ``max_staleness`` versions behind the
+    latest published policy -> 'dropped' ('stale'), each with a decision. Returns how many."""
+    rows = session.execute(text(_STALE_SQL), {"n": limit}).all()
+    _decisions(session, [
+        (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, max_staleness {ms}")
+        for pk, pv, ms, v in rows
+    ])
+    return len(rows)
+
+
+def _decisions(session: Session, rows: list[tuple[int, str, str]]) -> None:
+    if rows:
+        session.execute(insert(Decision), [
+            {"group_pk": pk, "idx": None, "action": "drop", "rule": rule, "reason": reason} for pk, rule, reason in rows
+        ])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, or_, select, text
@@ -13,8 +13,8 @@ from service.models import Decision, Group, Prompt, Reward, SamplingRequest
 
 
 def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
-    """Lock up to ``limit`` groups in ``status`` that nobody else holds; the lock lives until commit,
-    so two workers never work on the same group and a crashed worker's groups come back by themselves."""
+    """Lock up to ``limit`` groups in ``status`` that nobody else holds, for work done inside this
+    transaction (curation: no outside calls); the lock lives until commit."""
     now = datetime.now(UTC)
     stmt = (
         select(Group)
@@ -25,6 +25,61 @@ def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
         .options(selectinload(Group.trajectories))
     )
     return list(session.execute(stmt).scalars())
+
+
+_CLAIMABLE = (
+    "g.status = 'received' AND (g.retry_at IS NULL OR g.retry_at <= clock_timestamp())"
+    " AND (g.claimed_until IS NULL OR g.claimed_until < clock_timestamp())"
+)
+
+
+def claim_received(session: Session, token: str, limit: int, claim_seconds: float, max_attempts: int) -> list[int]:
+    """Claim up to ``limit`` received groups for scoring outside any transaction: write the claim
+    (``token``, until ``claim_seconds`` from now) and count the attempt now, before the work starts, so a
+    group that kills or hangs its worker runs out of attempts instead of looping. Returns their pks."""
+    rows = session.execute(
+        text(
+            "UPDATE groups SET claimed_by = :token, score_attempts = score_attempts + 1,"
+            " claimed_until = clock_timestamp() + make_interval(secs => :secs)"
+            f" WHERE pk IN (SELECT g.pk FROM groups g WHERE {_CLAIMABLE} AND g.score_attempts < :max"
+            " ORDER BY g.pk LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING pk"
+        ),
+        {"token": token, "secs": claim_seconds, "max": max_attempts, "n": limit},
+    )
+    return sorted(pk for (pk,) in rows)
+
+
+def fail_exhausted(session: Session, max_attempts: int, limit: int = 1000) -> list[tuple[int, int]]:
+    """Received groups whose every attempt was used up by a worker that never wrote back (crashed, hung,
+    killed) -> ``reward_error``; returns (pk, attempts) of each."""
+    rows = session.execute(
+        text(
+            "UPDATE groups SET status = 'reward_error', drop_reason = 'reward_error', claimed_by = NULL,"
+            " claimed_until = NULL, score_error = coalesce(score_error, 'no attempt finished')"
+            f" WHERE pk IN (SELECT g.pk FROM groups g WHERE {_CLAIMABLE} AND g.score_attempts >= :max"
+            " ORDER BY g.pk LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING pk, score_attempts"
+        ),
+        {"max": max_attempts, "n": limit},
+    )
+    return [(pk, n) for pk, n in rows]
+
+
+def load_groups(session: Session, pks: list[int]) -> list[Group]:
+    """Groups (with trajectories) by pk, in pk order, without locks."""
+    stmt = select(Group).where(Group.pk.in_(pks)).order_by(Group.pk).options(selectinload(Group.trajectories))
+    return list(session.execute(stmt).scalars())
+
+
+def lock_claimed(session: Session, pks: list[int], token: str) -> set[int]:
+    """Of ``pks``, the groups still claimed by ``token`` and still 'received', locked for the write. A claim
+    that expired and was taken by another worker has another token: its late results are refused."""
+    stmt = (
+        select(Group.pk)
+        .where(Group.pk.in_(pks), Group.claimed_by == token, Group.status == "received")
+        .order_by(Group.pk)
+        .with_for_update()
+    )
+    return set(session.execute(stmt).scalars())
 
 
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
@@ -102,7 +157,12 @@ def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: 
     """Append each group's outcome mean to its prompt's recent outcomes; pass_rate = their mean."""
     if not rows:
         return
+    rows = sorted(rows)
     ids, means = map(list, zip(*rows, strict=True))
+    # lock the prompt rows in one global order first: two workers never wait on each other in a cycle
+    session.execute(
+        select(Prompt.id).where(Prompt.id.in_(set(ids))).order_by(Prompt.id).with_for_update()
+    ).all()
     last = (
         "(SELECT x, ord FROM jsonb_array_elements(p.recent_outcomes || v.ms) WITH ORDINALITY AS e(x, ord)"
         " ORDER BY ord DESC LIMIT :keep) AS last"
@@ -120,8 +180,25 @@ def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: 
     )
 
 
-def backoff_until(attempts: int) -> datetime:
-    return datetime.now(UTC) + timedelta(seconds=min(60.0, 0.5 * 2**attempts))
+def retract_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
+    """Undo ``record_outcomes`` for these groups (a rescore / recurate will record them again): each
+    group's outcome leaves its prompt's recent outcomes (the newest equal entry) and n_groups."""
+    if not rows:
+        return
+    by_prompt: dict[str, list[float]] = {}
+    for pid, mean in rows:
+        by_prompt.setdefault(pid, []).append(mean)
+    stmt = select(Prompt).where(Prompt.id.in_(by_prompt)).order_by(Prompt.id).with_for_update()
+    for p in session.execute(stmt).scalars():
+        recent = [float(x) for x in p.recent_outcomes]
+        for mean in by_prompt[p.id]:
+            hits = [i for i, x in enumerate(recent) if abs(x - mean) < 1e-12]
+            if hits:
+                del recent[hits[-1]]
+        p.recent_outcomes = recent
+        p.n_groups = max(0, p.n_groups - len(by_prompt[p.id]))
+        p.pass_rate = sum(recent) / len(recent) if recent else None
+    session.flush()
 
 
 def trajectory_components(

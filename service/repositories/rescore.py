@@ -24,9 +24,23 @@ def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, grou
     return stmt
 
 
-def lock_matching(session: Session, **filters: Any) -> list[int]:
-    """Lock the matching groups (so no worker curates them meanwhile) -> their pks."""
-    return list(session.execute(_filtered(select(Group.pk), **filters).with_for_update()).scalars())
+MAX_GROUPS_PER_CALL = 10_000
+
+
+def lock_matching(session: Session, limit: int = MAX_GROUPS_PER_CALL, **filters: Any) -> list[int]:
+    """Lock up to ``limit`` matching groups, in pk order, skipping any a worker or lease holds right now
+    (never waiting on them, and never more rows than one call can handle) -> their pks."""
+    stmt = _filtered(select(Group.pk), **filters).order_by(Group.pk).limit(limit)
+    return list(session.execute(stmt.with_for_update(skip_locked=True)).scalars())
+
+
+def contributed_outcomes(session: Session, pks: list[int]) -> list[tuple[str, float]]:
+    """(prompt_id, outcome_mean) of the curated groups among ``pks`` (what they added to pass rates)."""
+    if not pks:
+        return []
+    stmt = select(Group.prompt_id, Group.outcome_mean).where(
+        Group.pk.in_(pks), Group.curated_at.is_not(None), Group.outcome_mean.is_not(None))
+    return [(pid, float(m)) for pid, m in session.execute(stmt)]
 
 
 def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scores: bool) -> None:

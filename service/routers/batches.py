@@ -1,4 +1,4 @@
-"""Batch delivery: POST /v1/batches/lease (JSON or Arrow IPC), /{batch_id}/ack, /{batch_id}/nack, GET /{batch_id}.
+"""Batch delivery: POST /v1/batches/lease (JSON or Arrow IPC), /{batch_id}/ack, /nack, /extend, GET /{batch_id}.
 
 The session is function-scoped: its transaction commits before the answer is sent, so a trainer never
 holds a batch (or an ack) that was not stored.
@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.arrow import BatchColumns, encode_arrow, encode_json
 from service.auth import SERVICE, TRAINER, VIEWER, KeyDep, allow
-from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut, LeaseIn, LeaseState
+from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut, ExtendIn, LeaseIn, LeaseState, NackIn
 from service.deps import SessionDep, SettingsDep
 from service.services import leases
 
@@ -69,8 +69,19 @@ def ack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState
 
 
 @router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}}, dependencies=[allow(TRAINER, dataset=SERVICE)])
-def nack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState:
-    return leases.nack(session, batch_id, key)
+def nack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep, body: NackIn | None = None) -> LeaseState:
+    body = body or NackIn()
+    return leases.nack(session, batch_id, body.reason, body.drop, key=key)
+
+
+@router.post(
+    "/{batch_id}/extend",
+    response_model=LeaseState,
+    responses={404: {}, 409: {"description": "ended"}},
+    dependencies=[allow(TRAINER, dataset=SERVICE)],
+)
+def extend_batch(batch_id: BatchId, body: ExtendIn, session: SessionDep, key: KeyDep) -> LeaseState:
+    return leases.extend(session, batch_id, body.lease_seconds, key=key)
 
 
 @router.get("/{batch_id}", response_model=LeaseState, responses={404: {}}, dependencies=[allow(TRAINER, VIEWER, dataset=SERVICE)])

@@ -46,12 +46,22 @@ def check_reference(session: Session, prompts: list[tuple[str, PromptIn]]) -> No
                 )
 
 
+def check_refs(session: Session, p: PromptIn, where: str) -> None:
+    """A prompt naming a reward spec or curation policy that does not exist is refused at the door (422
+    naming the field); otherwise every group of it would fail in the worker."""
+    if p.reward_spec is not None:
+        specs.resolve_reward_spec(session, p.reward_spec, f"{where}reward_spec")
+    if p.curation_policy is not None:
+        specs.resolve_curation_policy(session, p.curation_policy, f"{where}curation_policy")
+
+
 def upsert_prompts(session: Session, prompts: list[PromptUpsert]) -> int:
     seen: dict[str, PromptUpsert] = {}
     for i, p in enumerate(prompts):
         if p.id in seen:
             raise BadRequest(f"prompts[{i}].id: duplicate id {p.id!r} in one request")
         seen[p.id] = p
+        check_refs(session, p, f"prompts[{i}].")
     check_reference(session, [(f"prompts[{i}].", p) for i, p in enumerate(prompts)])
     return prompt_repo.upsert_prompts(session, [_prompt_row(p.id, p) for p in prompts])
 
@@ -77,8 +87,30 @@ def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]
     )
 
 
+_ARRAYS = frozenset({"token_ids", "loss_mask", "logprobs"})
+
+
+def _canonical(value: Any) -> Any:
+    """Plain data in one spelling: dict keys sorted, integral floats as ints (1.0 == 1), -0.0 as 0."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
 def body_hash(group: GroupIn) -> str:
-    return hashlib.sha256(group.model_dump_json().encode()).hexdigest()
+    """The idempotency hash of a group: the same content hashes the same, whatever the key order of
+    free-form objects (``sampling``, ``metadata``, ``reference``) or the spelling of a number."""
+    dump = group.model_dump(mode="json")
+    canonical = {k: _canonical(v) for k, v in dump.items() if k != "trajectories"}
+    # token arrays are typed (ints, floats): only the trajectories' free-form parts need the walk
+    canonical["trajectories"] = [
+        {k: v if k in _ARRAYS else _canonical(v) for k, v in t.items()} for t in dump["trajectories"]
+    ]
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_tokens: int) -> None:
@@ -144,6 +176,9 @@ def ingest_groups(
         _check_limits(g, where, max_group_size, max_sequence_tokens)
         if g.prompt is not None:  # before anything is written: a new prompt's dataset must be in scope
             key.check_dataset(g.prompt.dataset, f"{where}prompt.dataset")
+    for i, g in enumerate(groups):
+        if g.prompt is not None:
+            check_refs(session, g.prompt, f"groups[{i}].prompt." if batched else "prompt.")
     check_reference(
         session,
         [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],

@@ -68,17 +68,20 @@ class Claim:
     def offer(self, pk: int, n: int, tokens: int) -> Verdict:
         """Take a group of ``n`` deliverable trajectories / ``tokens`` token ids if it fits.
 
-        A group with nothing deliverable is skipped; so is a first group that alone exceeds the budget
-        (it must not block the queue for this trainer). Any later group that does not fit ends the batch.
+        A group with nothing deliverable is skipped. A first group that alone exceeds the budget is
+        delivered alone (the trainer splits it into micro-batches): passing it over would leave it ready
+        forever when every trainer asks for the same budget. Any later group that does not fit ends the
+        batch; a group over the Arrow limit (MAX_LEASE_TOKENS) is never deliverable and is skipped.
         """
         cost = _units(self.kind, 1, n, tokens)
-        if n == 0:
+        if n == 0 or (not self.pks and tokens > MAX_LEASE_TOKENS):
             self.skipped += 1
             return "skipped"
         if self.used() + cost > self.limit or self.tokens + tokens > MAX_LEASE_TOKENS:
             if not self.pks:
-                self.skipped += 1
-                return "skipped"
+                self.pks.append(pk)
+                self.trajectories += n
+                self.tokens += tokens
             return "full"
         self.pks.append(pk)
         self.trajectories += n
@@ -361,9 +364,18 @@ def ack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
     return _state(session, lease)
 
 
-def nack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
-    """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired."""
+def nack(
+    session: Session, batch_id: str, reason: str | None = None, drop: bool = False, key: Principal = OPEN
+) -> LeaseState:
+    """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
+
+    ``reason`` is kept on the lease. ``drop``: the trainer cannot use these groups (a poison batch), so
+    they leave the queue as 'dropped' / 'untrainable' with a decision instead of going back to it."""
     lease = _locked(session, batch_id, key)
+    if lease.status == "active":
+        lease_repo.set_reason(session, batch_id, reason)
+        if drop:
+            lease_repo.drop_held_groups(session, batch_id, reason or "no reason given")
     if lease.status == "nacked":
         return _state(session, lease)
     if lease.status != "active":
@@ -374,6 +386,28 @@ def nack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
     lease_repo.release_groups(session, [batch_id])
     _ended(lease, "nacked", lease_repo.end_lease(session, batch_id, "nacked"))
     return _state(session, lease)
+
+
+def extend(session: Session, batch_id: str, lease_seconds: float, key: Principal = OPEN) -> LeaseState:
+    """Heartbeat: the lease's deadline becomes ``lease_seconds`` from now, while it is active and still
+    holds every one of its groups (409 otherwise: it expired and its groups went back or were re-leased)."""
+    lease = _locked(session, batch_id, key)
+    if lease.status != "active":
+        raise LeaseConflict(
+            f"batch_id: lease {batch_id} is {lease.status}; it can no longer be extended",
+            detail={"batch_id": batch_id, "status": lease.status},
+        )
+    held = lease_repo.count_held(session, batch_id)
+    if held != lease.n_groups:
+        raise LeaseConflict(f"batch_id: lease {batch_id} holds {held} of its {lease.n_groups} groups",
+                            detail={"batch_id": batch_id, "held": held})
+    set_committed_value(lease, "expires_at", lease_repo.extend_lease(session, batch_id, lease_seconds))
+    return _state(session, lease)
+
+
+def drop_stale(session: Session) -> int:
+    """Ready groups past their curation policy's ``max_staleness`` leave the queue ('dropped', 'stale')."""
+    return lease_repo.drop_stale_ready(session)
 
 
 def state(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:

@@ -1,5 +1,8 @@
 """Re-scoring under a new reward-spec version and re-curation under a new policy version, without new
-rollouts. Earlier rewards stay stored under their spec version and earlier decisions stay in the log."""
+rollouts. Earlier rewards stay stored under their spec version and earlier decisions stay in the log.
+
+One call takes at most ``MAX_GROUPS_PER_CALL`` groups and skips groups that are locked at that moment
+(being curated or leased): call again until it answers ``groups: 0``."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.repositories import pipeline as pipeline_repo
 from service.repositories import rescore as repo
 from service.services import specs, stats
 
@@ -19,7 +23,10 @@ def _requeue(session: Session, values: dict[str, Any], clear_scores: bool, **fil
     """Lock the matching groups, take them out of the statistics, then send them back."""
     pks = repo.lock_matching(session, **filters)
     stats.retract_groups(session, pks)
-    repo.requeue(session, pks, values, clear_scores)
+    pipeline_repo.retract_outcomes(session, repo.contributed_outcomes(session, pks))  # no double counting
+    # clearing the claim fences off a worker still scoring the old request: its write is refused
+    repo.requeue(session, pks, {**values, "claimed_by": None, "claimed_until": None, "outcome_mean": None},
+                 clear_scores)
     return pks
 
 

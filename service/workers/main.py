@@ -13,7 +13,7 @@ from reward_models.scoring import Scorer
 from service.db import get_engine, make_sessionmaker
 from service.metrics import serve_metrics
 from service.settings import Settings, get_settings
-from service.workers.pipeline import run_forever
+from service.workers.pipeline import PipelineConfig, run_forever
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class WorkerThread:
         self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb,
                              judge_endpoints=s.judge_endpoints)
         try:
-            run_forever(self.factory, self.scorer, self.stop, batch=s.worker_batch_groups,
-                        max_attempts=s.max_score_attempts, poll_seconds=s.worker_poll_seconds)
+            run_forever(self.factory, self.scorer, self.stop, PipelineConfig.from_settings(s),
+                        poll_seconds=s.worker_poll_seconds)
         finally:
             self.scorer.close()
 
@@ -72,6 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("score-worker: %d verifier processes, batches of %d groups", args.processes, args.batch)
     with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb,
                 judge_endpoints=settings.judge_endpoints) as scorer:
-        run_forever(factory, scorer, stop, batch=args.batch, max_attempts=settings.max_score_attempts,
-                    poll_seconds=settings.worker_poll_seconds)
+        cfg = PipelineConfig.from_settings(settings, batch=args.batch)
+        run_forever(factory, scorer, stop, cfg, poll_seconds=settings.worker_poll_seconds)
     return 0

@@ -1,25 +1,60 @@
-"""One unit of work each: claim -> score -> curate, in one transaction per batch of groups.
+"""One unit of work each: claim -> score (no transaction open) -> write + curate (one short transaction).
 
-Groups are claimed with ``FOR UPDATE SKIP LOCKED`` and held until commit, so any number of workers on any
-number of machines share the queue, no group is worked on twice, and a crashed worker's groups are simply
-claimed again by the next one.
+- **Claim.** A worker claims received groups by writing a claim token and ``claimed_until`` on them, counts
+  the attempt, and commits. ``FOR UPDATE SKIP LOCKED`` makes concurrent claims disjoint; the claim (not a
+  row lock) keeps others away while the group is scored, so no lock or transaction is held across judge
+  calls or sandbox runs.
+- **Score** with no session. **Write** the results in a short transaction that first re-reads which groups
+  are still claimed by this token: a worker whose claim expired and was taken over writes nothing for
+  those groups (fencing). A crashed worker's groups become claimable again when their claim expires.
+- **Isolation.** Every failure is one group's: a spec that cannot be resolved, component errors, a scorer
+  that raises, a curation that raises -> that group is retried or marked (``reward_error`` /
+  ``curation_error``) with a decision naming the cause, and the worker moves on. Attempts are counted
+  at claim time, so a group that kills its worker runs out of attempts too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from reward_models.scoring import Scorer
 from service.repositories import pipeline as repo
+from service.workers import scoring
 from service.workers.curation import curate
-from service.workers.scoring import score_groups
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How a worker claims, retries and gives up (``Settings`` carries the deployment's values)."""
+
+    batch: int = 32
+    max_attempts: int = 10
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    claim_seconds: float = 600.0
+    worker_id: str = f"{socket.gethostname()}:{os.getpid()}"
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> PipelineConfig:
+        values = {"batch": settings.worker_batch_groups, "max_attempts": settings.max_score_attempts,
+                  "backoff_base_s": settings.score_backoff_base_s, "backoff_max_s": settings.score_backoff_max_s,
+                  "claim_seconds": settings.score_claim_seconds}
+        return cls(**(values | overrides))
+
+    @property
+    def backoff(self) -> scoring.Backoff:
+        return scoring.Backoff(self.backoff_base_s, self.backoff_max_s)
 
 
 @dataclass
@@ -29,64 +64,76 @@ class PassResult:
     failed: int = 0
     ready: int = 0
     dropped: int = 0
+    curation_errors: int = 0
+    fenced: int = 0
 
     @property
     def worked(self) -> int:
-        return self.scored + self.retried + self.failed + self.ready + self.dropped
+        return self.scored + self.retried + self.failed + self.ready + self.dropped + self.curation_errors
+
+    def add(self, other: PassResult) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def score_pass(session: Session, scorer: Scorer, batch: int, max_attempts: int) -> PassResult:
-    """Claim received groups, score them, and curate the ones that scored cleanly."""
-    groups = repo.claim_groups(session, "received", batch)
-    if not groups:
-        return PassResult()
-    out = score_groups(session, scorer, groups, max_attempts)
-    counts = curate(session, out.scored)
-    return PassResult(len(out.scored), out.retried, out.failed, counts.get("ready", 0), counts.get("dropped", 0))
+def _config(cfg: PipelineConfig | None, overrides: dict[str, Any]) -> PipelineConfig:
+    return replace(cfg or PipelineConfig(), **overrides)
+
+
+def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig) -> PassResult:
+    """Claim received groups (commit), score them outside any transaction, write + curate (commit)."""
+    token = f"{cfg.worker_id}:{uuid.uuid4().hex[:12]}"
+    with factory.begin() as session:
+        exhausted = repo.fail_exhausted(session, cfg.max_attempts)
+        scoring.exhausted_decisions(session, exhausted)
+        pks = repo.claim_received(session, token, cfg.batch, cfg.claim_seconds, cfg.max_attempts)
+    if not pks:
+        return PassResult(failed=len(exhausted))
+    with factory() as session:  # a short read; closed (no transaction) before scoring starts
+        job = scoring.prepare(session, token, pks)
+    scoring.score(scorer, job)
+    with factory.begin() as session:
+        out = scoring.write(session, job, cfg.max_attempts, cfg.backoff)
+        counts = curate(session, out.scored)
+    return PassResult(len(out.scored), out.retried, out.failed + len(exhausted), counts.get("ready", 0),
+                      counts.get("dropped", 0), counts.get("curation_error", 0), out.fenced)
 
 
 def curate_pass(session: Session, batch: int) -> PassResult:
-    """Claim groups left 'scored' (a re-curation) and curate them."""
+    """Claim groups left 'scored' (a re-curation) and curate them (no outside calls: one transaction)."""
     counts = curate(session, repo.claim_groups(session, "scored", batch))
-    return PassResult(ready=counts.get("ready", 0), dropped=counts.get("dropped", 0))
+    return PassResult(ready=counts.get("ready", 0), dropped=counts.get("dropped", 0),
+                      curation_errors=counts.get("curation_error", 0))
 
 
-def run_once(factory: sessionmaker[Session], scorer: Scorer, batch: int = 32, max_attempts: int = 3) -> PassResult:
-    """One pass of every stage, each in its own transaction."""
+def run_once(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig | None = None,
+             **overrides: Any) -> PassResult:
+    """One pass of every stage. ``overrides``: PipelineConfig fields (``batch=4, max_attempts=3``)."""
+    cfg = _config(cfg, overrides)
+    result = score_pass(factory, scorer, cfg)
     with factory.begin() as session:
-        result = score_pass(session, scorer, batch, max_attempts)
+        result.add(curate_pass(session, cfg.batch * 8))
     with factory.begin() as session:
-        cur = curate_pass(session, batch * 8)
-    result.ready += cur.ready
-    result.dropped += cur.dropped
-    with factory.begin() as session:
-        _reap(session)
+        _maintain(session)
     return result
 
 
-def _reap(session: Session) -> None:
-    """Expired leases go back to ready (the delivery module owns the rule)."""
-    try:
-        from service.services.leases import reap_expired
-    except ImportError:  # delivery not installed in this build
-        return
+def _maintain(session: Session) -> None:
+    """Expired leases go back to ready; ready groups past their policy's staleness leave the queue."""
+    from service.services.leases import drop_stale, reap_expired
+
     reap_expired(session)
+    drop_stale(session)
 
 
-def run_forever(
-    factory: sessionmaker[Session],
-    scorer: Scorer,
-    stop: threading.Event,
-    *,
-    batch: int = 32,
-    max_attempts: int = 3,
-    poll_seconds: float = 0.5,
-) -> None:
+def run_forever(factory: sessionmaker[Session], scorer: Scorer, stop: threading.Event,
+                cfg: PipelineConfig | None = None, *, poll_seconds: float = 0.5, **overrides: Any) -> None:
     """Loop until ``stop`` is set; sleeps ``poll_seconds`` only when a pass found nothing to do."""
+    cfg = _config(cfg, overrides)
     while not stop.is_set():
         try:
-            result = run_once(factory, scorer, batch, max_attempts)
-        except Exception:  # a bad batch must not kill the worker; its transaction rolled back
+            result = run_once(factory, scorer, cfg)
+        except Exception:  # the database went away, say; every group-level failure is handled inside
             log.exception("worker pass failed; retrying")
             stop.wait(poll_seconds * 4)
             continue
@@ -96,15 +143,16 @@ def run_forever(
             stop.wait(poll_seconds)
 
 
-def drain(factory: sessionmaker[Session], scorer: Scorer, *, batch: int = 32, max_attempts: int = 3,
-          timeout_s: float = 60.0) -> PassResult:
-    """Run passes until nothing is left to do (tests, demo, benchmarks). Retries wait for their backoff."""
+def drain(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig | None = None, *,
+          timeout_s: float = 60.0, **overrides: Any) -> PassResult:
+    """Run passes until two in a row find nothing to do, or ``timeout_s`` (tests, demo, benchmarks).
+    Groups waiting for a retry's backoff are not waited for."""
+    cfg = _config(cfg, overrides)
     total = PassResult()
     deadline = time.monotonic() + timeout_s
     idle = 0
     while time.monotonic() < deadline and idle < 2:
-        r = run_once(factory, scorer, batch, max_attempts)
-        for f in ("scored", "retried", "failed", "ready", "dropped"):
-            setattr(total, f, getattr(total, f) + getattr(r, f))
+        r = run_once(factory, scorer, cfg)
+        total.add(r)
         idle = 0 if r.worked else idle + 1
     return total

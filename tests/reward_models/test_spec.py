@@ -161,3 +161,13 @@ def test_component_result_value_xor_error() -> None:
         ComponentResult(value=None, details={})
     with pytest.raises(ValueError):
         ComponentResult(value=1.0, details={}, error="boom")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_component_value_is_an_error_never_a_score(bad: float) -> None:
+    s = spec({"name": "m", "kind": "verifier.math"}, {"name": "t", "kind": "rule.turns", "params": {"max_turns": 4}})
+    scored = combine(s, {"m": ok(bad), "t": ok(1.0)})
+    assert scored.total is None and scored.outcome is None
+    assert scored.components["m"].value is None and "non-finite" in (scored.components["m"].error or "")
+    assert scored.components["t"].value == 1.0
+    assert combine(s, {"m": ok(0.0), "t": ok(1.0)}).total == pytest.approx(1.0)  # finite values untouched

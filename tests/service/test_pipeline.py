@@ -117,7 +117,7 @@ class TestScoreAndCurate:
 
 
 class TestFailures:
-    def test_component_error_retries_then_reward_error(self, api, scorer):
+    def test_component_error_on_last_attempt_goes_to_curation_reward_error_action(self, api, scorer):
         # a code verifier with no tests in the reference cannot decide -> error, never 0
         api.post("/v1/reward-specs", json={"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]})
         # ingest refuses a prompt without the tests its spec needs; one posted before the dataset got the
@@ -128,7 +128,9 @@ class TestFailures:
             s.execute(text("UPDATE groups SET score_attempts = 2"))
         run_once(api.factory, scorer, max_attempts=3)
         g = api.get("/v1/groups/noref").json()
-        assert g["status"] == "reward_error" and g["score_error"]
+        # the policy's reward_error action ("drop" the member) drops every member, so the group goes too
+        assert g["status"] == "dropped" and g["score_error"]
+        assert [(t["action"], t["reason"]) for t in g["trajectories"]] == [("drop", "reward_error")] * 4
         assert all(t["total_reward"] is None for t in g["trajectories"])
         assert all(t["rewards"]["tests"]["error"] and t["rewards"]["tests"]["value"] is None for t in g["trajectories"])
 

@@ -1,0 +1,266 @@
+"""The score / curate worker under poison and failure, on a real PostgreSQL: one bad group never stops the
+others, a claim that expired cannot be written back, retries outlast an outage, the policy's per-member
+``reward_error`` action applies, and a group that kills its worker runs out of attempts."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select, text
+
+from reward_models.scoring import Scorer
+from service.db import get_engine, make_sessionmaker
+from service.models import Decision, Group, Reward
+from service.repositories import pipeline as repo
+from service.workers import scoring
+from service.workers.pipeline import PipelineConfig, drain, run_once
+from tests.helpers import make_group
+from tests.reward_models.conftest import FakeOpenAIServer
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    with Scorer(processes=1, timeout_s=20) as s:
+        yield s
+
+
+@pytest.fixture
+def api(fresh_db):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    with TestClient(create_app(database_url=fresh_db)) as c:
+        c.factory = make_sessionmaker(get_engine(fresh_db))
+        yield c
+
+
+@pytest.fixture
+def judge():
+    server = FakeOpenAIServer()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _judge_spec(api, judge, name="judged"):
+    params = {"base_url": judge.base_url, "model": "fake", "max_retries": 0, "cache_size": 0, "timeout_s": 5}
+    r = api.post("/v1/reward-specs", json={"name": name, "components": [
+        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True, "params": params}]})
+    assert r.status_code == 201, r.text
+
+
+def _status(api, gid):
+    return api.get(f"/v1/groups/{gid}").json()
+
+
+def _decisions(api, rule):
+    with api.factory() as s:
+        return list(s.execute(select(Decision.group_pk, Decision.reason).where(Decision.rule == rule)))
+
+
+class TestPoisonAmongGood:
+    def test_spec_that_vanished_is_one_groups_reward_error(self, api, scorer):
+        for i in range(3):
+            api.post("/v1/groups", json=make_group(f"good-{i}", prompt_id=f"p{i}", answers=["42", "41", "42", "1"]))
+        api.post("/v1/groups", json=make_group("ghost", prompt_id="pg", answers=["42", "41", "42", "1"]))
+        with api.factory.begin() as s:  # stored before specs were checked at the door
+            s.execute(text("UPDATE prompts SET reward_spec = 'no-such-spec' WHERE id = 'pg'"))
+        drain(api.factory, scorer, batch=8)
+        assert [_status(api, f"good-{i}")["status"] for i in range(3)] == ["ready"] * 3
+        assert _status(api, "ghost")["status"] == "reward_error"
+        [(_, reason)] = _decisions(api, "reward_error")
+        assert "no-such-spec" in reason
+
+    def test_unknown_spec_is_refused_at_the_door_and_nothing_stored(self, api):
+        group = make_group("door")
+        group["prompt"]["reward_spec"] = "no-such-spec"
+        r = api.post("/v1/groups", json=group)
+        assert r.status_code == 422 and "prompt.reward_spec" in r.text
+        r = api.post("/v1/prompts", json={"prompts": [{"id": "x", "dataset": "d", "messages": [],
+                                                       "reference": {}, "curation_policy": "nope"}]})
+        assert r.status_code == 422 and "prompts[0].curation_policy" in r.text
+        with api.factory() as s:
+            assert s.scalar(select(func.count()).select_from(Group)) == 0
+            assert s.scalar(text("SELECT count(*) FROM prompts")) == 0
+
+    def test_policy_metric_the_spec_lacks_is_one_groups_curation_error(self, api, scorer):
+        r = api.post("/v1/curation-policies", json={"name": "bad", "zero_variance": {"metric": "nosuch"}})
+        assert r.status_code == 201, r.text
+        api.put("/v1/datasets/badds", json={"curation_policy": "bad"})
+        api.post("/v1/groups", json=make_group("good", prompt_id="p1", answers=["42", "41", "42", "1"]))
+        api.post("/v1/groups", json=make_group("bad", prompt_id="p2", dataset="badds", answers=["42", "41", "42", "1"]))
+        result = drain(api.factory, scorer, batch=8)
+        assert _status(api, "good")["status"] == "ready"
+        assert _status(api, "bad")["status"] == "curation_error" and result.curation_errors == 1
+        [(_, reason)] = _decisions(api, "curation_error")
+        assert "nosuch" in reason
+
+    def test_token_less_group_never_reaches_a_trainer(self, api, scorer):
+        bare = make_group("bare", prompt_id="pb", answers=["42", "41", "42", "1"])
+        for t in bare["trajectories"][1:2]:
+            del t["token_ids"], t["loss_mask"], t["logprobs"]
+        api.post("/v1/groups", json=bare)
+        api.post("/v1/groups", json=make_group("ok", prompt_id="po", answers=["42", "41", "42", "1"]))
+        drain(api.factory, scorer)
+        g = _status(api, "bare")
+        assert (g["status"], g["drop_reason"]) == ("dropped", "untrainable")
+        [(_, reason)] = _decisions(api, "untrainable")
+        assert "trajectory 1" in reason and "token_ids" in reason
+        batch = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10}).json()
+        assert [grp["id"] for grp in batch["groups"]] == ["ok"]
+
+
+class TestClaims:
+    def test_expired_claim_taken_over_cannot_write(self, api, scorer):
+        api.post("/v1/groups", json=make_group("fenced", answers=["42", "41", "42", "1"]))
+        with api.factory.begin() as s:
+            pks = repo.claim_received(s, "worker-A", 10, 0.2, 10)
+        with api.factory() as s:
+            job_a = scoring.prepare(s, "worker-A", pks)
+        time.sleep(0.3)  # A's claim expires while it "scores"; B claims and finishes the group
+        assert run_once(api.factory, scorer).ready == 1
+        with api.factory() as s:
+            rewards_before = s.scalar(select(func.count()).select_from(Reward))
+        scoring.score(scorer, job_a)
+        with api.factory.begin() as s:
+            out = scoring.write(s, job_a, 10, scoring.Backoff())
+        assert (out.fenced, out.scored, out.retried) == (1, [], 0)
+        with api.factory() as s:
+            g = s.execute(select(Group)).scalar_one()
+            assert (g.status, g.score_attempts, g.claimed_by) == ("ready", 2, None)
+            assert s.scalar(select(func.count()).select_from(Reward)) == rewards_before
+
+    def test_live_claim_keeps_other_workers_off(self, api, scorer):
+        api.post("/v1/groups", json=make_group("held"))
+        with api.factory.begin() as s:
+            assert repo.claim_received(s, "A", 10, 60, 10)
+        assert run_once(api.factory, scorer).worked == 0
+        with api.factory() as s:
+            assert s.execute(select(Group.status)).scalar_one() == "received"
+
+    def test_group_that_kills_its_worker_runs_out_of_attempts(self, api, scorer):
+        api.post("/v1/groups", json=make_group("killer"))
+        for n in range(3):  # three workers claim it and die before writing anything
+            with api.factory.begin() as s:
+                assert repo.claim_received(s, f"dead-{n}", 10, 0.05, 3)
+            time.sleep(0.1)
+        result = run_once(api.factory, scorer, max_attempts=3)
+        g = _status(api, "killer")
+        assert g["status"] == "reward_error" and result.failed == 1
+        [(_, reason)] = _decisions(api, "reward_error")
+        assert "3 attempt" in reason
+
+
+class TestRetries:
+    def test_backoff_grows_with_jitter_and_reaches_the_cap(self):
+        b = scoring.Backoff(base_s=1.0, max_s=300.0)
+        for n, cap in [(1, 1.0), (2, 2.0), (5, 16.0), (9, 256.0), (10, 300.0), (40, 300.0)]:
+            delays = [b.delay(n) for _ in range(200)]
+            assert cap / 2 <= min(delays) and max(delays) <= cap and len(set(delays)) > 1
+
+    def test_judge_down_longer_than_the_old_retry_window_recovers(self, api, scorer, judge):
+        up_at = time.monotonic() + 4.0  # the old schedule (1 s, 2 s, then reward_error) gave up at ~3 s
+        judge.default = lambda body: ("status", 503) if time.monotonic() < up_at else (
+            ("answer", "Score: 9") if "boxed{42}" in body["messages"][-1]["content"] else ("answer", "Score: 1"))
+        _judge_spec(api, judge)
+        api.put("/v1/datasets/toy", json={"reward_spec": "judged"})
+        api.post("/v1/groups", json=make_group("outage", answers=["42", "41", "42", "1"]))
+        cfg = PipelineConfig(backoff_base_s=0.25, backoff_max_s=2.0, max_attempts=12)
+        deadline = time.monotonic() + 40
+        while _status(api, "outage")["status"] == "received" and time.monotonic() < deadline:
+            run_once(api.factory, scorer, cfg)
+            time.sleep(0.05)
+        g = _status(api, "outage")
+        assert g["status"] == "ready", (g["drop_reason"], g["score_error"], g["trajectories"], g["decisions"])
+        assert [t["action"] for t in g["trajectories"]] == ["keep"] * 4
+
+    @pytest.mark.parametrize(("action", "status", "actions"), [
+        ("drop", "ready", ["keep", "drop", "keep", "keep"]),
+        ("drop_group", "dropped", ["drop"] * 4),
+    ])
+    def test_per_member_reward_error_action(self, api, scorer, judge, action, status, actions):
+        judge.default = lambda body: ("status", 500) if "BOOM" in body["messages"][-1]["content"] else (
+            ("answer", "Score: 9") if "boxed{42}" in body["messages"][-1]["content"] else ("answer", "Score: 1"))
+        _judge_spec(api, judge)
+        r = api.post("/v1/curation-policies", json={"name": "p", "reward_error": action})
+        assert r.status_code == 201, r.text
+        api.put("/v1/datasets/toy", json={"reward_spec": "judged", "curation_policy": "p"})
+        api.post("/v1/groups", json=make_group("member", answers=["42", "BOOM", "42", "1"]))
+        drain(api.factory, scorer, max_attempts=1)
+        g = _status(api, "member")
+        assert g["status"] == status
+        assert [t["action"] for t in g["trajectories"]] == actions
+        assert g["trajectories"][1]["reason"] == "reward_error" and g["trajectories"][1]["total_reward"] is None
+        assert g["trajectories"][0]["total_reward"] is not None
+
+
+def test_reordered_keys_retry_is_the_same_group(api):
+    first = make_group("order", sampling={"temperature": 1.0, "max_tokens": 16, "top_p": 0.9})
+    again = make_group("order", sampling={"top_p": 0.9, "max_tokens": 16, "temperature": 1})
+    assert api.post("/v1/groups", json=first).status_code == 201
+    assert api.post("/v1/groups", json=again).status_code == 200
+    other = make_group("order", sampling={"top_p": 0.8, "max_tokens": 16, "temperature": 1})
+    assert api.post("/v1/groups", json=other).status_code == 409
+
+
+def _exact_spec(api):
+    r = api.post("/v1/reward-specs", json={"name": "exact", "components": [
+        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True}]})
+    assert r.status_code == 201, r.text
+
+
+class TestRescore:
+    def test_rescore_does_not_double_count_pass_rates(self, api, scorer):
+        _exact_spec(api)
+        api.post("/v1/groups", json=make_group("rs", answers=["42", "41", "42", "1"]))
+        drain(api.factory, scorer)
+        with api.factory() as s:
+            before = s.execute(text("SELECT n_groups, pass_rate, recent_outcomes FROM prompts")).one()
+        assert before == (1, 0.5, [0.5])
+        assert api.post("/v1/rescore", json={"reward_spec": "exact"}).json()["groups"] == 1
+        drain(api.factory, scorer)
+        with api.factory() as s:
+            assert s.execute(text("SELECT n_groups, pass_rate, recent_outcomes FROM prompts")).one() == before
+
+    def test_rescore_fences_off_a_worker_scoring_the_old_request(self, api, scorer):
+        _exact_spec(api)
+        api.post("/v1/groups", json=make_group("rf", answers=["42", "41", "42", "1"]))
+        with api.factory.begin() as s:
+            pks = repo.claim_received(s, "old-worker", 10, 600, 10)
+        with api.factory() as s:
+            job = scoring.prepare(s, "old-worker", pks)
+        assert api.post("/v1/rescore", json={"reward_spec": "exact"}).json()["groups"] == 1
+        scoring.score(scorer, job)
+        with api.factory.begin() as s:
+            assert scoring.write(s, job, 10, scoring.Backoff()).fenced == 1
+        assert run_once(api.factory, scorer).ready == 1
+
+
+def test_concurrent_outcome_updates_in_opposite_orders_never_deadlock(api):
+    for pid in ("pa", "pb", "pc"):
+        api.post("/v1/groups", json=make_group(f"g-{pid}", prompt_id=pid))
+    orders = [[("pa", 1.0), ("pb", 0.0), ("pc", 1.0)], [("pc", 0.0), ("pb", 1.0), ("pa", 0.0)]]
+    barrier, errors = threading.Barrier(2), []
+
+    def work(rows):
+        for _ in range(25):
+            barrier.wait()
+            try:
+                with api.factory.begin() as s:
+                    repo.record_outcomes(s, rows)
+            except Exception as exc:  # a deadlock aborts one transaction
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(o,)) for o in orders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with api.factory() as s:
+        assert s.execute(text("SELECT array_agg(n_groups ORDER BY id) FROM prompts")).scalar_one() == [50, 50, 50]
