@@ -10,8 +10,9 @@ process tree is SIGKILLed at the deadline), so this component runs in threads, n
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -47,6 +48,13 @@ class CodeVerifier(RewardComponent):
 
     kind = "verifier.code"
     reference_fields = ("tests",)
+
+    @staticmethod
+    def reference_problem(reference: Mapping[str, Any]) -> tuple[str, str] | None:
+        tests = reference.get("tests")
+        if not isinstance(tests, str) or not tests.strip():
+            return "tests", "must be non-empty Python source (a string)"
+        return None
     Params = CodeParams
 
     def _limits(self) -> SandboxLimits:
