@@ -36,7 +36,7 @@ def _check_component(index: int, spec: ComponentSpec) -> None:
     if spec.kind not in KINDS:
         raise ValueError(f"{where}.kind: unknown kind {spec.kind!r}; valid: {', '.join(sorted(KINDS))}")
     if not (math.isfinite(spec.weight) and abs(spec.weight) <= MAX_REWARD_MAGNITUDE):
-        raise ValueError(f"{where}.weight: must be a number from -1e6 to 1e6, got {spec.weight}")
+        raise ValueError(f"{where}.weight: must be finite and within [-1e6, 1e6], got {spec.weight}")
     try:
         make_component(spec.kind, spec.params)
     except ValueError as exc:
