@@ -41,6 +41,8 @@ def answer_problem(reference: Mapping[str, Any]) -> tuple[str, str] | None:
     non-blank string or a number. (Math answers are not parsed here: parsing runs sympy, whose time
     on a hostile answer is unbounded; the scorer parses them under its deadline.)"""
     answer = reference.get("answer")
+    if answer is None:
+        return "answer", "missing"
     answers = answer if isinstance(answer, list) else [answer]
     if not answers:
         return "answer", "must be a non-empty string or number, or a non-empty list of them; got []"
