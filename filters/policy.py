@@ -5,7 +5,7 @@ field it is about (pydantic's `loc`).
 
 from __future__ import annotations
 
-from typing import Self, cast
+from typing import Annotated, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
@@ -23,6 +23,11 @@ from filters.types import (
 )
 
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
+# Every float has an upper bound, so no product or sum of them (with rewards, token counts) overflows.
+MAX_MAGNITUDE = 1e6  # eps, penalty, curriculum thresholds
+MAX_RESAMPLE_MULTIPLIER = 16.0
+MAX_OVERLONG_TOKENS = 2**31 - 1  # a token count (an int4 max_tokens)
+PassRate = Annotated[StrictFloat, Field(ge=0, le=1)]
 
 
 class ZeroVarianceSpec(BaseModel):
@@ -31,10 +36,10 @@ class ZeroVarianceSpec(BaseModel):
     model_config = _CONFIG
 
     metric: str = Field(default="outcome", min_length=1, max_length=128)
-    eps: float = Field(default=1e-6, ge=0)
+    eps: float = Field(default=1e-6, ge=0, le=MAX_MAGNITUDE)
     action: ZeroVarianceAction = "drop"
     # strict=False: JSON has no tuples, so a list is the wire form of the pair (each still a number)
-    pass_rate_band: tuple[StrictFloat, StrictFloat] | None = Field(default=None, strict=False)
+    pass_rate_band: tuple[PassRate, PassRate] | None = Field(default=None, strict=False)
 
     @field_validator("pass_rate_band")
     @classmethod
@@ -51,7 +56,7 @@ class AdvantageSpec(BaseModel):
 
     estimator: Estimator = "grpo"
     std: StdKind = "population"
-    eps: float = Field(default=1e-6, ge=0)
+    eps: float = Field(default=1e-6, ge=0, le=MAX_MAGNITUDE)
 
 
 class CurriculumSpec(BaseModel):
@@ -60,8 +65,8 @@ class CurriculumSpec(BaseModel):
     model_config = _CONFIG
 
     k: int = Field(default=3, ge=1)
-    solved: float = 1.0
-    failed: float = 0.0
+    solved: float = Field(default=1.0, ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)
+    failed: float = Field(default=0.0, ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)
     low_priority: float = Field(default=0.1, ge=0, le=1)
 
     @model_validator(mode="after")
@@ -88,9 +93,9 @@ class CurationPolicySpec(BaseModel):
     max_staleness: int | None = Field(default=None, ge=0)
     min_group_size: int = Field(default=2, ge=1)
     advantage: AdvantageSpec = AdvantageSpec()
-    overlong_buffer: float = Field(default=0.2, ge=0)
-    penalty: float = -1.0
-    resample_budget_multiplier: float = Field(default=2.0, ge=1)
+    overlong_buffer: float = Field(default=0.2, ge=0, le=MAX_OVERLONG_TOKENS)
+    penalty: float = Field(default=-1.0, ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)
+    resample_budget_multiplier: float = Field(default=2.0, ge=1, le=MAX_RESAMPLE_MULTIPLIER)
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumSpec = CurriculumSpec()
     soft_overlong: bool = Field(default=False, strict=True)

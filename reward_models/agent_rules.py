@@ -10,7 +10,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import Field, field_validator
 
-from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.base import BoundedFloat, ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
 from reward_models.text import assistant_text, tool_calls
 
 _MAX_LISTED_ERRORS = 20
@@ -63,7 +63,7 @@ def call_problem(call: dict, validators: dict[str, Any]) -> str | None:
 class ToolCallParams(ParamsModel):
     tools: list[dict] | None = None
     mode: Literal["fraction", "all"] = "fraction"
-    no_calls_value: float = 1.0
+    no_calls_value: BoundedFloat = 1.0
 
     @field_validator("tools")
     @classmethod

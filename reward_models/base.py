@@ -11,11 +11,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FinishReason = str  # stop | length | max_turns | tool_error | env_error | timeout | aborted
+
+# Every user-supplied number that scales a reward (weights, fixed values, score ranges) lies within
+# +-MAX_REWARD_MAGNITUDE: sums of products of such numbers stay finite, so no input reaches inf/NaN.
+MAX_REWARD_MAGNITUDE = 1e6
+BoundedFloat = Annotated[float, Field(ge=-MAX_REWARD_MAGNITUDE, le=MAX_REWARD_MAGNITUDE, allow_inf_nan=False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,16 @@ class RewardComponent(ABC):
     # the ``reference`` fields a prompt must carry to be scored (checked at ingest)
     reference_fields: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[BaseModel]] = NoParams
+
+    @classmethod
+    def reference_problem(cls, reference: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(field, what is wrong) when ``reference`` cannot be scored by this kind, else None (checked
+        at ingest). Default: every one of ``reference_fields`` is present and not empty."""
+        for name in cls.reference_fields:
+            value = reference.get(name)
+            if value is None or (not value.strip() if isinstance(value, str) else value in ([], {})):
+                return name, "missing or empty"
+        return None
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params: Any = parse_params(self.Params, self.kind, params or {})

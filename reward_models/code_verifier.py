@@ -18,6 +18,7 @@ each pool worker keeps warm sandboxes, and a hung harness is killed with its wor
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -85,6 +86,13 @@ class CodeVerifier(RewardComponent):
     kind = "verifier.code"
     cpu_heavy = True
     reference_fields = ("tests",)
+
+    @staticmethod
+    def reference_problem(reference: Mapping[str, Any]) -> tuple[str, str] | None:
+        tests = reference.get("tests")
+        if not isinstance(tests, str) or not tests.strip():
+            return "tests", "must be non-empty Python source (a string)"
+        return None
     Params = CodeParams
 
     def deadline_s(self) -> float:

@@ -27,6 +27,7 @@ import httpx
 from pydantic import Field, field_validator, model_validator
 
 from reward_models.base import (
+    BoundedFloat,
     ComponentError,
     ComponentResult,
     ParamsModel,
@@ -69,8 +70,8 @@ class LLMJudgeParams(ParamsModel):
     rubric: str = DEFAULT_RUBRIC
     system: str | None = None
     score_regex: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
-    min_score: float = 0.0
-    max_score: float = 10.0
+    min_score: BoundedFloat = 0.0
+    max_score: BoundedFloat = 10.0
     temperature: float = Field(default=0.0, ge=0.0)
     max_tokens: int = Field(default=512, ge=1)
     cache_size: int = Field(default=10_000, ge=0)

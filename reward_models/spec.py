@@ -6,13 +6,17 @@ Versioning (immutable once used) is the service's job; a spec here is the conten
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from reward_models.base import ComponentResult, error_result
+from reward_models.base import MAX_REWARD_MAGNITUDE, ComponentResult, error_result
 from reward_models.registry import KINDS, make_component
+
+# any characters except control characters and '@' ("name@3" refers to version 3 of "name")
+NAME_PATTERN = r"^[^@\x00-\x1f\x7f-\x9f]+$"
 
 
 class ComponentSpec(BaseModel):
@@ -31,8 +35,8 @@ def _check_component(index: int, spec: ComponentSpec) -> None:
     where = f"components[{index}]"
     if spec.kind not in KINDS:
         raise ValueError(f"{where}.kind: unknown kind {spec.kind!r}; valid: {', '.join(sorted(KINDS))}")
-    if not math.isfinite(spec.weight):
-        raise ValueError(f"{where}.weight: must be finite, got {spec.weight}")
+    if not (math.isfinite(spec.weight) and abs(spec.weight) <= MAX_REWARD_MAGNITUDE):
+        raise ValueError(f"{where}.weight: must be finite and within [-1e6, 1e6], got {spec.weight}")
     try:
         make_component(spec.kind, spec.params)
     except ValueError as exc:
@@ -44,7 +48,7 @@ class RewardSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
+    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     components: list[ComponentSpec]
 
     @field_validator("components")
@@ -70,6 +74,15 @@ class RewardSpec(BaseModel):
             for field in KINDS[c.kind].reference_fields:
                 needs.setdefault(field, []).append(c.name)
         return needs
+
+    def reference_problem(self, reference: Mapping[str, Any]) -> tuple[str, str, str] | None:
+        """(field, what is wrong, component) of the first component that could not score a prompt
+        with this ``reference`` (each kind checks its own fields), else None."""
+        for c in self.components:
+            problem = KINDS[c.kind].reference_problem(reference)
+            if problem is not None:
+                return (*problem, c.name)
+        return None
 
     def outcome_name(self) -> str | None:
         """The outcome component: the one marked, else the first ``verifier.*``, else None."""

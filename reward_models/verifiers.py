@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import jsonschema
@@ -43,6 +44,23 @@ def reference_answers(prompt: PromptInfo) -> list[str]:
     return [str(a) for a in answers]
 
 
+def answer_problem(reference: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What ``reference_answers`` cannot use: no answer, an empty list, or an item that is not a
+    non-blank string or a number. (Math answers are not parsed here: parsing runs sympy, whose time
+    on a hostile answer is unbounded; the scorer parses them under its deadline.)"""
+    answer = reference.get("answer")
+    if answer is None:
+        return "answer", "missing"
+    answers = answer if isinstance(answer, list) else [answer]
+    if not answers:
+        return "answer", "must be a non-empty string or number, or a non-empty list of them; got []"
+    for i, a in enumerate(answers):
+        where = f"answer[{i}]" if isinstance(answer, list) else "answer"
+        if a is None or isinstance(a, bool) or not isinstance(a, str | int | float) or not str(a).strip():
+            return where, f"must be a non-empty string or a number; got {json.dumps(a)[:40]}"
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(answer: str) -> tuple[Any, ...]:
     from math_verify import parse
@@ -65,6 +83,7 @@ class MathVerifier(RewardComponent):
 
     kind = "verifier.math"
     reference_fields = ("answer",)
+    reference_problem = staticmethod(answer_problem)
     cpu_heavy = True
     Params = MathParams
 
@@ -124,6 +143,7 @@ def extract_answer(text: str, regex: UserPattern | None) -> str | None:
 
 class _QAVerifier(RewardComponent):
     reference_fields = ("answer",)
+    reference_problem = staticmethod(answer_problem)
 
     Params = MatchParams
 

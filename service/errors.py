@@ -62,8 +62,11 @@ class TooManyWaiters(ServiceError):
         self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
 
 
-# what a request can fail with; the database ones mean "unavailable, try again" (503)
+# what a request can fail with when the database cannot be reached (503 "unavailable, try again"); a
+# statement error (too many parameters, a constraint, a cast) is a bug or a bad request, never a 503
 _DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
+# SQLSTATEs of a lost or refused connection: class 08, server shutting down / starting, too many clients
+_CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
 def error_response(status: int, message: str, detail: Any = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -71,9 +74,18 @@ def error_response(status: int, message: str, detail: Any = None, headers: dict[
 
 
 def _is_db_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, _DB_UNAVAILABLE) or (
-        isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
-    )
+    """A connection failure: the pool timed out or saw a disconnect, the connection was lost (SQLAlchemy
+    invalidated it), connecting failed (no statement ran), or the server said so (SQLSTATE)."""
+    if isinstance(exc, sa_exc.TimeoutError | sa_exc.DisconnectionError):
+        return True
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if exc.statement is None and isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+    return sqlstate.startswith(_CONNECTION_SQLSTATES)
 
 
 def _allowed_methods(request: Request) -> str:

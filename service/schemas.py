@@ -6,7 +6,17 @@ import math
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from reward_models.spec import NAME_PATTERN as SPEC_NAME_PATTERN
 
 FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
@@ -20,9 +30,13 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_ID_LENGTH = 512
 MAX_NAME_LENGTH = 256
 MAX_MESSAGES = 16_384  # per trajectory; turns are counted in a smallint
+MAX_RESCORE_IDS = 10_000  # group_ids of one rescore/recurate (sent as one array parameter)
 # ids and names: any characters except control characters (slashes, spaces, '#', '%' ... included)
 ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
-PATTERN_WORDS = {ID_PATTERN: "any characters except control characters (U+0000-U+001F, U+007F-U+009F)"}
+PATTERN_WORDS = {
+    ID_PATTERN: "any characters except control characters (U+0000-U+001F, U+007F-U+009F)",
+    SPEC_NAME_PATTERN: "any characters except '@' and control characters (U+0000-U+001F, U+007F-U+009F)",
+}
 
 Key = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)]
@@ -110,7 +124,7 @@ class TrajectoryIn(FreeJson):
     messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
     final_answer: str | None = None
     token_ids: list[Int4] | None = None
-    loss_mask: list[Literal[0, 1]] | None = None
+    loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]] | None = None  # StrictInt: no true/false
     # stored as float32: a finite double beyond its range would become infinity
     logprobs: list[Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]] | None = None
     finish_reason: FinishReason

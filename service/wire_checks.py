@@ -20,6 +20,10 @@ from urllib.parse import parse_qsl
 import orjson
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# objects/arrays nested deeper than this are refused (422, naming the field): the serialisers the
+# body meets later (pydantic's, the JSON encoder of the JSONB columns) recurse and give up at a few
+# hundred levels; the parsers accept ~1000 (beyond that: 400 "nested too deeply")
+MAX_DEPTH = 64
 JSON_MEDIA_TYPES = ("application/json",)
 # an escape for NUL or for a surrogate (paired surrogates are legal; the walk tells them apart)
 _ESCAPES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
@@ -110,16 +114,37 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 def _count_keys(doc: Any) -> int:
-    """Keys of every object in ``doc``; lists of scalars are skipped at C speed (``map(type, ...)``)."""
-    total, stack = 0, [doc]
+    """Keys of every object in ``doc``; lists of scalars are skipped at C speed (``map(type, ...)``).
+    Raises WireError when a container lies deeper than MAX_DEPTH."""
+    total, stack = 0, [(doc, 1)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         if type(node) is dict:
             total += len(node)
-            stack.extend(v for v in node.values() if type(v) in _CONTAINERS)
+            children = [v for v in node.values() if type(v) in _CONTAINERS]
         elif type(node) is list and not _CONTAINERS.isdisjoint(set(map(type, node))):
-            stack.extend(v for v in node if type(v) in _CONTAINERS)
+            children = [v for v in node if type(v) in _CONTAINERS]
+        else:
+            continue
+        if children and depth >= MAX_DEPTH:
+            _check_depth(doc)
+        stack.extend((v, depth + 1) for v in children)
     return total
+
+
+def _check_depth(doc: Any) -> None:
+    """WireError naming the first container nested deeper than MAX_DEPTH (the root is level 1)."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if type(node) not in _CONTAINERS:
+            continue
+        if depth > MAX_DEPTH:
+            raise WireError(422, path or "body", f"nested more than {MAX_DEPTH} levels deep (objects and arrays)")
+        items = node.items() if type(node) is dict else enumerate(node)
+        for key, value in items:
+            sub = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+            stack.append((value, sub, depth + 1))
 
 
 def _parse_exactly(raw: bytes) -> Any:
@@ -136,6 +161,7 @@ def _parse_exactly(raw: bytes) -> Any:
         raise WireError(400, "body", "nested too deeply") from None
     except ValueError:  # an integer literal longer than Python's int parsing limit
         raise WireError(422, "body", "integer out of range; integers must lie in [-2^63, 2^63 - 1]") from None
+    _check_depth(doc)
     if flags or _suspicious(raw):
         problem = find_problem(doc)
         if problem is not None:

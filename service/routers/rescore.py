@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import ADMIN, allow
 from service.deps import SessionDep
-from service.schemas import INT4_MAX, Key, Name
+from service.schemas import INT4_MAX, MAX_RESCORE_IDS, Key, Name
 from service.services import rescore
 
 router = APIRouter(prefix="/v1", tags=["rescore"])
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/v1", tags=["rescore"])
 class GroupFilter(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     dataset: Name | None = None
-    group_ids: list[Key] | None = Field(default=None, min_length=1, max_length=100_000)
+    group_ids: list[Key] | None = Field(default=None, min_length=1, max_length=MAX_RESCORE_IDS)
     policy_version: int | None = Field(default=None, ge=0, le=INT4_MAX)
 
     def filters(self) -> dict[str, Any]:

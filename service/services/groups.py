@@ -12,7 +12,15 @@ from service.auth import OPEN, Principal
 from service.errors import BadRequest, NotFound
 from service.models import Group, Reward, Trajectory
 from service.repositories import groups as group_repo
-from service.schemas import ComponentOut, DecisionOut, GroupOut, GroupPage, GroupSummary, TrajectoryOut
+from service.schemas import (
+    INT8_MAX,
+    ComponentOut,
+    DecisionOut,
+    GroupOut,
+    GroupPage,
+    GroupSummary,
+    TrajectoryOut,
+)
 
 
 def _versioned(name: str | None, version: int | None) -> str | None:
@@ -107,6 +115,13 @@ def _summary(g: Group) -> GroupSummary:
     )
 
 
+def _cursor_pk(cursor: str) -> int:
+    """A cursor is the decimal pk of the last group of a page: ASCII digits, at most 2^63 - 1."""
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 19 and int(cursor) <= INT8_MAX):
+        raise BadRequest("query.cursor: not a cursor returned by this endpoint (ASCII digits up to 2^63 - 1)")
+    return int(cursor)
+
+
 def list_groups(
     session: Session,
     *,
@@ -120,9 +135,7 @@ def list_groups(
     """``member_filters``: drop_reason, finish_reason, min_reward, max_reward (see the repository)."""
     after_pk = None
     if cursor is not None:
-        if not cursor.isdigit():
-            raise BadRequest("cursor: not a cursor returned by this endpoint")
-        after_pk = int(cursor)
+        after_pk = _cursor_pk(cursor)
     rows = group_repo.list_groups(
         session, dataset=dataset, status=status, policy_version=policy_version, after_pk=after_pk, limit=limit,
         **member_filters,

@@ -9,6 +9,7 @@ import orjson
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
+from reward_models.spec import RewardSpec
 from service import arrays
 from service.auth import OPEN, Principal
 from service.errors import BadRequest, Conflict, GroupConflict
@@ -31,19 +32,21 @@ def _prompt_row(prompt_id: str, p: PromptIn) -> dict[str, Any]:
 
 
 def check_reference(session: Session, prompts: list[tuple[str, PromptIn]]) -> None:
-    """Each prompt carries the ``reference`` fields its reward spec needs (``where`` prefixes the field)."""
-    needs: dict[tuple[str | None, str], tuple[str, dict[str, list[str]]]] = {}
+    """Each prompt's ``reference`` holds what its reward spec's components need, as each component
+    checks it (``where`` prefixes the field)."""
+    resolved: dict[tuple[str | None, str], tuple[str, RewardSpec | None]] = {}
     for where, p in prompts:
         key = (p.reward_spec, p.dataset)
-        if key not in needs:
-            needs[key] = specs.reference_needs(session, *key)
-        spec_name, fields = needs[key]
-        for field, components in fields.items():
-            if p.reference.get(field) is None:
-                raise BadRequest(
-                    f"{where}reference.{field}: required by reward spec {spec_name!r} "
-                    f"(component {', '.join(components)}); add it, or attach a spec that does not need it"
-                )
+        if key not in resolved:
+            resolved[key] = specs.scoring_spec(session, *key)
+        spec_name, spec = resolved[key]
+        problem = spec.reference_problem(p.reference) if spec is not None else None
+        if problem is not None:
+            field, message, component = problem
+            raise BadRequest(
+                f"{where}reference.{field}: {message}; needed by reward spec {spec_name!r} (component "
+                f"{component!r}): add it, or attach a spec that does not need it"
+            )
 
 
 def check_refs(session: Session, p: PromptIn, where: str) -> None:

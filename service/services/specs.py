@@ -128,9 +128,9 @@ def effective_policy(session: Session, prompt_ref: str | None, dataset: str) -> 
     return v, CurationPolicySpec.model_validate(v.body).to_policy()
 
 
-def reference_needs(session: Session, prompt_ref: str | None, dataset: str) -> tuple[str, dict[str, list[str]]]:
-    """(spec name, reference field -> components needing it) of the spec a prompt would be scored with,
-    read-only; ('', {}) when the reference cannot be resolved (ingest reports unknown names itself)."""
+def scoring_spec(session: Session, prompt_ref: str | None, dataset: str) -> tuple[str, RewardSpec | None]:
+    """(name, spec) a prompt would be scored with, read-only; ('', None) when the reference cannot be
+    resolved (ingest reports unknown names itself)."""
     ref = prompt_ref or _dataset_field(session, dataset, "reward_spec")
     try:
         if ref:
@@ -140,8 +140,8 @@ def reference_needs(session: Session, prompt_ref: str | None, dataset: str) -> t
             row = spec_repo.latest(session, RewardSpecRow, "default")
             name, body = "default", row.body if row is not None else DEFAULT_SPEC.model_dump(mode="json")
     except (NotFound, BadRequest):
-        return "", {}
-    return name, RewardSpec.model_validate(body).reference_fields()
+        return "", None
+    return name, RewardSpec.model_validate(body)
 
 
 def _dataset_field(session: Session, dataset: str, field: str) -> str | None:

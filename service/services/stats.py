@@ -261,7 +261,10 @@ def since_hour(since: datetime | None) -> datetime | None:
     or a time before the first hourly bucket."""
     if since is None:
         return None
-    aware = since.replace(tzinfo=UTC) if since.tzinfo is None else since.astimezone(UTC)
+    try:
+        aware = since.replace(tzinfo=UTC) if since.tzinfo is None else since.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00 lies before the first representable UTC time
+        raise BadRequest("query.since: out of range once converted to UTC (years 1 to 9999)") from None
     hour = aware.replace(minute=0, second=0, microsecond=0)
     return hour if hour > ALL_TIME else None
 

@@ -81,3 +81,29 @@ def test_content_types_refused(value):
 @pytest.mark.parametrize("value", ["application/json", "Application/JSON; charset=utf-8"])
 def test_content_types_accepted(value):
     check_content_type(value)
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["fast-path", "exact-path"])
+@pytest.mark.parametrize("shape", ["[", '{"k": '])
+def test_depth_limit_names_the_field_on_both_paths(exact, shape):
+    """MAX_DEPTH levels pass; one more is a 422 naming the first container beyond the limit. A NUL
+    escape elsewhere sends the body down the exact (stdlib) path, which must apply the same limit."""
+    from service.wire_checks import MAX_DEPTH
+
+    close = "]" if shape == "[" else "}"
+    step = "[0]" if shape == "[" else ".k"
+
+    def body(levels: int) -> bytes:  # ``levels`` nested containers inside {"a": ..., "z": ...}
+        inner = shape * levels + "1" + close * levels
+        return ('{"z": "%s", "a": %s}' % ("\\u0000" if exact else "", inner)).encode()  # noqa: UP031
+
+    if exact:
+        with pytest.raises(WireError) as nul:
+            parse_json_body(body(MAX_DEPTH - 1))
+        assert nul.value.field == "z"  # within the limit: the NUL is what is reported
+    else:
+        assert parse_json_body(body(MAX_DEPTH - 1))["z"] == ""
+    with pytest.raises(WireError) as deep:
+        parse_json_body(body(MAX_DEPTH))
+    # the body is level 1, "a" level 2: the innermost of MAX_DEPTH containers is the first one too deep
+    assert (deep.value.status, deep.value.field) == (422, "a" + step * (MAX_DEPTH - 1))
