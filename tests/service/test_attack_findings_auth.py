@@ -157,8 +157,8 @@ def test_the_shipped_producer_runs_with_a_dataset_scoped_key(live_server) -> Non
     """Issue: producer keys may be scoped to datasets, and the producer passes its key through. The
     rollout producer's backlog check (max_backlog) calls GET /v1/summary, which refuses every scoped key,
     so a producer configured with a scoped key and max_backlog dies with a 403 on its first poll."""
-    from service.client import CuratorClient
     from rollout.producer import backlog
+    from service.client import CuratorClient
 
     keys.provision(live_server.db_url, {"atk-rollout-a": "producer"})  # a key exists: auth on
     from sqlalchemy import create_engine
