@@ -124,8 +124,8 @@ def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, li
         assert c._request("GET", "/v1/summary").status_code == 200
     browser.prompt_answer = token
     base = live_server.url + "/dashboard"
-    cards = _page(browser, base + "#overview", "document.querySelector('#cards') && document.body.innerText", "auth-overview", tmp_path)
-    assert "policy version" in cards and "401" not in cards
+    cards = _page(browser, base + "#overview", "(document.querySelector('#cards') || document.querySelector('#error')) && document.body.innerText", "auth-overview", tmp_path)
+    assert "policy version" in cards and "401" not in cards, browser.dialogs
     assert len(browser.dialogs) == 1 and "API key" in browser.dialogs[0]
     assert browser.evaluate("localStorage.getItem('grpo-curator-api-key')") == token
     browser.goto(base + "#groups")
