@@ -151,6 +151,15 @@ def test_a_scoped_key_cannot_enumerate_other_datasets(client: TestClient, sessio
     unknown = client.post("/v1/groups", json=ghost, headers=producer)
     assert "secret-project-x" not in hidden.text, hidden.text
     assert hidden.status_code == unknown.status_code, (hidden.status_code, unknown.status_code)
+    # an inline prompt reusing the id: no field-by-field answer (an oracle on the stored reference)
+    answers = []
+    for i, guess in enumerate(["42", "41"]):  # the right and a wrong guess of the reference answer
+        g = make_group(f"probe-{3 + i}", prompt_id="secret-p", dataset="ds-a", reference={"answer": guess})
+        r = client.post("/v1/groups", json=g, headers=producer)
+        assert r.status_code == 409 and "secret-project-x" not in r.text and "reference" not in r.text, r.text
+        answers.append(r.json()["error"])
+    assert answers[0] == answers[1]
+    assert client.get("/v1/groups/probe-3", headers=admin).status_code == 404  # nothing stored
 
 
 def test_the_shipped_producer_runs_with_a_dataset_scoped_key(live_server) -> None:
