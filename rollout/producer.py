@@ -170,9 +170,10 @@ def post_spooled(client: Any, spool: Spool, groups: list[dict[str, Any]]) -> int
     return len(groups)
 
 
-def backlog(client: Any) -> int:
-    """Groups waiting for the worker or the trainer: producing far ahead of the trainer only makes stale data."""
-    counts = client.summary()["groups"]
+def backlog(client: Any, dataset: str | None = None) -> int:
+    """Groups of ``dataset`` waiting for the worker or the trainer: producing far ahead of the trainer only
+    makes stale data. Passing the dataset also lets a key scoped to it read the counts."""
+    counts = client.summary(dataset)["groups"]
     return sum(counts.get(s, 0) for s in ("received", "scored", "ready"))
 
 
@@ -185,7 +186,7 @@ def run(cfg: RolloutConfig, client: Any, *, max_groups: int | None = None, stop:
     policy = Policy(cfg, tokenizer)
     while not stop.is_set() and (max_groups is None or posted < max_groups):
         policy.refresh()
-        if cfg.max_backlog is not None and backlog(client) >= cfg.max_backlog:
+        if cfg.max_backlog is not None and backlog(client, cfg.dataset) >= cfg.max_backlog:
             stop.wait(cfg.poll_seconds)
             continue
         want = cfg.requests_per_poll if max_groups is None else min(cfg.requests_per_poll, max_groups - posted)

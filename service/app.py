@@ -70,6 +70,7 @@ def create_app(
         summary="Trajectory curation and reward service for GRPO-style RL",
         docs_url=None,  # /docs is served from service/static (no assets from a CDN), see routers/observability
         redoc_url=None,
+        openapi_url=None,  # /openapi.json is a declared route (viewer key once auth is on), see routers/observability
     )
     openapi.install(app)
     app.state.settings = settings

@@ -224,14 +224,18 @@ def _access(dependencies: list[Any]) -> Access | None:
 
 
 def declared_routes(app: FastAPI) -> list[tuple[str, str, Access | None]]:
-    """(method, path, declaration or None) for every API route of the app, included routers flattened."""
+    """(method, path, declaration or None) for every route of the app, included routers flattened. A route
+    that is not an APIRoute (Starlette's Route, a Mount, a WebSocket route) cannot carry a declaration, so
+    it is listed with None: ``check_routes`` refuses it (serve such a thing from a declared APIRoute)."""
     out = []
     for route in app.routes:
         # FastAPI >= 0.16x keeps included routers as one entry that expands into route contexts
         contexts = route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
         for ctx in contexts:
             original = getattr(ctx, "original_route", ctx)
-            if not isinstance(original, APIRoute):
+            if not isinstance(original, APIRoute):  # a plain Route, Mount, WebSocket route: nothing checks it
+                path = getattr(ctx, "path", "") or getattr(original, "path", repr(original))
+                out.extend((m, path, None) for m in sorted(getattr(original, "methods", None) or {"*"}))
                 continue
             path = getattr(ctx, "path", "") or original.path
             access = _access(list(getattr(ctx, "dependencies", None) or original.dependencies))

@@ -273,8 +273,9 @@ class CuratorClient:
         """GET /v1/stats; ``by`` left out takes the service's default (``dataset``)."""
         return self._json("GET", "/v1/stats", params=_params(by=by, **filters))
 
-    def summary(self) -> dict[str, Any]:
-        return self._json("GET", "/v1/summary")
+    def summary(self, dataset: str | None = None) -> dict[str, Any]:
+        """The service's counts; ``dataset``: that dataset's only (what a dataset-scoped key may read)."""
+        return self._json("GET", "/v1/summary", params={"dataset": dataset} if dataset is not None else None)
 
 
 def default_url() -> str:

@@ -17,7 +17,7 @@ import orjson
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.embedded import lock_down
+from service.embedded import lock_down, start_server
 from service.processes import prune_dead_handles
 from service.settings import Settings, get_settings
 
@@ -43,14 +43,14 @@ def start_embedded(data_dir: Path) -> str:
     """
     with warnings.catch_warnings():  # platformdirs warns once about XDG_RUNTIME_DIR; not the user's concern
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import pgserver  # imported lazily: only the embedded default needs it
+        import pgserver  # noqa: F401  # imported here so its warning is silenced; service/embedded.py uses it
 
     key = str(data_dir.resolve())
     with _lock:
         if key not in _embedded:
             data_dir.mkdir(parents=True, exist_ok=True)
             prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
-            _embedded[key] = pgserver.get_server(data_dir, cleanup_mode="stop")
+            _embedded[key] = start_server(data_dir)  # locked down before it first listens (service/embedded.py)
             lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
         server = _embedded[key]
     return server.get_uri()  # type: ignore[attr-defined]

@@ -1,15 +1,15 @@
-"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard, GET /docs."""
+"""GET /metrics (Prometheus), GET /v1/summary, GET /dashboard, GET /docs, GET /openapi.json."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, Response
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from service import metrics as process_metrics
-from service.auth import PRODUCER, VIEWER, allow, public
+from service.auth import ANY, PRODUCER, TRAINER, VIEWER, allow, public
 from service.deps import SessionDep
 from service.errors import NotFound
 from service.services import summary
@@ -27,9 +27,10 @@ def metrics(session: SessionDep) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4")
 
 
-@router.get("/v1/summary", dependencies=[allow(VIEWER, PRODUCER)])  # producers read the backlog
-def get_summary(session: SessionDep) -> dict[str, Any]:
-    return summary.summary(session)
+@router.get("/v1/summary", dependencies=[allow(VIEWER, PRODUCER, dataset="dataset")])  # producers: backlog
+def get_summary(session: SessionDep, dataset: Annotated[str | None, Query(min_length=1)] = None) -> dict[str, Any]:
+    """The service's counts; ``dataset``: that dataset's only (required for a key scoped to datasets)."""
+    return summary.summary(session, dataset)
 
 
 @router.get("/dashboard", response_class=HTMLResponse, dependencies=[public()])  # the shell; its data needs a key
@@ -41,6 +42,12 @@ def dashboard() -> HTMLResponse:
 def docs() -> HTMLResponse:
     """The API reference, rendered in the browser from /openapi.json with nothing loaded from elsewhere."""
     return HTMLResponse(DOCS.read_text())
+
+
+@router.get("/openapi.json", include_in_schema=False, dependencies=[allow(VIEWER, PRODUCER, TRAINER, dataset=ANY)])
+def openapi_document(request: Request) -> JSONResponse:
+    """The OpenAPI document: any key once auth is on (/docs, a public shell, fetches it with the stored key)."""
+    return JSONResponse(request.app.openapi())
 
 
 ASSETS = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}

@@ -62,9 +62,8 @@ def get_group(
     key: Principal = OPEN,
 ) -> GroupOut:
     g = group_repo.load_group(session, group_id)
-    if g is None:
+    if g is None or not key.allows_dataset(g.dataset):  # out of scope: exactly like an unknown id
         raise NotFound(f"id: no group {group_id!r}")
-    key.check_dataset(g.dataset, "group_id")
     by_idx: dict[int, list[Reward]] = defaultdict(list)
     version = spec_version if spec_version is not None else g.reward_spec_version
     if g.reward_spec_name is not None and version is not None:

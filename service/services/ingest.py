@@ -128,9 +128,11 @@ def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_
             )
 
 
-def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool) -> None:
+def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool, key: Principal) -> None:
     """Create the inline prompts that are new; an inline prompt that differs from the stored one is a 409
-    naming the field (changing a prompt or its reference is ``POST /v1/prompts``, an admin's call)."""
+    naming the field (changing a prompt or its reference is ``POST /v1/prompts``, an admin's call). A stored
+    prompt outside ``key``'s datasets is a 409 that says only that the id is taken: no field-by-field
+    answer that would let a scoped key test guesses of another dataset's reference."""
     sent: dict[str, tuple[str, dict[str, Any]]] = {}
     for i, g in enumerate(groups):
         if g.prompt is None:
@@ -144,6 +146,8 @@ def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool) -> N
     prompt_repo.insert_prompts_if_new(session, [row for _, row in sent.values()])
     stored = prompt_repo.stored_fields(session, sent)
     for prompt_id, (where, row) in sent.items():
+        if not key.allows_dataset(stored[prompt_id]["dataset"]):
+            raise Conflict(f"{where}prompt_id: prompt id {prompt_id!r} is already taken", detail={"prompt_id": prompt_id})
         for field, value in stored[prompt_id].items():
             if row[field] != value:
                 raise Conflict(
@@ -186,17 +190,17 @@ def ingest_groups(
         session,
         [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],
     )
-    _inline_prompts(session, groups, batched)
+    _inline_prompts(session, groups, batched, key)
     datasets = prompt_repo.prompt_datasets(session, {g.prompt_id for g in groups})
     acks = []
     for i, g in enumerate(groups):
         where = f"groups[{i}]." if batched else ""
-        if g.prompt_id not in datasets:
+        if g.prompt_id not in datasets or not key.allows_dataset(datasets[g.prompt_id]):
+            # out of the key's scope: the same answer as an unknown id (no dataset named, no existence told)
             raise BadRequest(
                 f"{where}prompt_id: unknown prompt {g.prompt_id!r}; post it to /v1/prompts first or send 'prompt' inline",
                 status_code=422,
             )
-        key.check_dataset(datasets[g.prompt_id], f"{where}prompt_id")
         acks.append(_ingest_one(session, g, datasets[g.prompt_id], where, key.name))
     return acks
 

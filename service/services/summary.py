@@ -11,12 +11,13 @@ from service.repositories import policy as policy_repo
 from service.repositories import summary as repo
 
 
-def summary(session: Session) -> dict[str, Any]:
+def summary(session: Session, dataset: str | None = None) -> dict[str, Any]:
+    """The counts, of one dataset when ``dataset`` is given (the policy version is the service's)."""
     return {
-        "groups": repo.group_counts(session),
-        "drop_reasons": repo.drop_reasons(session),
-        "active_leases": repo.active_leases(session),
-        "open_sampling_requests": repo.open_sampling_requests(session),
+        "groups": repo.group_counts(session, dataset),
+        "drop_reasons": repo.drop_reasons(session, dataset),
+        "active_leases": repo.active_leases(session, dataset),
+        "open_sampling_requests": repo.open_sampling_requests(session, dataset),
         "policy_version": policy_repo.current_version(session),
     }
 

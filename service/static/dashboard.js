@@ -4,7 +4,7 @@
 const KEY = "grpo-curator-api-key";
 const { lineChart, fmt } = window.Charts;
 const main = document.getElementById("main");
-let asked = false;
+let asking = null;  // the one question for a key: calls that get 401 together all wait for the same answer
 
 function el(tag, attrs = {}, ...kids) {
   const n = document.createElement(tag);
@@ -15,14 +15,21 @@ function el(tag, attrs = {}, ...kids) {
   return n;
 }
 
-async function api(path) {
+function askKey() {  // ask once; the key stays in this browser
+  if (asking === null) {
+    asking = Promise.resolve().then(() => {
+      const k = window.prompt("This service needs an API key (a viewer key is enough):");
+      if (k) localStorage.setItem(KEY, k);
+      return k;
+    });
+  }
+  return asking;
+}
+
+async function api(path, retried = false) {
   const key = localStorage.getItem(KEY);
   const r = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {} });
-  if (r.status === 401 && !asked) {  // ask once; the key stays in this browser
-    asked = true;
-    const k = window.prompt("This service needs an API key (a viewer key is enough):");
-    if (k) { localStorage.setItem(KEY, k); return api(path); }
-  }
+  if (r.status === 401 && !retried && (await askKey())) return api(path, true);
   if (!r.ok) {
     let msg = r.statusText;
     try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
@@ -240,7 +247,7 @@ document.getElementById("key").onclick = () => {
   const k = window.prompt("API key (kept in this browser; empty to forget it)", localStorage.getItem(KEY) || "");
   if (k === null) return;
   if (k) localStorage.setItem(KEY, k); else localStorage.removeItem(KEY);
-  asked = false;
+  asking = null;
   render();
 };
 window.addEventListener("hashchange", render);

@@ -41,6 +41,8 @@ class Browser:
         self.ws = connect(self._devtools_url(), max_size=64 * 1024 * 1024, open_timeout=30).__enter__()
         self._ids = itertools.count(1)
         self.errors: list[str] = []
+        self.dialogs: list[str] = []  # messages of the dialogs the page opened (prompt / alert / confirm)
+        self.prompt_answer: str | None = None  # what a prompt() is answered with (None: dismissed)
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -79,6 +81,11 @@ class Browser:
             self.errors.append("exception: " + str(details.get("exception", {}).get("description", details.get("text"))))
         elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
             self.errors.append(f"log: {params['entry']['text']} {params['entry'].get('url', '')}")
+        elif method == "Page.javascriptDialogOpening":  # answered at once, without waiting for the reply
+            self.dialogs.append(params.get("message", ""))
+            answer = {"accept": self.prompt_answer is not None, "promptText": self.prompt_answer or ""}
+            msg = {"id": next(self._ids), "method": "Page.handleJavaScriptDialog", "params": answer}
+            self.ws.send(json.dumps({**msg, "sessionId": self.session}))
         elif method == "Network.loadingFailed" and params.get("errorText") != "net::ERR_ABORTED":
             self.errors.append(f"network: {params.get('errorText')}")
 

@@ -250,6 +250,19 @@ def test_a_route_without_a_declaration_stops_the_app() -> None:
         check_routes(app)
 
 
+def test_a_plain_starlette_route_or_mount_stops_the_app_too() -> None:
+    """Routes that cannot carry a declaration (FastAPI's own /openapi.json, a Mount) are refused as well."""
+    from starlette.routing import Mount
+
+    with pytest.raises(RuntimeError, match="GET /openapi.json"):
+        check_routes(FastAPI())  # FastAPI's default openapi_url: an undeclared Starlette route
+    app = FastAPI(openapi_url=None)
+    app.router.routes.append(Mount("/files", app=FastAPI(openapi_url=None)))
+    with pytest.raises(RuntimeError, match=r"\* /files"):
+        check_routes(app)
+    check_routes(FastAPI(openapi_url=None))  # nothing undeclared: starts
+
+
 def test_metrics_can_be_opened_for_a_scraper_and_nothing_else(fresh_db: str) -> None:
     from service.settings import Settings
 
@@ -320,6 +333,11 @@ def test_scoped_viewer_reads_only_its_datasets(client: TestClient, session: Sess
     assert client.get("/v1/stats?dataset=ds-b", headers=h).status_code == 403
     assert client.get("/v1/stats?dataset=ds-a&dataset=ds-b", headers=h).status_code == 403  # repeated
     assert client.get("/v1/groups?dataset=ds-a", headers=h).status_code == 200
-    assert client.get("/v1/summary", headers=h).status_code == 403
+    assert client.get("/v1/summary", headers=h).status_code == 403  # spans every dataset
+    assert client.get("/v1/summary?dataset=ds-b", headers=h).status_code == 403
     assert client.post("/v1/groups", json=make_group("v-1", prompt_id="vp", dataset="ds-b"), headers=admin).status_code == 201
-    assert client.get("/v1/groups/v-1", headers=h).status_code == 403
+    assert client.post("/v1/groups", json=make_group("v-2", prompt_id="vq", dataset="ds-a"), headers=admin).status_code == 201
+    r = client.get("/v1/groups/v-1", headers=h)  # another dataset's group: exactly like an unknown id
+    assert r.status_code == 404 and "ds-b" not in r.text
+    assert client.get("/v1/summary?dataset=ds-a", headers=h).json()["groups"] == {"received": 1}  # its own only
+    assert sum(client.get("/v1/summary", headers=admin).json()["groups"].values()) == 2

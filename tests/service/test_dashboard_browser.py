@@ -108,3 +108,27 @@ def test_the_api_docs_page_renders_offline(browser, live_server, tmp_path):
     assert "run7-step12-gsm8k-17" in body  # the example group body is shown
     assert "trajectories" in body and "finish_reason" in body
     assert browser.errors == [], browser.errors
+
+
+def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, live_server, tmp_path):
+    """Auth on (a key exists): the public shell loads, the first data call gets 401, the page asks once,
+    and every later call (and a later visit) sends the stored key as Bearer."""
+    from sqlalchemy.orm import Session
+
+    from service.services import keys
+
+    engine = get_engine(live_server.db_url)
+    with Session(engine) as s, s.begin():
+        token = keys.create_key(s, "dash-viewer", "viewer")
+    with CuratorClient(live_server.url, api_key=token) as c:
+        assert c._request("GET", "/v1/summary").status_code == 200
+    browser.prompt_answer = token
+    base = live_server.url + "/dashboard"
+    cards = _page(browser, base + "#overview", "(document.querySelector('#cards') || document.querySelector('#error')) && document.body.innerText", "auth-overview", tmp_path)
+    assert "policy version" in cards and "401" not in cards, browser.dialogs
+    assert len(browser.dialogs) == 1 and "API key" in browser.dialogs[0]
+    assert browser.evaluate("localStorage.getItem('grpo-curator-api-key')") == token
+    browser.goto(base + "#groups")
+    browser.wait_for("document.querySelector('form.filters') && document.body.innerText")
+    assert len(browser.dialogs) == 1  # kept: not asked again
+    assert all("401" in e for e in browser.errors), browser.errors  # only the first, unauthenticated call
