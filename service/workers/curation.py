@@ -95,12 +95,38 @@ class _Writes:
                             "metric_std": d.metric_std, "outcome_mean": d.outcome_mean, "curated_at": now,
                             "ready_at": now if d.status == "ready" else None})
 
+    def set_aside(self, g: Group, error: str, policy: specs.Versioned) -> None:
+        """A group curation cannot decide (a stored reward that is not finite): reward_error, logged."""
+        self.decisions.append({"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version,
+                               "idx": None, "action": "drop", "rule": "reward_error",
+                               "reason": f"reward_error: cannot curate: {error}"[:4000]})
+        self.groups.append({"pk": g.pk, "status": "reward_error", "drop_reason": "reward_error",
+                            "curation_policy_name": policy.name, "curation_policy_version": policy.version,
+                            "metric_std": None, "outcome_mean": None, "curated_at": datetime.now(UTC),
+                            "ready_at": None})
+
     def flush(self, session: Session) -> None:
         repo.update_trajectory_decisions(session, self.trajectories)
         repo.update_groups(session, self.groups)
         repo.insert_decisions(session, self.decisions)
         repo.insert_sampling_requests(session, self.requests)
         repo.record_outcomes(session, self.outcomes)
+
+
+def _decide(scores: list[GroupScore], policy: CurationPolicy, current: int | None) -> list[GroupDecision | str]:
+    """The batch's decisions; when the batch is refused (a stored value is not finite), each group is
+    decided alone and the ones refused come back as their error, so one bad group never stalls the rest."""
+    try:
+        return list(curate_groups(scores, policy, current))
+    except ValueError:
+        pass
+    out: list[GroupDecision | str] = []
+    for score in scores:
+        try:
+            out += curate_groups([score], policy, current)
+        except ValueError as exc:
+            out.append(str(exc))
+    return out
 
 
 def curate(session: Session, groups: list[Group]) -> dict[str, int]:
@@ -121,10 +147,15 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
         if policy.zero_variance.metric not in _PLAIN_METRICS:
             for spec_key in {(g.reward_spec_name, g.reward_spec_version) for g in members}:
                 components.update(repo.trajectory_components(session, [g.pk for g in members], spec_key))
-        decisions = curate_groups([_group_score(g, components) for g in members], policy, current)
+        decisions = _decide([_group_score(g, components) for g in members], policy, current)
         for g, d in zip(members, decisions, strict=True):
-            writes.add(g, d, version, prompts[g.prompt_id].dataset)
-            counts[d.status] = counts.get(d.status, 0) + 1
+            if isinstance(d, str):
+                writes.set_aside(g, d, version)
+                status = "reward_error"
+            else:
+                writes.add(g, d, version, prompts[g.prompt_id].dataset)
+                status = d.status
+            counts[status] = counts.get(status, 0) + 1
     writes.flush(session)
     stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
     return counts
