@@ -133,15 +133,21 @@ def openrlhf_request(responses: list[str], labels: list) -> dict:
 @pytest.mark.parametrize(
     ("query", "prompt", "response"),
     [
-        ("P: x R <|im_end|>", "P: x", " R"),
-        ("<pad><pad>P R</s></s>", "P", " R"),
-        ("P P R<|eot_id|>\n", "P", " R"),  # the prompt repeated inside: the last occurrence
+        ("P: x R <|im_end|>", "P: x", (" R", True)),
+        ("<pad><pad>P R</s></s>", "P", (" R", True)),
+        ("<s>P R</s><pad><pad>", "<s>P", (" R", True)),  # BOS on the prompt, padding after the EOS
+        ("P P R<|eot_id|>\n", "P", (" P R", True)),  # the prompt repeated by the policy is its response
+        ("P R", "P", (" R", False)),  # no end-of-sequence token: cut off by the generation limit
+        ("P R<pad>", "P", (" R", False)),
+        ("x P R", "P", None),  # the query must start with the prompt
         ("Q R", "P", None),
         ("R", "", None),
+        ("<pad>R", "<pad>", None),
     ],
 )
-def test_split_response(query: str, prompt: str, response: str | None) -> None:
-    assert split_response(query, prompt) == response
+def test_split_response(query: str, prompt: str, response: tuple[str, bool] | None) -> None:
+    got = split_response(query, prompt)
+    assert (got if got is None else (got.text, got.ended)) == response
 
 
 def test_openrlhf_route(client, spec: str) -> None:
