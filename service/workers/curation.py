@@ -71,6 +71,7 @@ class _Writes:
         self.decisions: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.outcomes: list[tuple[str, float]] = []
+        self.set_aside_pks: set[int] = set()
 
     def add(self, g: Group, d: GroupDecision, policy: specs.Versioned, dataset: str) -> None:
         now = datetime.now(UTC)
@@ -96,14 +97,15 @@ class _Writes:
                             "ready_at": now if d.status == "ready" else None})
 
     def set_aside(self, g: Group, error: str, policy: specs.Versioned) -> None:
-        """A group curation cannot decide (a stored reward that is not finite): reward_error, logged."""
+        """A group curation cannot decide (a stored reward that is not finite): reward_error, logged, and
+        not curated (``curated_at`` unset), so the reward statistics never see its values."""
         self.decisions.append({"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version,
                                "idx": None, "action": "drop", "rule": "reward_error",
                                "reason": f"reward_error: cannot curate: {error}"[:4000]})
         self.groups.append({"pk": g.pk, "status": "reward_error", "drop_reason": "reward_error",
                             "curation_policy_name": policy.name, "curation_policy_version": policy.version,
-                            "metric_std": None, "outcome_mean": None, "curated_at": datetime.now(UTC),
-                            "ready_at": None})
+                            "metric_std": None, "outcome_mean": None, "curated_at": None, "ready_at": None})
+        self.set_aside_pks.add(g.pk)
 
     def flush(self, session: Session) -> None:
         repo.update_trajectory_decisions(session, self.trajectories)
@@ -157,5 +159,5 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
                 status = d.status
             counts[status] = counts.get(status, 0) + 1
     writes.flush(session)
-    stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
+    stats.record_groups(session, [g.pk for g in groups if g.pk not in writes.set_aside_pks])  # pre-aggregated reward statistics
     return counts

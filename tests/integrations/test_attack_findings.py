@@ -80,6 +80,39 @@ def test_worker_one_reported_huge_value_does_not_stall_curation_of_other_groups(
     assert c.get("/v1/groups/g-poison").json()["status"] != "scored"
 
 
+def test_curation_sets_aside_a_group_whose_stored_total_is_not_finite(app_client) -> None:
+    """Defence in depth for the finding above: a non-finite total already in the table (an older build,
+    a manual edit) makes curation set that group aside as reward_error; the rest of its batch curates."""
+    from sqlalchemy import select, update
+
+    from service.models import Decision, Group, Trajectory
+    from service.workers.pipeline import curate_pass
+
+    c, url = app_client
+    _register(c, {"name": "envs", "components": [{"name": "env", "kind": "external.reported", "outcome": True}]})
+    assert c.put("/v1/datasets/toy", json={"reward_spec": "envs"}).status_code == 200
+    groups = [make_group(f"g-{i}", prompt_id=f"p-{i}", n=3) for i in range(3)]
+    for g in groups:
+        for t, v in zip(g["trajectories"], [1.0, 0.0, 0.5], strict=True):
+            t.setdefault("metadata", {})["reward"] = v
+    assert c.post("/v1/groups", json={"groups": groups}).status_code == 201
+    factory = make_sessionmaker(get_engine(url))
+    with Scorer(processes=1, timeout_s=10) as scorer:
+        drain(factory, scorer, timeout_s=60)
+    with factory.begin() as session:  # back to 'scored', with one total that is not finite
+        pk = session.scalar(select(Group.pk).where(Group.id == "g-1"))
+        session.execute(update(Group).values(status="scored", curated_at=None, ready_at=None))
+        session.execute(update(Trajectory).where(Trajectory.group_pk == pk, Trajectory.idx == 0)
+                        .values(total_reward=float("inf")))
+    with factory.begin() as session:
+        result = curate_pass(session, 256)
+    assert result.ready + result.dropped == 2
+    assert [c.get(f"/v1/groups/g-{i}").json()["status"] for i in range(3)] == ["ready", "reward_error", "ready"]
+    with factory() as session:
+        reasons = session.scalars(select(Decision.reason).where(Decision.group_pk == pk)).all()
+    assert any("cannot curate" in r and "not finite" in r for r in reasons), reasons
+
+
 # --- 2. OpenRLHF route: the response is cut at the LAST copy of the prompt ---------------------------------
 
 def test_openrlhf_response_that_repeats_the_prompt_is_scored_whole(app_client) -> None:
