@@ -111,17 +111,21 @@ def get_reward(session: Session, scorer: Scorer, spec: str, body: OpenRLHFIn, *,
                error_value: float, limits: ScoreLimits, eos_means_stop: bool = True) -> OpenRLHFOut:
     prompts, labels = _check(body)
     responses = [split_response(q, p) for q, p in zip(body.query, prompts, strict=True)]
-    scorable = [(i, r) for i, r in enumerate(responses) if r is not None]
+    items = {i: _item(prompts[i], r, labels[i], eos_means_stop) for i, r in enumerate(responses) if r is not None}
     results: dict[int, ScoreResult] = {}
-    if scorable:
-        items = [_item(prompts[i], r, labels[i], eos_means_stop) for i, r in scorable]
-        out = score_items(session, scorer, ScoreIn.model_validate({"reward_spec": spec, "items": items}), limits)
-        results = dict(zip([i for i, _ in scorable], out.results, strict=True))
+    if items:
+        out = score_items(session, scorer, ScoreIn.model_validate({"reward_spec": spec, "items": list(items.values())}),
+                          limits)
+        results = dict(zip(items, out.results, strict=True))
     failed = [i for i in range(len(body.query)) if i not in results or results[i].total is None]
     if failed and on_error == "fail":
         raise RewardUnavailable(f"query[{failed[0]}]: could not be scored ({_why(results.get(failed[0]))}); "
                                 f"{len(failed)} of {len(body.query)} items failed", detail={"failed": failed})
-    return _answer(len(body.query), results, set(failed), error_value)
+    answer = _answer(len(body.query), results, set(failed), error_value)
+    # the queries scored as cut off by the generation limit (no end-of-sequence token), for OpenRLHF's logs
+    answer.extra_logs["truncated"] = [float(i in items and items[i]["finish_reason"] == "length")
+                                      for i in range(len(body.query))]
+    return answer
 
 
 def _why(result: ScoreResult | None) -> str:

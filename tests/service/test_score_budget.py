@@ -101,13 +101,15 @@ def test_pool_budget_rejects_nonsense(seconds: float, in_flight: int | None) -> 
 
 
 @pytest.fixture
-def budget_client(make_db, slow_spec) -> Iterator[tuple[TestClient, str]]:
+def budget_client(make_db, slow_spec, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, str]]:
+    """The app with one pool process, one request task at a time and a pool budget (default 0.6 s)."""
     from service.app import create_app
     from service.settings import Settings
 
     url = make_db()
-    settings = Settings(database_url=url, score_pool_budget_s=0.6, score_pool_max_in_flight=1,
-                        component_timeout_s=30)
+    budget = getattr(request, "param", 0.6)
+    settings = Settings(database_url=url, score_pool_budget_s=budget, score_pool_max_in_flight=1,
+                        component_timeout_s=30, worker_processes=1)
     with TestClient(create_app(settings)) as c:
         spec, _ = slow_spec
         assert c.post("/v1/reward-specs", json=spec.model_dump()).status_code == 201
@@ -132,3 +134,17 @@ def test_score_past_the_pool_budget_is_413_naming_it_and_stores_nothing(budget_c
     time.sleep(0.5)  # slack for req-1, still running to its own end (not an assertion on time)
     one = budget_client.post("/v1/score", json={"reward_spec": "slow", "items": [{"prompt": "p", "completion": "fast"}]})
     assert one.status_code == 200 and one.json()["results"][0]["total"] == 1.0
+
+
+@pytest.mark.parametrize("budget_client", [1.5], indirect=True)
+def test_the_adapters_client_splits_a_request_answered_413_for_its_pool_budget(budget_client) -> None:
+    from integrations._http import Client, Target
+
+    c, _ = budget_client
+    client = Client(Target("http://testserver", "slow", None))
+    client._http = c  # the adapters' HTTP path, over the app in this process
+    items = [{"prompt": "p", "completion": f"req-{i}"} for i in range(8)]
+    # 8 x 0.4 s, one at a time, then 4 x 0.4 s: past 1.5 s -> 413 -> half; 2 items (0.8 s) fit
+    results = client.score(items)
+    assert [r["total"] for r in results] == [1.0] * 8
+    assert client.chunk in (1, 2)  # 1 only when a task of a refused chunk was still running
