@@ -158,6 +158,7 @@ def test_python_function_accepts_numpy_numbers_like_verl_does(app_client, tmp_pa
     # today: "compute_score(): expected a number, got float32" / "got int64" -> total null
     assert {k: v["value"] for k, v in res["rewards"].items()} == {"a": 1.0, "b": 1.0, "c": 0.5}, res
     assert res["total"] == 2.5
+    assert res["rewards"]["c"]["details"] == {"acc": 1.0}  # numpy numbers in the details dict too
 
 
 # --- 4. DPO export: pairs from groups that are not mixed -----------------------------------------------------
@@ -220,6 +221,20 @@ def test_score_store_same_completion_with_another_max_tokens_is_not_a_409(app_cl
     # content-hash group id (which leaves out ``sampling``) collides -> 409 and the scores are thrown away
     second = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [{**item, "max_tokens": 200}]})
     assert second.status_code == 200, second.text
+    assert first.json()["stored_groups"] != second.json()["stored_groups"]
+    # one request, two budgets: two groups, each with its own items' budget (not the first item's)
+    mixed = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [
+        {**item, "completion": "a", "max_tokens": 100}, {**item, "completion": "b", "max_tokens": 300},
+        {**item, "completion": "c", "max_tokens": 100}]})
+    assert mixed.status_code == 200, mixed.text
+    budgets = {}
+    for gid in mixed.json()["stored_groups"]:
+        g = c.get(f"/v1/groups/{gid}").json()
+        budgets[g["sampling"].get("max_tokens")] = sorted(t["messages"][-1]["content"] for t in g["trajectories"])
+    assert budgets == {100: ["a", "c"], 300: ["b"]}
+    # the same request again is idempotent (same ids, nothing new)
+    again = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [{**item, "max_tokens": 200}]})
+    assert again.status_code == 200 and again.json()["stored_groups"] == second.json()["stored_groups"]
 
 
 # --- 7. import: a verl row whose ground truth is null -----------------------------------------------------
