@@ -150,6 +150,8 @@ class _Feed:
             running += 1
 
     def finish(self) -> list[ComponentResult]:
+        if self.budget.seconds == math.inf and len(self.futures) == len(self.tasks):  # unbounded: all queued
+            return [self.scorer._collect(f) for f in self.futures]
         while True:
             self.top_up()
             pending = [f for f in self.futures if not f.done()]

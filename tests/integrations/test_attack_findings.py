@@ -18,7 +18,7 @@ from reward_models.scoring import Scorer
 from service.db import get_engine, make_sessionmaker
 from service.workers.pipeline import drain
 from tests.conftest import LiveServer
-from tests.helpers import make_group
+from tests.helpers import make_group, restart_forkserver
 
 
 @pytest.fixture
@@ -147,6 +147,7 @@ def test_python_function_accepts_numpy_numbers_like_verl_does(app_client, tmp_pa
     # the pool is started lazily by the first cpu_heavy score, after this, so its processes see it
     monkeypatch.setenv("GRPO_CURATOR_PYTHON_FUNCTIONS", json.dumps(
         {"f32": f"{path}:f32", "i64": f"{path}:i64", "dct": f"{path}:dct"}))
+    restart_forkserver()  # pool workers inherit the forkserver's environment: a new one sees this allowlist
     _register(c, {"name": "np", "components": [
         {"name": "a", "kind": "python.function", "params": {"name": "f32"}},
         {"name": "b", "kind": "python.function", "params": {"name": "i64"}},
