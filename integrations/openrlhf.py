@@ -8,6 +8,7 @@ inside the trainer, reading the URL, spec and key from ``GRPO_CURATOR_URL``, ``G
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from integrations._http import Client, jsonable, target
@@ -21,9 +22,21 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[Any], **kwa
     t = target(kwargs.get("url"), kwargs.get("spec"), kwargs.get("api_key"))
     client = Client(t)
     try:
-        body = {"query": list(queries), "prompts": list(prompts), "labels": jsonable(list(labels))}
-        out = client.post(f"/compat/openrlhf/{t.spec}/get_reward", body)
+        rows = list(zip(queries, prompts, jsonable(list(labels)), strict=True))
+        answers = client.post_chunked(f"/compat/openrlhf/{t.spec}/get_reward", rows, _body)
     finally:
         client.close()
-    return {"rewards": torch.tensor(out["rewards"]), "scores": torch.tensor(out["scores"]),
-            "extra_logs": {k: torch.tensor(v) for k, v in out["extra_logs"].items()}}
+    logs: dict[str, list[float]] = {}
+    done = 0
+    for a in answers:  # a chunk whose queries were all unscorable logs only reward_error: NaN elsewhere
+        n = len(a["rewards"])
+        for k in set(logs) | set(a["extra_logs"]):
+            logs.setdefault(k, [math.nan] * done).extend(a["extra_logs"].get(k, [math.nan] * n))
+        done += n
+    return {"rewards": torch.tensor([x for a in answers for x in a["rewards"]]),
+            "scores": torch.tensor([x for a in answers for x in a["scores"]]),
+            "extra_logs": {k: torch.tensor(v) for k, v in logs.items()}}
+
+
+def _body(rows: list[tuple[str, str, Any]]) -> dict[str, Any]:
+    return {"query": [q for q, _, _ in rows], "prompts": [p for _, p, _ in rows], "labels": [lab for *_, lab in rows]}

@@ -7,7 +7,7 @@
 Each function is named after its component, so TRL logs ``rewards/<component>/mean``; it returns the
 component's value per completion, or ``None`` where the component errored (TRL leaves those out of the
 mean). The functions share one ``POST /v1/score`` per batch: the first call scores every component and
-the others read its answer.
+the others read its answer. Scoring uses the spec version the functions and weights were read from.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from integrations._http import Client, jsonable, target
+from integrations._http import Client, ScoringError, Target, jsonable, target
 
 REFERENCE_COLUMNS = ("answer", "ground_truth", "solution")
 RewardFunc = Callable[..., list[float | None]]
@@ -73,7 +73,12 @@ class _Batch:
 def _component_func(name: str, batch: _Batch) -> RewardFunc:
     def func(prompts: list[Any], completions: list[Any], completion_ids: list[Any] | None = None,
              **kwargs: Any) -> list[float | None]:
-        return [r["rewards"][name]["value"] for r in batch.results(prompts, completions, completion_ids, kwargs)]
+        results = batch.results(prompts, completions, completion_ids, kwargs)
+        missing = next((r for r in results if name not in r["rewards"]), None)
+        if missing is not None:
+            raise ScoringError(f"component {name!r} is not in the service's answer (it has "
+                               f"{sorted(missing['rewards'])}): the reward spec changed under a running trainer")
+        return [r["rewards"][name]["value"] for r in results]
 
     func.__name__ = func.__qualname__ = name
     return func
@@ -82,8 +87,15 @@ def _component_func(name: str, batch: _Batch) -> RewardFunc:
 def reward_funcs(spec: str | None = None, url: str | None = None, api_key: str | None = None,
                  reference_column: str | None = None) -> tuple[list[RewardFunc], list[float]]:
     """``(functions, weights)``: one function per component of ``spec`` (``name`` or ``name@version``) and the
-    spec's weights, for ``GRPOConfig(reward_weights=weights)``."""
-    client = Client(target(url, spec, api_key))
-    components = client.spec()["components"]
+    spec's weights, for ``GRPOConfig(reward_weights=weights)``. Scoring is pinned to the version the weights
+    came from (``name@version``), so a version published during the run never changes the rewards."""
+    t = target(url, spec, api_key)
+    reader = Client(t)
+    try:
+        found = reader.spec()
+    finally:
+        reader.close()
+    client = Client(Target(t.url, f"{found['name']}@{found['version']}", t.api_key))
+    components = found["body"]["components"]
     batch = _Batch(client, reference_column)
     return [_component_func(c["name"], batch) for c in components], [float(c["weight"]) for c in components]

@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,9 @@ PYTHON_FUNCTIONS_ENV = "GRPO_CURATOR_PYTHON_FUNCTIONS"
 
 
 def finite_number(value: Any, what: str) -> float:
-    """``value`` as a finite float; ComponentError for bools, strings, None, NaN and infinities."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """``value`` as a finite float: any real number, numpy's included (np.float32, np.int64: what verl-style
+    functions often return); ComponentError for bools (numpy's too), strings, None, NaN and infinities."""
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ComponentError(f"{what}: expected a number, got {type(value).__name__}")
     out = float(value)
     if not math.isfinite(out):
@@ -139,11 +141,24 @@ class PythonFunction(RewardComponent):
         if isinstance(out, dict):
             if "score" not in out:
                 raise ComponentError("compute_score returned a dict without 'score'")
-            details = {str(k)[:100]: v[:1000] if isinstance(v, str) else v
-                       for k, v in list(out.items())[:32] if k != "score" and _plain(v)}
+            plain = ((str(k)[:100], _plain(v)) for k, v in list(out.items())[:32] if k != "score")
+            details = {k: v for k, v in plain if v is not None}
             return finite_number(out["score"], "compute_score()['score']"), details
         return finite_number(out, "compute_score()"), {}
 
 
-def _plain(value: Any) -> bool:
-    return isinstance(value, str | bool | int) or (isinstance(value, float) and math.isfinite(value))
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")  # numpy's bool too
+
+
+def _plain(value: Any) -> str | bool | int | float | None:
+    """A detail value as plain JSON (strings cut at 1000 chars, numpy numbers as Python ones), else None."""
+    if isinstance(value, str):
+        return value[:1000]
+    if _is_bool(value):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return float(value)
+    return None

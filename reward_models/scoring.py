@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,27 @@ def canary_in_worker(kind: str, key: str) -> ComponentResult:
     """Pool task: the component ``(kind, params)`` scores its own known-easy canary item."""
     component = _worker_component(kind, key)
     return component.score(*component.canary())
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBudget:
+    """What one call may take of the shared pool: at most ``max_in_flight`` of its tasks queued or
+    running at a time (so other callers' tasks interleave with its), all finished within ``seconds``."""
+
+    seconds: float = math.inf
+    max_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0 or (self.max_in_flight is not None and self.max_in_flight < 1):
+            raise ValueError("PoolBudget: seconds must be > 0 and max_in_flight >= 1")
+
+
+class PoolBudgetExceeded(Exception):
+    """A call's pool tasks did not finish within its budget; its queued tasks were cancelled."""
+
+
+# component name, item index, kind, params key, item, the task's deadline (s)
+_Task = tuple[str, int, str, str, Sample, PromptInfo, float]
 
 
 class Scorer:
@@ -84,32 +106,34 @@ class Scorer:
                 self._pool = KillablePool(self.processes, memory_mb=self.memory_mb, preload=_PRELOAD)
             return self._pool
 
-    def score(self, spec: RewardSpec, items: list[tuple[Sample, PromptInfo]]) -> list[ScoredSample]:
-        """One ScoredSample per item, in order."""
+    def score(self, spec: RewardSpec, items: list[tuple[Sample, PromptInfo]],
+              budget: PoolBudget | None = None) -> list[ScoredSample]:
+        """One ScoredSample per item, in order. With ``budget``, the pool work is bounded by it
+        (PoolBudgetExceeded when it runs out); without, every pool task is queued at once."""
         if not items:
             return []
         components = {c.name: self.component(c.kind, c.params) for c in spec.components}
-        pending: dict[str, list[Future]] = {}
-        for c in spec.components:
-            if components[c.name].cpu_heavy:
-                pool, key = self._get_pool(), params_key(c.params)
-                timeout_s = max(self.timeout_s, components[c.name].deadline_s())
-                pending[c.name] = [
-                    pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=timeout_s)
-                    for s, p in items
-                ]
+        heavy: list[_Task] = [
+            (c.name, i, c.kind, params_key(c.params), s, p, max(self.timeout_s, components[c.name].deadline_s()))
+            for c in spec.components if components[c.name].cpu_heavy
+            for i, (s, p) in enumerate(items)
+        ]
+        feed = _Feed(self, heavy, budget or PoolBudget())
+        feed.top_up()  # heavy tasks first, so they overlap the inline work
         results: dict[str, list[ComponentResult]] = {}
         for c in spec.components:
-            if c.name not in pending:
+            if not components[c.name].cpu_heavy:
                 results[c.name] = _inline(components[c.name], items)
+        collected: dict[str, list[ComponentResult | _Timeout]] = {}
+        for (name, i, *_), outcome in zip(heavy, feed.finish(), strict=True):
+            collected.setdefault(name, [error_result("unset")] * len(items))[i] = outcome
         for c in spec.components:
-            if c.name in pending:
-                results[c.name] = self._collect_all(c.kind, params_key(c.params), pending[c.name])
+            if c.name in collected:
+                results[c.name] = self._attribute(c.kind, params_key(c.params), collected[c.name])
         return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]
 
-    def _collect_all(self, kind: str, key: str, futures: list[Future]) -> list[ComponentResult]:
+    def _attribute(self, kind: str, key: str, collected: list[ComponentResult | _Timeout]) -> list[ComponentResult]:
         """The pool's answers; timeouts are attributed by one canary (see ``attribute_timeout``)."""
-        collected = [_collect(f) for f in futures]
         if not any(isinstance(r, _Timeout) for r in collected):
             return collected  # type: ignore[return-value]
         healthy, canary = self._canary(kind, key)
@@ -169,6 +193,44 @@ def attribute_timeout(timeout: _Timeout, timeout_s: float, healthy: bool, canary
         details = {"reason": VERIFICATION_TIMEOUT, "timeout_s": timeout_s, "canary": canary}
         return ComponentResult(value=0.0, details=details, latency_ms=latency)
     return error_result(f"{timeout.message}; {canary}", {"reason": "verifier_unhealthy"}, latency_ms=latency)
+
+
+class _Feed:
+    """Submits one call's pool tasks at most ``max_in_flight`` at a time and collects them, in order,
+    by the budget's deadline; past it the unfinished tasks are cancelled and PoolBudgetExceeded raised."""
+
+    def __init__(self, scorer: Scorer, tasks: list[_Task], budget: PoolBudget) -> None:
+        self.scorer, self.tasks, self.budget = scorer, tasks, budget
+        self.window = budget.max_in_flight or max(len(tasks), 1)
+        self.deadline = time.monotonic() + budget.seconds
+        self.futures: list[Future] = []
+
+    def top_up(self) -> None:
+        """Submit tasks until ``window`` of them are unfinished (or none is left)."""
+        running = sum(1 for f in self.futures if not f.done())
+        while running < self.window and len(self.futures) < len(self.tasks):
+            _, _, kind, key, sample, prompt, timeout_s = self.tasks[len(self.futures)]
+            pool = self.scorer._get_pool()
+            self.futures.append(pool.submit(score_in_worker, kind, key, sample, prompt, timeout_s=timeout_s))
+            running += 1
+
+    def finish(self) -> list[ComponentResult | _Timeout]:
+        if self.budget.seconds == math.inf and len(self.futures) == len(self.tasks):  # unbounded: all queued
+            return [_collect(f) for f in self.futures]
+        while True:
+            self.top_up()
+            pending = [f for f in self.futures if not f.done()]
+            if not pending and len(self.futures) == len(self.tasks):
+                return [_collect(f) for f in self.futures]
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                break
+            wait(pending, timeout=None if left == math.inf else left, return_when=FIRST_COMPLETED)
+        for f in self.futures:
+            f.cancel()  # the queued ones; a running task ends by its own deadline
+        done = sum(1 for f in self.futures if f.done() and not f.cancelled())
+        raise PoolBudgetExceeded(f"{done} of {len(self.tasks)} pool tasks finished within the budget of "
+                                 f"{self.budget.seconds:g} s")
 
 
 def _inline(component: RewardComponent, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:

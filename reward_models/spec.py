@@ -110,12 +110,35 @@ def _finite(r: ComponentResult) -> ComponentResult:
 
 
 def combine(spec: RewardSpec, results: dict[str, ComponentResult]) -> ScoredSample:
-    """Weighted sum ``total = sum_k w_k * r_k`` over the spec's components; missing or errored -> None."""
+    """Weighted sum ``total = sum_k w_k * r_k`` over the spec's components; missing or errored -> None.
+
+    A total that is not finite (finite values whose weighted sum overflows) is an error too: the
+    largest contributor becomes an error naming the overflow, so a null total always has a reason."""
     results = {name: _finite(r) for name, r in results.items()}
     values = [results[c.name].value if c.name in results else None for c in spec.components]
+    results = dict(results)
     total: float | None = None
     if all(v is not None for v in values):
-        total = math.fsum(c.weight * v for c, v in zip(spec.components, values, strict=True) if v is not None)
+        terms = [(c.name, c.weight * v) for c, v in zip(spec.components, values, strict=True) if v is not None]
+        total = _weighted_sum([t for _, t in terms])
+        if total is None:
+            name = max(terms, key=lambda t: abs(t[1]) if math.isfinite(t[1]) else math.inf)[0]
+            results[name] = _overflowed(results[name], [c.weight for c in spec.components if c.name == name][0])
     outcome_name = spec.outcome_name()
     outcome = results[outcome_name].value if outcome_name in results else None
-    return ScoredSample(components=dict(results), total=total, outcome=outcome)
+    return ScoredSample(components=results, total=total, outcome=outcome)
+
+
+def _weighted_sum(terms: list[float]) -> float | None:
+    """``fsum`` of the terms; None when it is not finite (an overflowing term or partial sum)."""
+    try:
+        total = math.fsum(terms)
+    except (OverflowError, ValueError):  # an intermediate overflow, or inf + -inf
+        return None
+    return total if math.isfinite(total) else None
+
+
+def _overflowed(result: ComponentResult, weight: float) -> ComponentResult:
+    return ComponentResult(
+        value=None, error=f"weighted total not finite: weight {weight} * value {result.value} overflows",
+        details={**result.details, "value": result.value}, latency_ms=result.latency_ms)

@@ -42,7 +42,8 @@ def verl_prompt(row: dict[str, Any]) -> dict[str, Any]:
     ground truth, ``metadata`` = extra_info plus ``ability``); the id hashes the content, so importing the
     same file twice changes nothing."""
     rm = row.get("reward_model") or {}
-    if not isinstance(rm, dict) or "ground_truth" not in rm:
+    # a Parquet struct always has its children: a missing label arrives as None, and is missing all the same
+    if not isinstance(rm, dict) or rm.get("ground_truth") is None:
         raise ValueError("reward_model.ground_truth: missing")
     extra = row.get("extra_info") or {}
     if not isinstance(extra, dict):

@@ -53,7 +53,12 @@ class Settings(BaseSettings):
     lease_attempt_slots: int | None = Field(default=None, ge=1)  # lease queries at once; None: db_pool_size // 2
     log_level: str = "info"
     # integrations (docs/integrations.md)
-    max_score_items: int = 512  # items per POST /v1/score (413 beyond)
+    max_score_items: int = Field(default=512, ge=1)  # items per POST /v1/score (413 beyond)
+    # one scoring request's share of the shared process pool: wall time (413 beyond) and tasks at a time
+    # (None: 2 per pool process), so no request can starve the worker or other callers
+    score_pool_budget_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    score_pool_max_in_flight: int | None = Field(default=None, ge=1)
+    openrlhf_eos_means_stop: bool = True  # an OpenRLHF query without an end-of-sequence token is truncated
     openrlhf_on_error: Literal["fail", "value"] = "fail"  # an unscorable item: 503, or this value + a log flag
     openrlhf_error_value: float = Field(default=0.0, allow_inf_nan=False)
     # python.function allowlist, name -> "/path/file.py[:function]"; reward_models.external reads the same

@@ -78,3 +78,12 @@ def tool_episode() -> dict[str, Any]:
         "finish_reason": "stop",
         "metadata": {"env": "calc-v1"},
     }
+
+
+def restart_forkserver() -> None:
+    """Stop multiprocessing's forkserver, so the next pool worker starts from a new one that sees the current
+    environment (a worker inherits the forkserver's environment, fixed when it started: a test that changes
+    the deployment's environment, such as the python.function allowlist, restarts it as a deployment would)."""
+    import multiprocessing.forkserver as forkserver
+
+    forkserver._forkserver._stop()  # stdlib's own hook for tests; the next worker restarts it

@@ -10,20 +10,24 @@ from service.auth import PRODUCER, TRAINER, allow
 from service.deps import ScorerDep, SessionDep, SettingsDep
 from service.integration_schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreOut
 from service.services import openrlhf
-from service.services.score import score_items
+from service.services.score import ScoreLimits, score_items
 
 router = APIRouter(tags=["integrations"])
 
 
 @router.post("/v1/score", response_model=ScoreOut, dependencies=[allow(PRODUCER, TRAINER)],
-             responses={413: {"description": "more items than max_score_items"}})
+             responses={413: {"description": "more items than max_score_items, or more pool time than "
+                                             "score_pool_budget_s: send fewer items"}})
 def post_score(body: ScoreIn, session: SessionDep, scorer: ScorerDep, settings: SettingsDep) -> ScoreOut:
-    return score_items(session, scorer, body, settings.max_score_items, settings.max_group_size)
+    return score_items(session, scorer, body, ScoreLimits.of(settings))
 
 
 @router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
-             responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"}})
+             responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"},
+                        413: {"description": "more queries than max_score_items, or more pool time than "
+                                             "score_pool_budget_s: send fewer queries"}})
 def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
                          scorer: ScorerDep, settings: SettingsDep) -> OpenRLHFOut:
     return openrlhf.get_reward(session, scorer, spec, body, on_error=settings.openrlhf_on_error,
-                               error_value=settings.openrlhf_error_value, max_items=settings.max_score_items)
+                               error_value=settings.openrlhf_error_value, limits=ScoreLimits.of(settings),
+                               eos_means_stop=settings.openrlhf_eos_means_stop)

@@ -5,7 +5,9 @@ a trajectory cut off by a budget or by infrastructure is neither a positive nor 
 - ``sft``: the best correct trajectory of the group (outcome >= ``correct_threshold``, highest total, lowest
   index on ties), as conversational ``messages`` (prompt + trajectory) and ``tools`` (the prompt's
   ``metadata.tools``) when present; the same prompt + completion is written once.
-- ``dpo``: ``prompt`` / ``chosen`` / ``rejected``: best vs worst total; groups where they tie are skipped.
+- ``dpo``: ``prompt`` / ``chosen`` / ``rejected`` from mixed groups only: ``chosen`` is the best correct
+  trajectory, ``rejected`` the worst incorrect one (by total); a group without both, or whose chosen total
+  is not above the rejected one, is skipped.
 - ``kto``: ``prompt`` / ``completion`` / ``label`` (outcome >= ``correct_threshold``) per trajectory.
 - ``rollouts``: every stored trajectory with everything known about it (no filtering by finish reason).
 ``min_reward`` applies to the exported trajectory (the SFT pick, the DPO ``chosen``, each KTO / rollout row).
@@ -63,8 +65,15 @@ def _best(rows: list[Row]) -> Row:
     return max(rows, key=lambda r: (r["total_reward"], -r["idx"]))
 
 
+def _split(rows: list[Row], opts: Options) -> tuple[list[Row], list[Row]]:
+    """Usable rows that are correct (outcome >= correct_threshold) and incorrect; no outcome is neither."""
+    usable = [r for r in _usable(rows) if r["outcome"] is not None]
+    return ([r for r in usable if r["outcome"] >= opts.correct_threshold],
+            [r for r in usable if r["outcome"] < opts.correct_threshold])
+
+
 def sft(rows: list[Row], opts: Options) -> Iterator[Row]:
-    correct = [r for r in _usable(rows) if r["outcome"] is not None and r["outcome"] >= opts.correct_threshold]
+    correct, _ = _split(rows, opts)
     if not correct:
         return
     best = _best(correct)
@@ -80,12 +89,12 @@ def sft(rows: list[Row], opts: Options) -> Iterator[Row]:
 
 
 def dpo(rows: list[Row], opts: Options) -> Iterator[Row]:
-    usable = _usable(rows)
-    if len(usable) < 2:
+    correct, incorrect = _split(rows, opts)
+    if not correct or not incorrect:  # only a mixed group says which answer is right
         return
-    chosen = _best(usable)
-    rejected = min(usable, key=lambda r: (r["total_reward"], r["idx"]))
-    if chosen["total_reward"] == rejected["total_reward"] or not _passes(chosen, opts):
+    chosen = _best(correct)
+    rejected = min(incorrect, key=lambda r: (r["total_reward"], r["idx"]))
+    if chosen["total_reward"] <= rejected["total_reward"] or not _passes(chosen, opts):
         return
     yield {"prompt": messages(chosen["prompt_messages"]), "chosen": messages(chosen["messages"]),
            "rejected": messages(rejected["messages"])}

@@ -2,10 +2,11 @@
 
 OpenRLHF posts ``{"query": [prompt + response, special tokens included], "prompts": [...], "labels":
 [...]}`` and reads ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``, floats only. The response
-is the text after the prompt, with padding and end-of-sequence tokens removed; a label becomes
-``reference.answer`` (a dict label is the whole reference).
+is the text after the prompt at the start of the query, with padding and end-of-sequence tokens removed;
+a query with no end-of-sequence token is scored as truncated (``finish_reason: length``) unless the setting
+``openrlhf_eos_means_stop`` is off; a label becomes ``reference.answer`` (a dict label is the whole reference).
 
-When an item cannot be scored (any component errored, or the prompt is not inside the query) the
+When an item cannot be scored (any component errored, or the query does not start with the prompt) the
 deployment setting ``openrlhf_on_error`` decides: ``fail`` answers 503 (OpenRLHF's client retries, then
 stops the run) and ``value`` substitutes ``openrlhf_error_value`` and flags the item in
 ``extra_logs["reward_error"]`` (1.0 per substituted item), so the substitution is visible in its logs.
@@ -13,6 +14,7 @@ stops the run) and ``value`` substitutes ``openrlhf_error_value`` and flags the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
@@ -20,32 +22,66 @@ from sqlalchemy.orm import Session
 from reward_models.scoring import Scorer
 from service.errors import BadRequest, ServiceError
 from service.integration_schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreResult
-from service.services.score import score_items
+from service.services.score import ScoreLimits, score_items
 
 OnError = Literal["fail", "value"]
-# end-of-sequence / padding markers of common chat templates, removed from the end of a response
-SPECIAL_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>",
-                  "<end_of_turn>", "<|end|>", "<pad>", "<|end▁of▁sentence|>")
+# end-of-sequence markers of common chat templates: a response that ends in one stopped by itself
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>", "<end_of_turn>",
+              "<|end|>", "<|end▁of▁sentence|>", "<｜end▁of▁sentence｜>")
+# padding and beginning-of-sequence markers, removed around the query before the prompt is located
+PAD_TOKENS = ("<pad>", "<|pad|>", "<|finetune_right_pad_id|>", "<unk>")
+BOS_TOKENS = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<｜begin▁of▁sentence｜>")
 
 
 class RewardUnavailable(ServiceError):
     status_code = 503
 
 
-def split_response(query: str, prompt: str) -> str | None:
-    """The response inside ``query`` (the text after the last occurrence of ``prompt``), trailing special
-    tokens and whitespace removed; None when the prompt is not in the query."""
-    at = query.rfind(prompt) if prompt else -1
-    if at < 0:
-        return None
-    response = query[at + len(prompt):].rstrip()
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The policy's part of a query, and whether it ended with an end-of-sequence token."""
+
+    text: str
+    ended: bool
+
+
+def _lstrip_tokens(text: str, tokens: tuple[str, ...]) -> str:
     stripped = True
     while stripped:
         stripped = False
-        for token in SPECIAL_TOKENS:
-            if response.endswith(token):
-                response, stripped = response[: -len(token)].rstrip(), True
-    return response
+        for token in tokens:
+            if text.startswith(token):
+                text, stripped = text[len(token):], True
+    return text
+
+
+def _rstrip_tokens(text: str, tokens: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` without trailing ``tokens`` (and whitespace); whether any was removed."""
+    text, removed, stripped = text.rstrip(), False, True
+    while stripped:
+        stripped = False
+        for token in tokens:
+            if text.endswith(token):
+                text, stripped, removed = text[: -len(token)].rstrip(), True, True
+    return text, removed
+
+
+def split_response(query: str, prompt: str) -> Response | None:
+    """The response inside ``query``: OpenRLHF's query is the prompt followed by the response, so the
+    response is everything after the prompt at the START of the query (leading pad / BOS / EOS tokens
+    skipped), never after a later copy the policy wrote itself. Trailing padding and end-of-sequence
+    tokens are removed; ``ended`` says whether one was there. None when the query does not start with
+    the prompt."""
+    head = (PAD_TOKENS + BOS_TOKENS + END_TOKENS)
+    prompt = _lstrip_tokens(prompt, head)
+    if not prompt:
+        return None
+    body = _lstrip_tokens(query, head)
+    if not body.startswith(prompt):
+        return None
+    text, _ = _rstrip_tokens(body[len(prompt):], PAD_TOKENS)
+    text, ended = _rstrip_tokens(text, END_TOKENS + PAD_TOKENS)
+    return Response(text, ended)
 
 
 def _reference(label: Any) -> dict[str, Any]:
@@ -65,27 +101,36 @@ def _check(body: OpenRLHFIn) -> tuple[list[str], list[Any]]:
     return body.prompts, labels
 
 
+def _item(prompt: str, response: Response, label: Any, eos_means_stop: bool) -> dict[str, Any]:
+    """A query without an end-of-sequence token hit the generation limit: scored as truncated."""
+    finish = "stop" if response.ended or not eos_means_stop else "length"
+    return {"prompt": prompt, "completion": response.text, "reference": _reference(label), "finish_reason": finish}
+
+
 def get_reward(session: Session, scorer: Scorer, spec: str, body: OpenRLHFIn, *, on_error: OnError,
-               error_value: float, max_items: int) -> OpenRLHFOut:
+               error_value: float, limits: ScoreLimits, eos_means_stop: bool = True) -> OpenRLHFOut:
     prompts, labels = _check(body)
     responses = [split_response(q, p) for q, p in zip(body.query, prompts, strict=True)]
-    scorable = [i for i, r in enumerate(responses) if r is not None]
+    items = {i: _item(prompts[i], r, labels[i], eos_means_stop) for i, r in enumerate(responses) if r is not None}
     results: dict[int, ScoreResult] = {}
-    if scorable:
-        items = [{"prompt": prompts[i], "completion": responses[i], "reference": _reference(labels[i])}
-                 for i in scorable]
-        out = score_items(session, scorer, ScoreIn.model_validate({"reward_spec": spec, "items": items}), max_items)
-        results = dict(zip(scorable, out.results, strict=True))
+    if items:
+        out = score_items(session, scorer, ScoreIn.model_validate({"reward_spec": spec, "items": list(items.values())}),
+                          limits)
+        results = dict(zip(items, out.results, strict=True))
     failed = [i for i in range(len(body.query)) if i not in results or results[i].total is None]
     if failed and on_error == "fail":
         raise RewardUnavailable(f"query[{failed[0]}]: could not be scored ({_why(results.get(failed[0]))}); "
                                 f"{len(failed)} of {len(body.query)} items failed", detail={"failed": failed})
-    return _answer(len(body.query), results, set(failed), error_value)
+    answer = _answer(len(body.query), results, set(failed), error_value)
+    # the queries scored as cut off by the generation limit (no end-of-sequence token), for OpenRLHF's logs
+    answer.extra_logs["truncated"] = [float(i in items and items[i]["finish_reason"] == "length")
+                                      for i in range(len(body.query))]
+    return answer
 
 
 def _why(result: ScoreResult | None) -> str:
     if result is None:
-        return "the prompt is not part of the query"
+        return "the query does not start with the prompt"
     return "; ".join(f"{name}: {c.error}" for name, c in result.rewards.items() if c.error)
 
 

@@ -8,22 +8,45 @@ worker scores and curates like any other group.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from sqlalchemy.orm import Session
 
 from reward_models.base import PromptInfo, Sample
-from reward_models.scoring import Scorer
+from reward_models.scoring import PoolBudget, PoolBudgetExceeded, Scorer
 from reward_models.spec import RewardSpec, ScoredSample
 from service.errors import BadRequest, ServiceError
 from service.integration_schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
 from service.schemas import GroupIn, Message
 from service.services import ingest, specs
+from service.settings import Settings
 
 
 class TooManyItems(ServiceError):
+    """More items than one request may carry, or more pool time than one request may take."""
+
     status_code = 413
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreLimits:
+    """What one scoring request may take: items, items per stored group, and its share of the shared
+    process pool (``pool_budget_s`` of wall time, ``pool_max_in_flight`` tasks at a time)."""
+
+    max_items: int = 512
+    max_group_size: int = 1024
+    pool_budget_s: float = 120.0
+    pool_max_in_flight: int = 2
+
+    def budget(self) -> PoolBudget:
+        return PoolBudget(self.pool_budget_s, self.pool_max_in_flight)
+
+    @classmethod
+    def of(cls, settings: Settings) -> ScoreLimits:
+        in_flight = settings.score_pool_max_in_flight or 2 * settings.worker_processes
+        return cls(settings.max_score_items, settings.max_group_size, settings.score_pool_budget_s, in_flight)
 
 
 def _messages(value: str | list[Message], role: str) -> list[dict[str, Any]]:
@@ -64,14 +87,19 @@ def result_of(scored: ScoredSample) -> ScoreResult:
     return ScoreResult(total=scored.total, outcome=scored.outcome, rewards=rewards)
 
 
-def score_items(session: Session, scorer: Scorer, body: ScoreIn, max_items: int,
-                max_group_size: int = 1024) -> ScoreOut:
-    if len(body.items) > max_items:
-        raise TooManyItems(f"items: {len(body.items)} items exceed the limit of {max_items} per request")
+def score_items(session: Session, scorer: Scorer, body: ScoreIn, limits: ScoreLimits) -> ScoreOut:
+    if len(body.items) > limits.max_items:
+        raise TooManyItems(f"items: {len(body.items)} items exceed the limit of {limits.max_items} per request",
+                           detail={"max_items": limits.max_items})
     version = specs.resolve_reward_spec(session, body.reward_spec)
     spec = RewardSpec.model_validate(version.body)
-    scored = scorer.score(spec, [to_sample(item) for item in body.items])
-    stored = _store(session, body, version, max_group_size) if body.store else None
+    try:
+        scored = scorer.score(spec, [to_sample(item) for item in body.items], limits.budget())
+    except PoolBudgetExceeded as exc:
+        raise TooManyItems(f"items: the request needed more of the shared process pool than one request may "
+                           f"take ({exc}; score_pool_budget_s); send fewer items per request",
+                           detail={"max_items": limits.max_items, "pool_budget_s": limits.pool_budget_s}) from None
+    stored = _store(session, body, version, limits.max_group_size) if body.store else None
     return ScoreOut(spec_name=version.name, spec_version=version.version,
                     results=[result_of(s) for s in scored], stored_groups=stored)
 
@@ -81,27 +109,28 @@ def _digest(value: Any) -> str:
 
 
 def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int) -> list[str]:
-    """Items grouped by (dataset, prompt, reference) -> idempotent groups scored by the named spec."""
-    by_prompt: dict[str, list[ScoreItem]] = {}
+    """Items grouped by (dataset, prompt, reference, max_tokens) -> idempotent groups scored by the named
+    spec; the group id hashes everything stored (sampling included), so a different budget is a new group."""
+    by_prompt: dict[tuple[str, int | None], list[ScoreItem]] = {}
     for item in body.items:
         key = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
-        by_prompt.setdefault(key, []).append(item)
+        by_prompt.setdefault((key, item.max_tokens), []).append(item)
     largest = max(len(items) for items in by_prompt.values())
     if largest > max_group_size:
         raise BadRequest(f"items: {largest} items share one prompt; with store, a group holds at most {max_group_size}")
     groups = []
-    for key, items in by_prompt.items():
+    for (key, max_tokens), items in by_prompt.items():
         first = items[0]
         trajectories = [{"messages": _messages(i.completion, "assistant"), "finish_reason": i.finish_reason,
                          "num_tokens": i.num_tokens, "metadata": i.metadata,
                          "final_answer": _final_answer(_messages(i.completion, "assistant"))} for i in items]
         prompt = {"dataset": first.dataset, "messages": _messages(first.prompt, "user"),
                   "reference": first.reference, "reward_spec": f"{version.name}@{version.version}"}
-        group_id = "score-" + _digest([key, body.policy_version, trajectories])
+        sampling = {"max_tokens": max_tokens} if max_tokens else {}
+        group_id = "score-" + _digest([key, body.policy_version, sampling, trajectories])
         groups.append(GroupIn.model_validate({
             "id": group_id, "prompt_id": f"score-{key}", "policy_version": body.policy_version,
-            "prompt": prompt, "trajectories": trajectories,
-            "sampling": {"max_tokens": first.max_tokens} if first.max_tokens else {},
+            "prompt": prompt, "trajectories": trajectories, "sampling": sampling,
         }))
     # no token ids are stored, so the sequence limit never applies; the group-size limit does
     acks = ingest.ingest_groups(session, groups, max_group_size=max_group_size, max_sequence_tokens=2**31,

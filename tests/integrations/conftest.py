@@ -27,6 +27,8 @@ def hang(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0
 '''
 
+MAX_SCORE_ITEMS = 16
+
 SPEC = {
     "name": "integ",
     "components": [
@@ -42,7 +44,9 @@ def service(make_db: Callable[..., str], tmp_path_factory: pytest.TempPathFactor
     path.write_text(USER_FUNCTIONS)
     env = {"GRPO_CURATOR_PYTHON_FUNCTIONS": json.dumps({"mine": str(path), "hang": f"{path}:hang",
                                                          "checksum": f"{path}:checksum"}),
-           "GRPO_CURATOR_COMPONENT_TIMEOUT_S": "2", "GRPO_CURATOR_WORKER_PROCESSES": "2"}
+           "GRPO_CURATOR_COMPONENT_TIMEOUT_S": "2", "GRPO_CURATOR_WORKER_PROCESSES": "2",
+           # below the adapters' first chunk (256): every adapter must learn the limit from the 413
+           "GRPO_CURATOR_MAX_SCORE_ITEMS": str(MAX_SCORE_ITEMS)}
     server = start_server(make_db(), env=env)
     try:
         assert httpx.post(f"{server.url}/v1/reward-specs", json=SPEC).status_code == 201

@@ -73,6 +73,28 @@ def test_openrlhf_reward_func(service: LiveServer, monkeypatch: pytest.MonkeyPat
         openrlhf.reward_func([prompts[0] + GOOD], prompts[:1], [None])
 
 
+def test_adapters_learn_the_services_item_limit_from_its_413(service: LiveServer) -> None:
+    from tests.integrations.conftest import MAX_SCORE_ITEMS
+
+    n = 2 * MAX_SCORE_ITEMS + 3  # the adapters start with 256 items per request
+    over = httpx.post(f"{service.url}/v1/score", json={"reward_spec": "integ", "items": [
+        {"prompt": "q", "completion": GOOD}] * (MAX_SCORE_ITEMS + 1)})
+    assert over.status_code == 413 and over.json()["detail"]["max_items"] == MAX_SCORE_ITEMS
+    answers = [GOOD, BAD, "42"] * n
+    batch = verl.compute_score_batch(["a"] * len(answers), answers, ["42"] * len(answers),
+                                     spec="integ", url=service.url)
+    assert [b["score"] for b in batch] == [1.5, 0.5, 1.0] * n
+    correct, fmt = trl.reward_funcs("integ", url=service.url)[0]
+    assert fmt(prompts=["q"] * len(answers), completions=answers, answer=["42"] * len(answers)) == [1.0, 1.0, 0.0] * n
+    torch = pytest.importorskip("torch")
+    prompts = ["<s>[INST] 6*7? [/INST]"] * len(answers)
+    out = openrlhf.reward_func([p + a + "</s>" for p, a in zip(prompts, answers, strict=True)], prompts,
+                               ["42"] * len(answers), url=service.url, spec="integ")
+    assert torch.equal(out["rewards"], torch.tensor([1.5, 0.5, 1.0] * n))
+    assert torch.equal(out["extra_logs"]["correct"], torch.tensor([1.0, 0.0, 1.0] * n))
+    assert len(out["extra_logs"]["truncated"]) == len(answers)
+
+
 def test_trl_reward_funcs_named_weighted_and_none_on_error(service: LiveServer) -> None:
     funcs, weights = trl.reward_funcs("integ", url=service.url)
     assert [f.__name__ for f in funcs] == ["correct", "fmt"] and weights == [1.0, 0.5]

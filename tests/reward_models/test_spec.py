@@ -156,6 +156,30 @@ def test_combine_error_gives_no_total_never_zero() -> None:
     assert combine(s, {"m": ok(1.0)}).total is None  # a missing component is not a 0
 
 
+@pytest.mark.parametrize(
+    ("weights", "values", "blamed"),
+    [
+        ((2.0, 1.0), (1e308, 0.5), "a"),  # one term overflows
+        ((1.0, 1.0), (1e308, 1e308), "a"),  # finite terms, the partial sum overflows (fsum raises)
+        ((2.0, -2.0), (1e308, 1e308), "a"),  # +inf and -inf terms (fsum raises ValueError)
+        ((1e-3, 1e200), (1.0, 1e200), "b"),  # the largest contributor is blamed
+    ],
+)
+def test_combine_a_total_that_is_not_finite_is_a_named_error(weights, values, blamed) -> None:
+    s = spec({"name": "a", "kind": "external.reported", "weight": weights[0], "outcome": True},
+             {"name": "b", "kind": "external.reported", "weight": weights[1], "params": {"key": "b"}})
+    scored = combine(s, {"a": ok(values[0]), "b": ok(values[1])})
+    assert scored.total is None
+    bad = scored.components[blamed]
+    assert bad.value is None and bad.error.startswith("weighted total not finite")
+    assert bad.details["value"] == values[0 if blamed == "a" else 1]
+    other = scored.components["b" if blamed == "a" else "a"]
+    assert other.error is None
+    assert scored.outcome == (None if blamed == "a" else values[0])
+    # just below the edge the same spec adds up
+    assert combine(s, {"a": ok(1.0), "b": ok(1.0)}).total == pytest.approx(sum(weights))
+
+
 def test_component_result_value_xor_error() -> None:
     with pytest.raises(ValueError):
         ComponentResult(value=None, details={})

@@ -126,13 +126,15 @@ def test_dpo(store: TestClient, tmp_path: Path, filetype: str) -> None:
     rows = export(store, filetype, tmp_path, format="dpo")
     expected = []
     for g in stored(store):
-        u = usable(g)
-        if len(u) >= 2:
-            best = sorted(u, key=lambda t: (-t["total_reward"], t["index"]))[0]
-            worst = sorted(u, key=lambda t: (t["total_reward"], t["index"]))[0]
-            if best["total_reward"] != worst["total_reward"]:
+        right = [t for t in usable(g) if t["outcome"] == 1.0]
+        wrong = [t for t in usable(g) if t["outcome"] is not None and t["outcome"] < 1.0]
+        if right and wrong:  # mixed groups only: chosen is correct, rejected is not
+            best = sorted(right, key=lambda t: (-t["total_reward"], t["index"]))[0]
+            worst = sorted(wrong, key=lambda t: (t["total_reward"], t["index"]))[0]
+            if best["total_reward"] > worst["total_reward"]:
                 expected.append((text_of(g["prompt_messages"]), text_of(best["messages"]), text_of(worst["messages"])))
-    assert len(expected) == 2  # g-right ties, g-tools and g-cut have one usable trajectory
+    # g-again and g-right have only correct stop answers; g-tools and g-cut one usable trajectory
+    assert len(expected) == 1
     assert [(text_of(r["prompt"]), text_of(r["chosen"]), text_of(r["rejected"])) for r in rows] == expected
 
 

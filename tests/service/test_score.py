@@ -133,15 +133,21 @@ def openrlhf_request(responses: list[str], labels: list) -> dict:
 @pytest.mark.parametrize(
     ("query", "prompt", "response"),
     [
-        ("P: x R <|im_end|>", "P: x", " R"),
-        ("<pad><pad>P R</s></s>", "P", " R"),
-        ("P P R<|eot_id|>\n", "P", " R"),  # the prompt repeated inside: the last occurrence
+        ("P: x R <|im_end|>", "P: x", (" R", True)),
+        ("<pad><pad>P R</s></s>", "P", (" R", True)),
+        ("<s>P R</s><pad><pad>", "<s>P", (" R", True)),  # BOS on the prompt, padding after the EOS
+        ("P P R<|eot_id|>\n", "P", (" P R", True)),  # the prompt repeated by the policy is its response
+        ("P R", "P", (" R", False)),  # no end-of-sequence token: cut off by the generation limit
+        ("P R<pad>", "P", (" R", False)),
+        ("x P R", "P", None),  # the query must start with the prompt
         ("Q R", "P", None),
         ("R", "", None),
+        ("<pad>R", "<pad>", None),
     ],
 )
-def test_split_response(query: str, prompt: str, response: str | None) -> None:
-    assert split_response(query, prompt) == response
+def test_split_response(query: str, prompt: str, response: tuple[str, bool] | None) -> None:
+    got = split_response(query, prompt)
+    assert (got if got is None else (got.text, got.ended)) == response
 
 
 def test_openrlhf_route(client, spec: str) -> None:
@@ -150,7 +156,23 @@ def test_openrlhf_route(client, spec: str) -> None:
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["rewards"] == out["scores"] == [1.5, 0.5, 1.0]
-    assert out["extra_logs"] == {"reward_error": [0.0, 0.0, 0.0], "correct": [1.0, 0.0, 1.0], "format": [1.0, 1.0, 0.0]}
+    assert out["extra_logs"] == {"reward_error": [0.0, 0.0, 0.0], "correct": [1.0, 0.0, 1.0], "format": [1.0, 1.0, 0.0],
+                                 "truncated": [0.0, 0.0, 0.0]}
+
+
+@pytest.mark.parametrize("eos_means_stop", [True, False])
+def test_openrlhf_query_without_eos_is_scored_as_truncated(client, spec: str, monkeypatch, eos_means_stop) -> None:
+    from service.services.openrlhf import _item, split_response
+
+    monkeypatch.setattr(client.app.state.settings, "openrlhf_eos_means_stop", eos_means_stop)
+    body = openrlhf_request([R42, R42], ["42", "42"])
+    body["query"][1] = body["prompts"][1] + R42  # generation stopped by the token limit: no EOS, no padding
+    out = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body).json()
+    assert out["rewards"] == [1.5, 1.5]
+    assert out["extra_logs"]["truncated"] == [0.0, 1.0 if eos_means_stop else 0.0]
+    cut = split_response(body["query"][1], body["prompts"][1])
+    assert cut is not None and cut.text == R42
+    assert _item("p", cut, "42", eos_means_stop)["finish_reason"] == ("length" if eos_means_stop else "stop")
 
 
 def test_openrlhf_error_fails_by_default(client, spec: str) -> None:
@@ -170,6 +192,7 @@ def test_openrlhf_error_value_setting_is_counted(client, spec: str, monkeypatch)
     assert out["rewards"] == [1.5, -1.0, -1.0]
     assert out["extra_logs"]["reward_error"] == [0.0, 1.0, 1.0]
     assert out["extra_logs"]["correct"] == [1.0, -1.0, -1.0]
+    assert out["extra_logs"]["truncated"] == [0.0, 0.0, 0.0]  # query[2] was not scored at all
 
 
 @pytest.mark.parametrize(
