@@ -189,7 +189,6 @@ def test_the_shipped_producer_runs_with_a_dataset_scoped_key(live_server) -> Non
         assert err.value.status_code == 403
 
 
-@pytest.mark.skip(reason="README.md is the coordinator's (written at merge); kept so the merge can run it")
 def test_readme_has_the_security_section_and_no_open_non_loopback_serve() -> None:
     """Issue item 7: a short security section in the README (roles, creating keys, what is open without
     keys, the sandbox's threat model). README.md is untouched: no section, no word of keys, and it still
