@@ -80,7 +80,7 @@ def test_links_resolve_and_stay_in_the_repository(page):
         assert (DOCS / path).exists() or path in OTHER_OWNERS, f"{page}: broken link {target}"
     for url in re.findall(r"https?://[^\s`)\"']+", text):
         # only this machine or the example deployment's own hosts (docker-compose service names)
-        assert re.match(r"https?://(127\.0\.0\.1|localhost|host|curator|api|db)\b", url), f"{page} points outside: {url}"
+        assert re.match(r"https?://(127\.0\.0\.1|localhost|host|curator|api|db|judge)\b", url), f"{page} points outside: {url}"
 
 
 def test_the_index_lists_every_page():
