@@ -102,6 +102,7 @@ class _Inputs:
         tuple[np.ndarray, np.ndarray, np.ndarray] | None
     )  # (values, missing, present) of a component metric
     num_tokens: np.ndarray
+    num_turns: np.ndarray
     max_tokens: np.ndarray  # (B,), 0 when unknown
     policy_version: np.ndarray  # (B,)
 
@@ -141,6 +142,7 @@ def _read(groups: Sequence[GroupScore], policy: CurationPolicy, lay: _Layout) ->
         outcome_missing=lay.pad(outcome_missing, True),
         component=comp,
         num_tokens=lay.pad(num_tokens, 0),
+        num_turns=lay.pad(np.array([t.num_turns for t in flat], dtype=np.int64), 1),
         max_tokens=np.array([g.max_tokens or 0 for g in groups], dtype=np.int64),
         policy_version=np.array([g.policy_version for g in groups], dtype=np.int64),
     )
@@ -159,7 +161,9 @@ def _penalties(x: _Inputs, act: np.ndarray, base: np.ndarray, policy: CurationPo
     rows, cols = np.nonzero(base)
     if rows.size:
         penalize = act[rows, cols] == PENALIZE
-        out[rows, cols] = overlong_penalties(x.num_tokens[rows, cols], x.max_tokens[rows], penalize, policy)
+        out[rows, cols] = overlong_penalties(
+            x.num_tokens[rows, cols], x.max_tokens[rows], penalize, policy, x.num_turns[rows, cols]
+        )
     return out
 
 

@@ -137,7 +137,9 @@ def _baseline(
             continue
         total = float(trajs[i].total)  # type: ignore[arg-type]
         penalize = actions[i] == "penalize"
-        used[i] = total + overlong_penalty(trajs[i].num_tokens, group.max_tokens, penalize, policy)
+        used[i] = total + overlong_penalty(
+            trajs[i].num_tokens, group.max_tokens, penalize, policy, trajs[i].num_turns
+        )
     return used, errors, metric, has_outcome
 
 

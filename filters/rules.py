@@ -43,7 +43,11 @@ def resample_budget(max_tokens: int | None, multiplier: float) -> int | None:
 
 
 def overlong_penalties(
-    num_tokens: np.ndarray, max_tokens: np.ndarray, penalize: np.ndarray, policy: CurationPolicy
+    num_tokens: np.ndarray,
+    max_tokens: np.ndarray,
+    penalize: np.ndarray,
+    policy: CurationPolicy,
+    num_turns: np.ndarray | None = None,
 ) -> np.ndarray:
     """Overlong penalty added to the reward of baseline members: (N,) x3 -> (N,) floats.
 
@@ -52,6 +56,12 @@ def overlong_penalties(
     `penalize` member or `policy.soft_overlong` is on (every member, truncated or not: DAPO's overlong
     reward shaping). A shaped member with known lengths (both > 0) gets the DAPO soft overlong penalty;
     with an unknown length a `penalize` member gets the policy's fixed `penalty`, any other member 0.
+
+    max_tokens is a per-model-turn budget (the producer samples each turn with it), and num_tokens counts
+    every turn. `soft_overlong` therefore shapes only single-turn members whose length fits the budget;
+    a multi-turn member (num_turns (N,) > 1), or one longer than the budget that was not cut by it, is
+    left unshaped (0): its turns' lengths are not known here, and shaping its total would teach the
+    policy to stop calling tools. A `penalize` member (its last turn was cut) is shaped as before.
     """
     n = np.asarray(num_tokens, dtype=np.int64)
     m = np.asarray(max_tokens, dtype=np.int64)
@@ -59,14 +69,19 @@ def overlong_penalties(
     known = (m > 0) & (n > 0)
     safe_m = np.where(known, m, 1)
     soft = soft_overlong_penalties(n, safe_m, buffer_tokens(policy.overlong_buffer, safe_m))
-    shaped = pen | policy.soft_overlong
+    turns = np.ones(n.shape, dtype=np.int64) if num_turns is None else np.asarray(num_turns, dtype=np.int64)
+    soft_ok = policy.soft_overlong & (turns <= 1) & (n <= m)
+    shaped = pen | soft_ok
     return np.where(shaped, np.where(known, soft, np.where(pen, policy.penalty, 0.0)), 0.0)
 
 
-def overlong_penalty(num_tokens: int, max_tokens: int | None, penalize: bool, policy: CurationPolicy) -> float:
+def overlong_penalty(
+    num_tokens: int, max_tokens: int | None, penalize: bool, policy: CurationPolicy, num_turns: int = 1
+) -> float:
     """`overlong_penalties` for one baseline member (max_tokens None: unknown)."""
     budget = np.array([max_tokens or 0])
-    return float(overlong_penalties(np.array([num_tokens]), budget, np.array([penalize]), policy)[0])
+    one = overlong_penalties(np.array([num_tokens]), budget, np.array([penalize]), policy, np.array([num_turns]))
+    return float(one[0])
 
 
 def check_finite(group: GroupScore, metric: str) -> None:

@@ -201,7 +201,8 @@ class CurationPolicy:
 class TrajectoryScore:
     """One scored trajectory. `total` / `outcome` / component values are None when not computable.
 
-    num_tokens: generated tokens; 0 means unknown.
+    num_tokens: generated tokens; 0 means unknown. num_turns: model turns (the group's max_tokens is a
+    per-turn budget: the producer samples every turn with it).
     """
 
     index: int
@@ -210,6 +211,7 @@ class TrajectoryScore:
     components: Mapping[str, float | None]
     outcome: float | None
     num_tokens: int = 0
+    num_turns: int = 1
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ log-probs of the sampled tokens (the behaviour log-probs the trainer's importanc
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,14 @@ class VLLMSampler:
         kwargs = {"model": str(model_dir), "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": True}
         try:
             self.llm: Any = LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:  # a vLLM without logprobs_mode (V0 engines return processed log-probs)
+        except TypeError:  # a vLLM without logprobs_mode: its log-probs may be raw (pre-temperature)
+            if temperature != 1.0:
+                raise RuntimeError(
+                    f"this vLLM has no logprobs_mode, so it may return raw (pre-temperature) log-probs; "
+                    f"at temperature {temperature} they are not the sampled distribution's. Upgrade vLLM "
+                    "(logprobs_mode='processed_logprobs') or sample at temperature 1"
+                ) from None
+            log.warning("this vLLM has no logprobs_mode; at temperature 1 raw and processed log-probs agree")
             self.llm = LLM(**kwargs)
         self.eos, self.temperature = eos_token_id, temperature
 

@@ -90,9 +90,10 @@ def mixed_letter_sum_prompts(
     letters: str = LETTERS, dataset: str = "letter-sum-mixed", widths: tuple[int, ...] = (1, 2)
 ) -> list[dict[str, Any]]:
     """Letter-sum with 1, 2 (, 3) operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
-    mod K; sum(K^w) prompts of mixed difficulty. The 1-operand ones (copy the letter) are learned first and
-    soon give all-correct groups while the longer ones stay all-wrong for a while: groups that carry no
-    GRPO signal next to groups that do."""
+    mod K; sum(K^w) prompts of mixed difficulty. The 1-operand ones (copy the letter) are meant to be the
+    easy ones and the longer ones stay all-wrong for a while: groups that carry no GRPO signal next to
+    groups that do. (In bench/curation_effect.py's 100-step runs even the copy prompts were not learned:
+    both arms plateau at the chance rate; see docs/training.md.)"""
     k = len(letters)
     out = []
     for width in widths:

@@ -176,11 +176,25 @@ class GroupIn(FreeJson):
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or not 0 < mt <= INT4_MAX):
             raise ValueError(f"sampling.max_tokens: must be an integer from 1 to {INT4_MAX}")
         temp = v.get("temperature")  # the trainer computes log-probs at this temperature
-        if temp is not None and (
-            not isinstance(temp, int | float) or isinstance(temp, bool) or not 0 < temp < float("inf")
-        ):
-            raise ValueError("sampling.temperature: must be a finite number > 0")
+        if temp is not None and not _temperature_ok(temp):
+            raise ValueError(
+                f"sampling.temperature: must be a number from {TEMPERATURE_MIN:g} to {TEMPERATURE_MAX:g}"
+                " (greedy decoding is not a temperature: send the temperature the log-probs were taken at)"
+            )
         return v
+
+
+# The trainer divides fp32 logits by the temperature: 1/T and logits/T must stay finite normal fp32
+# numbers (a subnormal T makes 1/T inf and the loss NaN; T below ~1e-38 rounds to 0).
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-4, 1e4
+
+
+def _temperature_ok(temp: object) -> bool:
+    """A JSON number (not a bool) in [TEMPERATURE_MIN, TEMPERATURE_MAX]; an integer of any size compares
+    exactly, so 10**400 is refused here instead of reaching the JSON encoder or the ::float8 cast."""
+    if isinstance(temp, bool) or not isinstance(temp, int | float):
+        return False
+    return TEMPERATURE_MIN <= temp <= TEMPERATURE_MAX
 
 
 class GroupsIn(Strict):

@@ -18,6 +18,8 @@ import threading
 import uuid
 from typing import Any, Protocol
 
+from service.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN
+
 log = logging.getLogger(__name__)
 
 RETRIES = 8
@@ -101,6 +103,9 @@ def unusable(batch: dict[str, Any], need_logprobs: bool) -> str | None:
                 return f"{where}: no behaviour logprobs (old_from_batch needs them)"
             if t.get("advantage") is None:
                 return f"{where}: no advantage"
+        temp = group.get("temperature")
+        if temp is not None and not TEMPERATURE_MIN <= temp <= TEMPERATURE_MAX:  # stored before ingest checked
+            return f"group {group.get('id')!r}: temperature {temp!r} outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}]"
     return None
 
 

@@ -5,8 +5,9 @@ group-relative advantages plus beta * KL to a frozen reference.
 
 Where this departs from the GRPO paper (every departure is a `LossConfig` switch):
 - Aggregation (`agg`): the paper averages tokens within a sequence, then sequences
-  (`seq-mean-token-mean`). The default here is `token-mean` over all mask-1 tokens of the batch
-  (DAPO, Yu et al. 2025, sec. 3.3), so long responses are not under-weighted. `seq-mean-token-sum`
+  (`seq-mean-token-mean`). The default for the token ratio is `token-mean` over all mask-1 tokens of
+  the batch (DAPO, Yu et al. 2025, sec. 3.3), so long responses are not under-weighted; for the
+  sequence ratio (GSPO) it is `seq-mean-token-mean` (`DEFAULT_AGG`). `seq-mean-token-sum`
   sums a sequence's tokens and averages sequences; `seq-mean-token-sum-norm` divides each sequence's
   token sum by one constant (`norm_tokens`, e.g. the generation budget) instead of its length:
   Dr. GRPO's unbiased aggregation (Liu et al. 2025, "Understanding R1-Zero-Like Training"), used with
@@ -30,7 +31,11 @@ Where this departs from the GRPO paper (every departure is a `LossConfig` switch
 - `ratio_level="sequence"`: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"),
   the length-normalised sequence ratio s_i = exp(mean_t (logp - old_logp)), in the GSPO-token form
   s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: each token's value is s_i, so a sequence is clipped as a
-  whole, and its gradient equals sequence-level GSPO under any of the aggregations here.
+  whole. GSPO's objective weighs every sequence alike, 1/G sum_i min(s_i A_i, clip(s_i) A_i): that is
+  `seq-mean-token-mean` (every token of sequence i carries s_i, so the token mean is s_i), the default
+  `agg` of the sequence ratio. `token-mean` with the sequence ratio weighs sequence i by |y_i| / N (a
+  length-weighted GSPO variant, not the paper's), and the token sums weigh it by |y_i|: allowed when
+  set explicitly, never by default.
 - Truncated importance sampling (`tis_cap`, default 2): when the sampler's log-probs (`behaviour_logp`)
   differ from the trainer's old-policy log-probs, each token's loss is weighted by
   min(exp(old_logp - behaviour_logp), C), detached (Yao et al. 2025, "Your Efficient RL Framework
@@ -57,6 +62,8 @@ KLMode = Literal["loss", "reward"]
 RatioLevel = Literal["token", "sequence"]
 # default clip ranges (eps_low, eps_high) per ratio level: DAPO clip-higher; GSPO sec. 5.1
 DEFAULT_CLIP: dict[str, tuple[float, float]] = {"token": (0.2, 0.28), "sequence": (3e-4, 4e-4)}
+# default aggregation per ratio level: DAPO token-mean; GSPO's 1/G sum over sequences
+DEFAULT_AGG: dict[str, str] = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 
 
 def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> None:
@@ -69,13 +76,14 @@ def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> None:
 class LossConfig:
     """Switches of the policy loss; see the module docstring for the papers behind each.
 
-    eps_low / eps_high None: the defaults of the ratio level (`DEFAULT_CLIP`). norm_tokens: the
+    eps_low / eps_high / agg None: the defaults of the ratio level (`DEFAULT_CLIP`, `DEFAULT_AGG`:
+    `ratio_level="sequence"` alone is GSPO as the paper writes it). norm_tokens: the
     constant of `seq-mean-token-sum-norm` (required by it). dual_clip: c > 1, None turns it off.
     """
 
     eps_low: float | None = None
     eps_high: float | None = None
-    agg: AggMode = "token-mean"
+    agg: AggMode | None = None
     beta: float = 0.0
     kl_estimator: KLEstimator = "k2"
     kl_mode: KLMode = "loss"
@@ -86,7 +94,10 @@ class LossConfig:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        check_choice("agg", self.agg, get_args(AggMode))
+        check_choice("ratio_level", self.ratio_level, get_args(RatioLevel))
+        if self.agg is None:
+            object.__setattr__(self, "agg", DEFAULT_AGG[self.ratio_level])
+        check_choice("agg", self.agg, get_args(AggMode))  # type: ignore[arg-type]
         if self.kl_estimator == "k1":
             raise ValueError(
                 "kl_estimator 'k1' as a loss has zero expected gradient; use k2 (gradient of KL(pi || ref)), "
@@ -94,7 +105,6 @@ class LossConfig:
             )
         check_choice("kl_estimator", self.kl_estimator, get_args(KLEstimator))
         check_choice("kl_mode", self.kl_mode, get_args(KLMode))
-        check_choice("ratio_level", self.ratio_level, get_args(RatioLevel))
         low, high = DEFAULT_CLIP[self.ratio_level]
         object.__setattr__(self, "eps_low", low if self.eps_low is None else self.eps_low)
         object.__setattr__(self, "eps_high", high if self.eps_high is None else self.eps_high)

@@ -69,8 +69,14 @@ def sequence_logprobs(policy: nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor
 
 @torch.no_grad()
 def frozen_logprobs(policy: nn.Module, mb: MicroBatch) -> Tensor:
-    """Log-probs (S, Tm) without gradient: the old policy or the frozen reference."""
-    return sequence_logprobs(policy, mb)[0]
+    """Log-probs (S, Tm) without gradient: the old policy or the frozen reference, in eval mode (no
+    dropout: pi_old is the policy's distribution, not one dropout sample of it); the mode is restored."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        return sequence_logprobs(policy, mb)[0]
+    finally:
+        policy.train(was_training)
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:

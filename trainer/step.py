@@ -10,6 +10,7 @@ Gradients are synchronised only on the last micro-batch (DDP no_sync / FSDP2 gra
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,7 +113,9 @@ def train_step(
     policy: a PolicyLogprobs, possibly DDP / FSDP wrapped; ref_policy: the frozen reference
     (needed when cfg.loss.beta > 0). Every rank must call this with >= 1 micro-batch (ranks with
     fewer are padded with empty ones, so counts may differ). When the whole
-    batch (all ranks) has no mask-1 token, nothing is stepped and `skipped` is 1.
+    batch (all ranks) has no mask-1 token, nothing is stepped and `skipped` is 1. When the loss or the
+    gradient norm is not finite (every rank sees the same reduced values), the gradients are dropped,
+    nothing is stepped, and `skipped` and `nonfinite` are 1: the caller nacks the batch with a reason.
     """
     if cfg.loss.beta > 0 and ref_policy is None:
         raise ValueError("loss.beta > 0 needs a ref_policy")
@@ -139,9 +142,13 @@ def train_step(
         sums[-1] += mb.n_input_tokens
         ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
     grad_norm = _grad_norm([p for p in policy.parameters() if p.grad is not None], cfg.max_grad_norm)
+    sums, ratio_max = all_reduce(sums, "sum"), all_reduce(ratio_max, "max")
+    if not (math.isfinite(float(sums[-3])) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)  # one bad batch never writes NaN / inf into the weights
+        return {"skipped": 1.0, "nonfinite": 1.0, "loss_tokens": float(sums[-2])}
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return _finish_metrics(all_reduce(sums, "sum"), all_reduce(ratio_max, "max"), cfg, grad_norm)
+    return _finish_metrics(sums, ratio_max, cfg, grad_norm)
 
 
 def _finish_metrics(sums: Tensor, ratio_max: Tensor, cfg: StepConfig, grad_norm: float) -> dict[str, float]:

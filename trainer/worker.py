@@ -206,6 +206,13 @@ def usable(client: LeaseClient, batch: dict[str, Any] | None, cfg: TrainerConfig
     return None
 
 
+def drop_nonfinite(client: LeaseClient, batch: dict[str, Any], pending: list[str], heartbeat: Heartbeat) -> None:
+    """Nack (dropping its groups, with the reason) a batch whose loss or gradient norm was not finite."""
+    refuse(client, batch, "loss or gradient norm not finite; the optimizer step was skipped")
+    pending.remove(batch["batch_id"])
+    heartbeat.release([batch["batch_id"]])
+
+
 def ack(client: LeaseClient, batch_ids: list[str], heartbeat: Heartbeat) -> bool:
     """Ack these batches (their updates are durable) and stop their heartbeat -> False if any was refused."""
     refused = ack_batches(client, batch_ids)
@@ -340,6 +347,8 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
             mbs = micro_batches(batch, cfg)
             metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
             seconds = time.perf_counter() - t0
+            if metrics.get("nonfinite") and batch is not None:  # not stepped; would poison every trainer
+                drop_nonfinite(client, batch, pending, heartbeat)
             acked = ack(client, pending, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
             metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
             if metrics["skipped"]:

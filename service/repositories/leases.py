@@ -245,11 +245,15 @@ def drop_held_groups(session: Session, lease_id: str, reason: str) -> list[int]:
 _STALE_SQL = """
 WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM policy_versions),
 stale AS (
-  SELECT g.pk, (c.body->>'max_staleness')::int AS ms, (SELECT v FROM cur) AS v
+  SELECT g.pk, coalesce(CAST(:ms AS int), (c.body->>'max_staleness')::int) AS ms, (SELECT v FROM cur) AS v
     FROM groups g
-    JOIN curation_policies c ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
-   WHERE g.status = 'ready' AND jsonb_typeof(c.body->'max_staleness') = 'number'
-     AND (SELECT v FROM cur) - g.policy_version > (c.body->>'max_staleness')::int
+    LEFT JOIN curation_policies c
+      ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
+   WHERE g.status = 'ready'
+     AND (CAST(:ms AS int) IS NOT NULL OR jsonb_typeof(c.body->'max_staleness') = 'number')
+     AND (SELECT v FROM cur) - g.policy_version
+         > coalesce(CAST(:ms AS int), (c.body->>'max_staleness')::int)
+     AND (CAST(:all_datasets AS boolean) OR g.dataset = ANY(CAST(:datasets AS text[])))
    ORDER BY g.pk LIMIT :n FOR UPDATE OF g SKIP LOCKED)
 UPDATE groups g SET status = 'dropped', drop_reason = 'stale'
   FROM stale WHERE g.pk = stale.pk
@@ -257,12 +261,25 @@ RETURNING g.pk, g.policy_version, stale.ms, stale.v
 """
 
 
-def drop_stale_ready(session: Session, limit: int = 1000) -> int:
-    """Ready groups sampled more than their curation policy's ``max_staleness`` versions behind the
-    latest published policy -> 'dropped' ('stale'), each with a decision. Returns how many."""
-    rows = session.execute(text(_STALE_SQL), {"n": limit}).all()
+def drop_stale_ready(
+    session: Session,
+    limit: int = 1000,
+    *,
+    max_staleness: int | None = None,
+    datasets: frozenset[str] | None = None,
+) -> int:
+    """Ready groups sampled more than ``max_staleness`` versions behind the latest published policy ->
+    'dropped' ('stale'), each with a decision. Returns how many.
+
+    ``max_staleness`` None: each group's curation policy's ``max_staleness`` (groups without one stay).
+    Given (a lease's ``max_staleness``): that limit, over ``datasets`` (None: every dataset) -- the groups
+    such a lease passes over and would otherwise leave 'ready' for ever."""
+    params = {"n": limit, "ms": max_staleness, "all_datasets": datasets is None,
+              "datasets": sorted(datasets or ())}
+    rows = session.execute(text(_STALE_SQL), params).all()
+    source = "curation policy" if max_staleness is None else "lease"
     _decisions(session, [
-        (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, max_staleness {ms}")
+        (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, {source} max_staleness {ms}")
         for pk, pv, ms, v in rows
     ])
     return len(rows)

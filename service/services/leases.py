@@ -260,6 +260,8 @@ async def lease(
 def _attempt_sync(
     session: Session, body: LeaseIn, lease_seconds: float, final: bool, key: Principal
 ) -> BatchColumns | None:
+    if body.max_staleness is not None and drop_stale(session, body.max_staleness, key.datasets):
+        session.commit()  # dropped for good, whether or not this attempt finds a batch
     batch = lease_once(session, body, lease_seconds, final, key)
     if batch is None:
         session.rollback()  # in the same thread: a connection never waits for a free thread to go back
@@ -405,9 +407,13 @@ def extend(session: Session, batch_id: str, lease_seconds: float, key: Principal
     return _state(session, lease)
 
 
-def drop_stale(session: Session) -> int:
-    """Ready groups past their curation policy's ``max_staleness`` leave the queue ('dropped', 'stale')."""
-    return lease_repo.drop_stale_ready(session)
+def drop_stale(
+    session: Session, max_staleness: int | None = None, datasets: frozenset[str] | None = None
+) -> int:
+    """Ready groups past a staleness limit leave the queue ('dropped', 'stale', with a decision): the
+    pipeline passes none (each group's curation policy's ``max_staleness``); a lease passes its own, so
+    the groups it can never take do not sit in 'ready' -- counted as the producer's backlog -- for ever."""
+    return lease_repo.drop_stale_ready(session, max_staleness=max_staleness, datasets=datasets)
 
 
 def state(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:

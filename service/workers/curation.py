@@ -52,6 +52,7 @@ def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | N
                 components=components.get((g.pk, t.idx), {}),
                 outcome=t.outcome,
                 num_tokens=t.num_tokens,
+                num_turns=t.num_turns,
             )
             for t in g.trajectories
         ],

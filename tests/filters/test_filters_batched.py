@@ -173,7 +173,8 @@ def test_small_budgets_every_action_match_reference(
             if d.reward_used is None:
                 continue
             penalize = actions[t.finish_reason] == "penalize"
-            shaped = soft or penalize
+            # soft_overlong leaves a member longer than the per-turn budget it was not cut by unshaped
+            shaped = (soft and t.num_tokens <= group.max_tokens) or penalize
             unknown = -1.0 if penalize else 0.0  # num_tokens 0: length unknown, the policy's fixed penalty
             penalty = _dapo(t.num_tokens, group.max_tokens, buffer) if t.num_tokens else unknown
             want = t.total + (penalty if shaped else 0.0)

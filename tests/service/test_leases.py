@@ -176,8 +176,23 @@ class TestSizing:
         _, batch = lease(api, max_groups=10, max_staleness=1)
         assert group_ids(batch) == [ids[2], ids[3]]
         assert batch["stats"]["policy_version"] == 10
-        _, batch = lease(api, max_groups=10, max_staleness=2)
-        assert group_ids(batch) == [ids[1]]
+        # the groups that lease passed over (8 and 5 are > 1 behind 10) left the queue with a decision:
+        # left 'ready', they would count as the producer's backlog for ever
+        with db.connect() as c:
+            rows = c.execute(text(
+                "SELECT g.id, g.status, g.drop_reason, d.reason FROM groups g JOIN decisions d"
+                " ON d.group_pk = g.pk AND d.idx IS NULL AND d.rule = 'stale' ORDER BY g.pk"
+            )).all()
+        assert [(r[0], r[1], r[2]) for r in rows] == [(ids[0], "dropped", "stale"), (ids[1], "dropped", "stale")]
+        assert "lease max_staleness 1" in rows[0][3]
+        status, _ = lease(api, max_groups=10, max_staleness=2)
+        assert status == 204  # nothing is ready any more, the 8 included
+
+    def test_a_lease_without_max_staleness_drops_nothing(self, api, db):
+        assert api.post("/v1/policy", json={"version": 10, "metrics": {}}).status_code == 201
+        ids = seed_ready(api, db, 2, prefix="nost", policy_version=0)
+        _, batch = lease(api, max_groups=10)
+        assert sorted(group_ids(batch)) == sorted(ids)
 
 
 class TestValidation:
