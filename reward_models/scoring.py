@@ -2,7 +2,8 @@
 
 Cheap components run inline through ``score_batch`` (the reward model batches, the LLM judge and
 the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox, JSON schemas,
-user regexes RE2 cannot run) go to a KillablePool, one task per sample with a hard deadline. A task that
+user regexes RE2 cannot run) and any item a component's ``in_pool`` sends there (a user regex on a text
+too long to match inline) go to a KillablePool, one task per sample with a hard deadline. A task that
 passes its deadline is attributed by a canary (``attribute_timeout``). Heavy tasks are submitted first so they overlap the inline
 work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
 """
@@ -89,23 +90,30 @@ class Scorer:
         if not items:
             return []
         components = {c.name: self.component(c.kind, c.params) for c in spec.components}
-        pending: dict[str, list[Future]] = {}
+        pending: dict[str, dict[int, Future]] = {}
         for c in spec.components:
-            if components[c.name].cpu_heavy:
+            component = components[c.name]
+            heavy = [i for i, (s, p) in enumerate(items) if component.in_pool(s, p)]
+            if heavy:
                 pool, key = self._get_pool(), params_key(c.params)
-                timeout_s = max(self.timeout_s, components[c.name].deadline_s())
-                pending[c.name] = [
-                    pool.submit(score_in_worker, c.kind, key, s, p, timeout_s=timeout_s)
-                    for s, p in items
-                ]
-        results: dict[str, list[ComponentResult]] = {}
+                timeout_s = max(self.timeout_s, component.deadline_s())
+                pending[c.name] = {
+                    i: pool.submit(score_in_worker, c.kind, key, *items[i], timeout_s=timeout_s) for i in heavy
+                }
+        results: dict[str, list[ComponentResult | None]] = {}
         for c in spec.components:
-            if c.name not in pending:
-                results[c.name] = _inline(components[c.name], items)
+            inline = [i for i in range(len(items)) if i not in pending.get(c.name, {})]
+            results[c.name] = [None] * len(items)
+            if inline:
+                for i, r in zip(inline, _inline(components[c.name], [items[i] for i in inline]), strict=True):
+                    results[c.name][i] = r
         for c in spec.components:
             if c.name in pending:
-                results[c.name] = self._collect_all(c.kind, params_key(c.params), pending[c.name])
-        return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]
+                futures = pending[c.name]
+                for i, r in zip(futures, self._collect_all(c.kind, params_key(c.params), list(futures.values())),
+                                strict=True):
+                    results[c.name][i] = r
+        return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]  # type: ignore[misc]
 
     def _collect_all(self, kind: str, key: str, futures: list[Future]) -> list[ComponentResult]:
         """The pool's answers; timeouts are attributed by one canary (see ``attribute_timeout``)."""

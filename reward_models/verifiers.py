@@ -131,7 +131,10 @@ class _QAVerifier(RewardComponent):
         super().__init__(params)
         pattern = self.params.extract_pattern
         self._regex = UserPattern(pattern) if pattern else None
-        self.cpu_heavy = self._regex is not None and not self._regex.linear  # see reward_models.patterns
+        self.cpu_heavy = self._regex is not None and not self._regex.inline_pattern  # see reward_models.patterns
+
+    def in_pool(self, sample: Sample, prompt: PromptInfo) -> bool:
+        return self.cpu_heavy or (self._regex is not None and not self._regex.inline_ok(sample.final_answer))
 
     def canary(self) -> tuple[Sample, PromptInfo]:
         return canary_item("", {"answer": ""})
