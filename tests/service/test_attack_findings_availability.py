@@ -249,12 +249,23 @@ SCHEMA_SPEC = RewardSpec(
 
 @pytest.mark.parametrize(
     "answer",
-    ['{"b": ' + "9" * 5000 + "}", "[" * 100000 + "]" * 100000],
-    ids=["int-over-4300-digits", "nested-100k"],
+    ['{"b": ' + "9" * 5000 + "}", "[" * 100000 + "]" * 100000, '{"a": NaN}', '{"a": -Infinity}', "NaN"],
+    ids=["int-over-4300-digits", "nested-100k", "nan", "minus-infinity", "bare-nan"],
 )
 def test_a_wrong_json_answer_is_a_fail_not_an_error(answer: str) -> None:
     with Scorer(processes=1, timeout_s=5.0) as scorer:
         (scored,) = scorer.score(SCHEMA_SPEC, [(make_sample(answer), make_prompt({}))])
     result = scored.components["valid"]
     assert result.error is None, f"the answer turned its own fail into 'could not score': {result.error}"
-    assert result.value == 0.0
+    assert result.value == 0.0 and result.details["reason"] == "not_json"
+
+
+@pytest.mark.parametrize("answer", ['{"x": NaN}', '{"x": Infinity}', '{"x": 5}'])
+def test_nan_never_passes_a_bound(answer: str) -> None:
+    """NaN compares false to everything, so it would pass ``minimum``/``maximum``; it is not JSON."""
+    schema = {"type": "object", "required": ["x"], "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}}}
+    spec = RewardSpec(name="bound", components=[{"name": "v", "kind": "verifier.json_schema", "outcome": True,
+                                                 "params": {"schema": schema, "extract": "whole"}}])
+    with Scorer(processes=1, timeout_s=5.0) as scorer:
+        (scored,) = scorer.score(spec, [(make_sample(answer), make_prompt({}))])
+    assert scored.components["v"].error is None and scored.components["v"].value == 0.0
