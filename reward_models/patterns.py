@@ -74,12 +74,12 @@ def _nodes_agree(nodes: Any, repeated: bool) -> bool:
     return True
 
 
-def same_in_re2(pattern: str) -> bool:
-    """True when ``pattern`` (with ``re.DOTALL``) uses only syntax RE2 and ``re`` read identically."""
+def same_in_re2(pattern: str, dotall: bool = True) -> bool:
+    """True when ``pattern`` uses only syntax RE2 and ``re`` read identically."""
     if _SOURCE_REFUSED.search(pattern):
         return False
     try:
-        parsed = _sre.parse(pattern, re.DOTALL)
+        parsed = _sre.parse(pattern, re.DOTALL if dotall else 0)
     except (re.error, OverflowError, RecursionError):
         return False
     if parsed.state.flags & ~_FLAGS_OK or parsed.getwidth()[0] == 0:
@@ -90,16 +90,16 @@ def same_in_re2(pattern: str) -> bool:
         return False
 
 
-def _re2(pattern: str) -> Any | None:
-    """The RE2 program for ``pattern`` (dot matches newline, as in ``re.DOTALL``), or None."""
-    if not same_in_re2(pattern):
+def _re2(pattern: str, dotall: bool) -> Any | None:
+    """The RE2 program for ``pattern`` (with ``dotall``: dot matches newline, as ``re.DOTALL``), or None."""
+    if not same_in_re2(pattern, dotall):
         return None
     try:
         import re2
     except ImportError:  # the pool still bounds the time
         return None
     try:
-        return re2.compile("(?s)" + pattern)
+        return re2.compile(("(?s)" if dotall else "") + pattern)
     except Exception:  # noqa: BLE001 - re2 raises its own error type for unsupported syntax
         return None
 
@@ -115,15 +115,16 @@ def _encodable(text: str) -> bool:
 
 
 class UserPattern:
-    """A validated user regex with ``re.DOTALL``; ValueError (naming the problem) if ``re`` rejects it."""
+    """A validated user regex (``re.DOTALL`` unless ``dotall=False``); ValueError (naming the problem) if
+    ``re`` rejects it."""
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, dotall: bool = True) -> None:
         try:
-            self._re = re.compile(pattern, re.DOTALL)
+            self._re = re.compile(pattern, re.DOTALL if dotall else 0)
         except (re.error, OverflowError, RecursionError) as exc:
             raise ValueError(f"invalid regex: {exc}") from None
         self.pattern = pattern
-        self._linear = _re2(pattern)
+        self._linear = _re2(pattern, dotall)
         self.program_size = 0 if self._linear is None else int(self._linear.programsize)
 
     @property
