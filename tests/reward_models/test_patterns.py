@@ -155,3 +155,17 @@ def test_program_size_and_text_length_bound_the_inline_path() -> None:
     wide = UserPattern("(?:[a-q][^u-z]{0,999}X)+!")
     assert wide.linear and not wide.inline_pattern  # a big program: always the pool
     assert make_component("rule.format", {"pattern": wide.pattern}).cpu_heavy
+
+
+def test_each_answer_is_routed_by_its_own_cost_and_gets_the_reward_re_would_give() -> None:
+    pattern = r"<answer>(?P<answer>[0-9]+)</answer>"
+    rule = make_component("rule.format", {"pattern": pattern})
+    long = "x" * (2_000_000 // UserPattern(pattern).program_size + 10) + "<answer>7</answer>"
+    items = [(make_sample("<answer>7</answer>"), make_prompt()), (make_sample(long), make_prompt()),
+             (make_sample("x" * len(long)), make_prompt())]
+    assert [rule.in_pool(*item) for item in items] == [False, True, True]
+    spec = RewardSpec(name="f", components=[{"name": "f", "kind": "rule.format", "outcome": True,
+                                             "params": {"pattern": pattern}}])
+    with Scorer(processes=1, timeout_s=10.0) as scorer:
+        scored = scorer.score(spec, items)
+    assert [s.components["f"].value for s in scored] == [1.0, 1.0, 0.0]
