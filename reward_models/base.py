@@ -149,6 +149,11 @@ class RewardComponent(ABC):
             return error_result(f"{type(exc).__name__}: {exc}", {}, _ms_since(start))
         return ComponentResult(value=float(value), details=details, latency_ms=_ms_since(start))
 
+    def in_pool(self, sample: Sample, prompt: PromptInfo) -> bool:
+        """Must this item run in the killable pool, under the deadline? (``cpu_heavy``, or a component
+        whose cost depends on the item, e.g. a user regex on a long answer: ``reward_models.patterns``)"""
+        return self.cpu_heavy
+
     def deadline_s(self) -> float:
         """The least time a worker-pool task of this component needs (0: the Scorer's default)."""
         return 0.0

@@ -12,6 +12,7 @@ errors and are not cached. LLM-as-a-judge: Zheng et al. 2023.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -35,8 +36,13 @@ from reward_models.base import (
     RewardComponent,
     Sample,
 )
+from reward_models.patterns import UserPattern
+from reward_models.pool import KillablePool, PoolTaskError
 from reward_models.text import content_text, render_messages
 
+# linear in ``re`` (no nested or adjacent overlapping repeats), so it runs inline on any answer
+DEFAULT_SCORE_REGEX = r"Score:\s*(-?\d+(?:\.\d+)?)"
+SCORE_REGEX_TIMEOUT_S = 2.0
 DEFAULT_RUBRIC = (
     "Rate the response to the prompt on a scale of 0 to 10 for correctness and helpfulness.\n\n"
     "Prompt:\n{prompt}\n\nReference answer:\n{reference}\n\nResponse:\n{response}\n\n"
@@ -69,7 +75,7 @@ class LLMJudgeParams(ParamsModel):
     model: str = Field(min_length=1)
     rubric: str = DEFAULT_RUBRIC
     system: str | None = None
-    score_regex: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
+    score_regex: str = DEFAULT_SCORE_REGEX
     min_score: BoundedFloat = 0.0
     max_score: BoundedFloat = 10.0
     temperature: float = Field(default=0.0, ge=0.0)
@@ -118,16 +124,36 @@ def fill_rubric(rubric: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], rubric)
 
 
-def parse_score(text: str, regex: re.Pattern[str]) -> float | None:
+def parse_score(text: str, regex: UserPattern) -> float | None:
     """The score in the judge's answer: group 1 of the last match, or None."""
-    matches = regex.findall(text)
-    if not matches:
+    last = None
+    for last in regex.finditer(text):  # noqa: B007 - only the last match counts
+        pass
+    if last is None:
         return None
-    last = matches[-1]
     try:
-        return float(last[0] if isinstance(last, tuple) else last)
-    except ValueError:
+        return float(last.group(1))
+    except (TypeError, ValueError):
         return None
+
+
+def parse_score_in_worker(pattern: str, text: str) -> float | None:
+    """Pool task: ``parse_score`` with a spec's own ``score_regex`` (a killable process, a deadline)."""
+    return parse_score(text, UserPattern(pattern, dotall=False))
+
+
+_regex_pool: KillablePool | None = None
+_regex_pool_lock = threading.Lock()
+
+
+def _pool() -> KillablePool:
+    """One small killable pool per process for spec regexes on judge answers, closed at exit."""
+    global _regex_pool
+    with _regex_pool_lock:
+        if _regex_pool is None:
+            _regex_pool = KillablePool(1, memory_mb=512, preload=("reward_models.llm_judge",))
+            atexit.register(_regex_pool.close)
+        return _regex_pool
 
 
 def _reference_text(reference: dict) -> str:
@@ -150,7 +176,7 @@ class LLMJudge(RewardComponent):
     def __init__(self, params: dict | None = None, endpoints: Mapping[str, JudgeEndpoint] | None = None) -> None:
         super().__init__(params)
         p = self.params
-        self._regex = re.compile(p.score_regex)
+        self._regex = UserPattern(p.score_regex, dotall=False)
         # None when the deployment has no such endpoint: every score is then an error naming it
         self.endpoint: JudgeEndpoint | None = (endpoints or {}).get(p.endpoint)
         self._known = sorted(endpoints or {})
@@ -188,8 +214,8 @@ class LLMJudge(RewardComponent):
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
         content, attempts = self._complete(messages)
-        score = parse_score(content, self._regex)
         details = {"raw": content[:_RAW_CHARS], "attempts": attempts}
+        score = self._parse(content, details)
         if score is None:
             raise ComponentError("unparseable judge answer", details)
         p = self.params
@@ -199,6 +225,18 @@ class LLMJudge(RewardComponent):
         details["judge_score"] = score
         self._cache_put(key, value, details)
         return value, {**details, "cached": False}
+
+    def _parse(self, content: str, details: dict) -> float | None:
+        """The score in the judge's answer (untrusted text: it may echo the policy). The built-in
+        ``score_regex`` and a spec's regex RE2 can run within the inline bound run here; any other
+        spec regex runs in a killable process under ``SCORE_REGEX_TIMEOUT_S`` (an error if it passes)."""
+        if self.params.score_regex == DEFAULT_SCORE_REGEX or self._regex.inline_ok(content):
+            return parse_score(content, self._regex)
+        future = _pool().submit(parse_score_in_worker, self.params.score_regex, content, timeout_s=SCORE_REGEX_TIMEOUT_S)
+        try:
+            return future.result()
+        except PoolTaskError as exc:
+            raise ComponentError(f"score_regex on the judge's answer: {exc}", details) from None
 
     def score_batch(self, items: list[tuple[Sample, PromptInfo]]) -> list[ComponentResult]:
         """Judge items concurrently (at most ``max_concurrency`` requests in flight)."""

@@ -108,12 +108,19 @@ class FormatRule(RewardComponent):
     def __init__(self, params: dict | None = None) -> None:
         super().__init__(params)
         self._regex = UserPattern(self.params.pattern) if self.params.pattern else None
-        # a pattern RE2 cannot run as written is matched in the killable pool, under the deadline
-        self.cpu_heavy = self._regex is not None and not self._regex.linear
+        # a pattern RE2 cannot run as written (or only at a large cost) is matched in the killable
+        # pool, under the deadline; so is any text too long to match inline (reward_models.patterns)
+        self.cpu_heavy = self._regex is not None and not self._regex.inline_pattern
+
+    def _text(self, sample: Sample) -> str:
+        return sample.final_answer if self.params.source == "final_answer" else assistant_text(sample)
+
+    def in_pool(self, sample: Sample, prompt: PromptInfo) -> bool:
+        return self.cpu_heavy or (self._regex is not None and not self._regex.inline_ok(self._text(sample)))
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         p = self.params
-        text = sample.final_answer if p.source == "final_answer" else assistant_text(sample)
+        text = self._text(sample)
         problems = tag_problems(text, p.required_tags, p.ordered, p.nonempty)
         if self._regex is not None:
             problems += pattern_problems(text, self._regex, p.match, p.nonempty)

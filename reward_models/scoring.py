@@ -2,7 +2,8 @@
 
 Cheap components run inline through ``score_batch`` (the reward model batches, the LLM judge and
 the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox, JSON schemas,
-user regexes RE2 cannot run) go to a KillablePool, one task per sample with a hard deadline. A task that
+user regexes RE2 cannot run) and any item a component's ``in_pool`` sends there (a user regex on a text
+too long to match inline) go to a KillablePool, one task per sample with a hard deadline. A task that
 passes its deadline is attributed by a canary (``attribute_timeout``). Heavy tasks are submitted first so they overlap the inline
 work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
 """
@@ -115,21 +116,29 @@ class Scorer:
         components = {c.name: self.component(c.kind, c.params) for c in spec.components}
         heavy: list[_Task] = [
             (c.name, i, c.kind, params_key(c.params), s, p, max(self.timeout_s, components[c.name].deadline_s()))
-            for c in spec.components if components[c.name].cpu_heavy
+            for c in spec.components
             for i, (s, p) in enumerate(items)
+            if components[c.name].in_pool(s, p)
         ]
         feed = _Feed(self, heavy, budget or PoolBudget())
         feed.top_up()  # heavy tasks first, so they overlap the inline work
+        in_pool = {(name, i) for name, i, *_ in heavy}
         results: dict[str, list[ComponentResult]] = {}
         for c in spec.components:
-            if not components[c.name].cpu_heavy:
-                results[c.name] = _inline(components[c.name], items)
-        collected: dict[str, list[ComponentResult | _Timeout]] = {}
+            results[c.name] = [error_result("unset")] * len(items)
+            inline = [i for i in range(len(items)) if (c.name, i) not in in_pool]
+            if inline:
+                for i, r in zip(inline, _inline(components[c.name], [items[i] for i in inline]), strict=True):
+                    results[c.name][i] = r
+        collected: dict[str, dict[int, ComponentResult | _Timeout]] = {}
         for (name, i, *_), outcome in zip(heavy, feed.finish(), strict=True):
-            collected.setdefault(name, [error_result("unset")] * len(items))[i] = outcome
+            collected.setdefault(name, {})[i] = outcome
         for c in spec.components:
             if c.name in collected:
-                results[c.name] = self._attribute(c.kind, params_key(c.params), collected[c.name])
+                got = collected[c.name]
+                attributed = self._attribute(c.kind, params_key(c.params), list(got.values()))
+                for i, r in zip(got, attributed, strict=True):
+                    results[c.name][i] = r
         return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]
 
     def _attribute(self, kind: str, key: str, collected: list[ComponentResult | _Timeout]) -> list[ComponentResult]:

@@ -151,7 +151,10 @@ class _QAVerifier(RewardComponent):
         super().__init__(params)
         pattern = self.params.extract_pattern
         self._regex = UserPattern(pattern) if pattern else None
-        self.cpu_heavy = self._regex is not None and not self._regex.linear  # see reward_models.patterns
+        self.cpu_heavy = self._regex is not None and not self._regex.inline_pattern  # see reward_models.patterns
+
+    def in_pool(self, sample: Sample, prompt: PromptInfo) -> bool:
+        return self.cpu_heavy or (self._regex is not None and not self._regex.inline_ok(sample.final_answer))
 
     def canary(self) -> tuple[Sample, PromptInfo]:
         return canary_item("", {"answer": ""})
@@ -238,11 +241,32 @@ class JsonSchemaVerifier(RewardComponent):
         except ValueError as exc:
             raise ComponentError(f"reference schema: {exc}") from None
         try:
-            document = json.loads(extract_json_text(sample.final_answer, self.params.extract))
-        except json.JSONDecodeError as exc:
-            return 0.0, {"error": f"not JSON: {exc.msg}"}
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+            document = parse_answer_json(extract_json_text(sample.final_answer, self.params.extract))
+        except (ValueError, RecursionError) as exc:  # not JSON, NaN, an int over 4300 digits, too deep
+            return 0.0, {"reason": "not_json", "error": f"not JSON: {_why(exc)}"}
+        try:
+            validator = jsonschema.validators.validator_for(schema)(schema)
+            error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        except (RecursionError, ValueError, TypeError, OverflowError) as exc:  # the answer broke validation
+            return 0.0, {"reason": "invalid_answer", "error": f"could not validate: {_why(exc)}"}
         if error is not None:
             return 0.0, {"error": error.message[:500], "path": list(error.absolute_path)}
         return 1.0, {}
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_answer_json(text: str) -> Any:
+    """``json.loads`` for a policy's answer: NaN / Infinity refused (NaN passes every ``minimum``);
+    ValueError or RecursionError for anything that is not plain JSON."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)[:200]

@@ -112,7 +112,16 @@ def _bearer(request: Request, token_param: str | None = None) -> str | None:
 
 
 def authenticate(request: Request, session: SessionDep, token_param: str | None = None) -> Principal:
-    """The request's key (401 when missing, unknown or revoked while auth is on); OPEN when auth is off."""
+    """The request's key (401 when missing, unknown or revoked while auth is on); OPEN when auth is off.
+    The lookup's read transaction ends here, so its pooled connection goes back at once (a long poll
+    must hold none while it waits)."""
+    try:
+        return _authenticate(request, session, token_param)
+    finally:
+        session.rollback()
+
+
+def _authenticate(request: Request, session: SessionDep, token_param: str | None) -> Principal:
     token = _bearer(request, token_param)
     if token is None:
         if request.app.state.settings.require_auth or key_repo.any_key(session):

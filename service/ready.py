@@ -8,9 +8,10 @@ a group ready commits, and every API process hears it.
 
 A notification does not wake every waiter (500 waiters racing for one group would cost 500 queries):
 it wakes the oldest one, which tries to lease. It passes the wake-up on to the next waiter when it got
-a batch (more may be ready) or when its own filters (``max_staleness``, ``min_groups``) may have hidden
-groups others can take; an unfiltered waiter that found nothing ends the chain, since nothing is
-ready. A chain visits each waiter at most once. The listener also starts a chain every ``check_s``
+a batch (more may be ready) or when its attempt passed ready groups over or could not see them all
+(``max_staleness``, ``min_groups``, a dataset-scoped key, a budget a group does not fit): others may
+take them. Only an attempt that saw no ready group at all through no filter of its own ends the chain
+and lets new polls skip their query until the next notification. A chain visits each waiter at most once. The listener also starts a chain every ``check_s``
 seconds, so a lost notification (listener reconnecting, groups released by an expiry) costs at most
 that delay. Waiters beyond ``max_waiters`` are refused (the route answers 429 with Retry-After).
 """
@@ -79,10 +80,17 @@ class ReadyHub:
         return self._generation
 
     def found_nothing(self, generation: int) -> None:
-        """An unfiltered attempt that began at ``generation`` found nothing ready."""
+        """An attempt that began at ``generation`` saw no ready group at all through no filter of its
+        own (``services.leases.Outcome.nothing_ready``)."""
         with self._lock:
             if generation == self._generation:
                 self._empty_at = generation
+
+    def maybe_ready(self) -> None:
+        """An attempt leased something or passed ready groups over (its filters, its budget): forget
+        an earlier "nothing ready", so the next poll queries again."""
+        with self._lock:
+            self._empty_at = -1
 
     def nothing_ready(self) -> bool:
         """True while the listener runs and nothing was notified (nor checked) since an unfiltered

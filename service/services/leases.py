@@ -61,6 +61,7 @@ class Claim:
     trajectories: int = 0
     tokens: int = 0
     skipped: int = 0
+    seen: int = 0  # ready groups offered (taken, skipped or not fitting)
 
     def used(self) -> int:
         return _units(self.kind, len(self.pks), self.trajectories, self.tokens)
@@ -73,6 +74,7 @@ class Claim:
         forever when every trainer asks for the same budget. Any later group that does not fit ends the
         batch; a group over the Arrow limit (MAX_LEASE_TOKENS) is never deliverable and is skipped.
         """
+        self.seen += 1
         cost = _units(self.kind, 1, n, tokens)
         if n == 0 or (not self.pks and tokens > MAX_LEASE_TOKENS):
             self.skipped += 1
@@ -180,11 +182,27 @@ def _replay(session: Session, lease: Lease, body: LeaseIn, key: Principal = OPEN
     return _columns(session, lease, body, replayed=True)
 
 
+@dataclass
+class Outcome:
+    """What an attempt proved. ``nothing_ready``: it saw no ready group at all through no filter of its
+    own (no ``max_staleness``, no dataset scope, nothing passed over for its budget or ``min_groups``),
+    so no other request could have leased anything either. Only such an attempt may end a wake-up
+    chain or let later polls skip their query (``service.ready``)."""
+
+    nothing_ready: bool = False
+
+
 def lease_once(
-    session: Session, body: LeaseIn, lease_seconds: float, final: bool = True, key: Principal = OPEN
+    session: Session,
+    body: LeaseIn,
+    lease_seconds: float,
+    final: bool = True,
+    key: Principal = OPEN,
+    outcome: Outcome | None = None,
 ) -> BatchColumns | None:
     """One attempt: reap, replay a known request_id, or claim and record a new lease; None when empty,
-    or (before the ``final`` attempt) when fewer than ``min_groups`` groups are ready."""
+    or (before the ``final`` attempt) when fewer than ``min_groups`` groups are ready; ``outcome``
+    (filled when given) says whether an empty attempt proves that nothing is ready."""
     reap_expired(session)
     if body.request_id is not None:
         lease_repo.lock_request_id(session, body.request_id)
@@ -194,6 +212,8 @@ def lease_once(
     policy_version = current_version(session)
     min_version = None if body.max_staleness is None else policy_version - body.max_staleness
     claim = claim_groups(session, body, min_version, key.datasets)
+    if outcome is not None:
+        outcome.nothing_ready = claim.seen == 0 and min_version is None and key.datasets is None
     if not claim.pks or (not final and body.min_groups is not None and len(claim.pks) < body.min_groups):
         return None  # the caller rolls back, releasing the claimed rows
     lease_id = uuid.uuid4().hex
@@ -240,11 +260,14 @@ async def lease(
     filtered = body.max_staleness is not None or body.min_groups is not None
     if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
         generation = hub.generation
-        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub, key)
+        outcome = Outcome()
+        batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub, key, outcome)
         if batch is not None or body.wait_seconds <= 0:
             return batch
-        if not filtered:
+        if outcome.nothing_ready:
             hub.found_nothing(generation)
+        else:
+            hub.maybe_ready()
     waiter = hub.admit(filtered=filtered)
     if waiter is None:
         raise TooManyWaiters(
@@ -258,23 +281,29 @@ async def lease(
 
 
 def _attempt_sync(
-    session: Session, body: LeaseIn, lease_seconds: float, final: bool, key: Principal
+    session: Session, body: LeaseIn, lease_seconds: float, final: bool, key: Principal, outcome: Outcome
 ) -> BatchColumns | None:
     if body.max_staleness is not None and drop_stale(session, body.max_staleness, key.datasets):
         session.commit()  # dropped for good, whether or not this attempt finds a batch
-    batch = lease_once(session, body, lease_seconds, final, key)
+    batch = lease_once(session, body, lease_seconds, final, key, outcome)
     if batch is None:
         session.rollback()  # in the same thread: a connection never waits for a free thread to go back
     return batch
 
 
 async def _attempt(
-    session: Session, body: LeaseIn, lease_seconds: float, final: bool, hub: ReadyHub, key: Principal
+    session: Session,
+    body: LeaseIn,
+    lease_seconds: float,
+    final: bool,
+    hub: ReadyHub,
+    key: Principal,
+    outcome: Outcome,
 ) -> BatchColumns | None:
     """One ``lease_once`` in a worker thread, at most ``hub.attempt_slots`` at once per process (the rest
     of the pool stays free for ingest and /healthz); an empty attempt is rolled back."""
     async with hub.attempt_slot():
-        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final, key)
+        return await run_in_threadpool(_attempt_sync, session, body, lease_seconds, final, key, outcome)
 
 
 async def _wait_for_batch(
@@ -287,21 +316,27 @@ async def _wait_for_batch(
     waiter: Waiter,
     key: Principal,
 ) -> BatchColumns | None:
-    """Sleep until woken, try, repeat until the deadline; pass the wake-up on as ``service.ready`` says."""
+    """Sleep until woken, try, repeat until the deadline. The wake-up goes on to the next waiter unless
+    this attempt proved that nothing is ready (``Outcome``): after a batch, after an attempt whose own
+    filters or budget passed ready groups over, after an error or a client gone."""
     while True:
         woken = await hub.wait(waiter, deadline - time.monotonic())
         if await disconnected():
             if woken:
                 hub.pass_on(waiter)
             return None
+        outcome = Outcome()
         if not woken:  # the deadline: a min_groups lease takes the partial batch there is
-            return await _attempt(session, body, lease_seconds, True, hub, key) if body.min_groups else None
+            if not body.min_groups:
+                return None
+            return await _attempt(session, body, lease_seconds, True, hub, key, outcome)
         try:
-            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub, key)
+            batch = await _attempt(session, body, lease_seconds, time.monotonic() >= deadline, hub, key, outcome)
         except BaseException:
             hub.pass_on(waiter)
             raise
-        if batch is not None or waiter.filtered:
+        if batch is not None or not outcome.nothing_ready:
+            hub.maybe_ready()
             hub.pass_on(waiter)
         if batch is not None or time.monotonic() >= deadline:
             return batch

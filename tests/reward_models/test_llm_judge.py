@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -44,6 +45,22 @@ def test_custom_regex_range_and_last_match(fake_judge: FakeOpenAIServer) -> None
     fake_judge.script = [("answer", "[[2]] first thought... final verdict [[4]]")]
     component = judge(fake_judge, score_regex=r"\[\[(\d)\]\]", min_score=1, max_score=5)
     assert one(component).value == pytest.approx(0.75)
+
+
+def test_a_backtracking_score_regex_runs_under_a_deadline_on_the_judges_answer(fake_judge: FakeOpenAIServer) -> None:
+    """A spec's score_regex on untrusted judge output (it may echo the policy): never unbounded inline."""
+    fake_judge.script = [("answer", "a" * 40 + "!"), ("answer", "aaa:7")]
+    component = judge(fake_judge, score_regex=r"^(a+)+:(\d)$", max_score=10)
+    start = time.perf_counter()
+    slow = one(component)
+    assert slow.value is None and "score_regex" in slow.error and "timeout" in slow.error
+    assert time.perf_counter() - start < 30  # behavioural bound: re alone would take hours
+    assert one(component, "43").value is None  # group 1 is 'a': not a number -> unparseable, an error
+
+
+def test_score_regex_keeps_re_semantics_dot_is_not_newline(fake_judge: FakeOpenAIServer) -> None:
+    fake_judge.script = [("answer", "Verdict: 3\nmore text")]
+    assert one(judge(fake_judge, score_regex=r"Verdict: (.*)")).value == pytest.approx(0.3)
 
 
 def test_cache_hit_sends_no_request(fake_judge: FakeOpenAIServer) -> None:

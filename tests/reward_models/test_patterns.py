@@ -15,8 +15,9 @@ from reward_models.registry import make_component
 from tests.reward_models.helpers import make_prompt, make_sample
 
 EVIL = "a" * 40 + "!"  # (a+)+ then a mismatch: 2**40 backtracking paths for re
-LINEAR = [r"<answer>(.*?)</answer>", r"(?P<answer>[0-9]+)", r"^Answer: ([A-D])", r"(a+)+b", r"x|y*", r"[^<]*</t>", r""]
-NOT_LINEAR = [r"^(a+)+$", r"(\d+)", r"(a)\1", r"a(?=b)", r"\w+", r"(?i)k", r"(?<!x)y", r"a\Z", r"(?>a+)b"]
+LINEAR = [r"<answer>(.*?)</answer>", r"(?P<answer>[0-9]+)", r"^Answer: ([A-D])", r"(?:a+)+b", r"x|y+", r"[^<]*</t>"]
+NOT_LINEAR = [r"^(a+)+$", r"(\d+)", r"(a)\1", r"a(?=b)", r"\w+", r"(?i)k", r"(?<!x)y", r"a\Z", r"(?>a+)b",
+              r"(a+)+b", r"x|y*", r"", r"[0-9]{,3}", r"[[:alpha:]]+", r"(?P<answer>a*)*", r"(?:a|)+b", r"a++b"]
 
 
 @pytest.mark.parametrize("pattern", LINEAR)
@@ -55,7 +56,7 @@ def test_invalid_patterns_are_rejected_with_the_reason() -> None:
 
 
 def test_a_linear_redos_pattern_is_scored_inline_in_linear_time() -> None:
-    rule = make_component("rule.format", {"pattern": r"(a+)+b"})
+    rule = make_component("rule.format", {"pattern": r"(?:a+)+b"})
     assert not rule.cpu_heavy
     start = time.perf_counter()
     result = rule.score(make_sample(EVIL * 1000), make_prompt())
@@ -106,3 +107,65 @@ def test_every_pool_component_verifies_its_own_canary(kind: str, params: dict) -
     component = make_component(kind, params)
     result = component.score(*component.canary())
     assert result.error is None and result.value is not None
+
+
+# generated patterns: the allow-list's promise (RE2 == re) on patterns nobody picked by hand
+_ATOMS = st.sampled_from(["a", "b", "<", ".", r"\.", "[ab]", "[^a]", "[a-c]", r"\d", r"\s", "$", "^", r"\b", r"\A", "é"])
+
+
+def _combine(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    quantifiers = st.sampled_from(["*", "+", "?", "*?", "+?", "{2}", "{1,3}", "{,2}", "{2,}", "{0,1}?"])
+    return st.one_of(
+        st.tuples(inner, inner).map("".join),
+        st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+        st.tuples(inner, inner).map(lambda t: f"{t[0]}|{t[1]}"),
+        inner.map(lambda x: f"({x})"),
+        inner.map(lambda x: f"(?P<answer>{x})"),
+        st.tuples(inner, quantifiers).map(lambda t: f"(?:{t[0]}){t[1]}"),
+        st.tuples(inner, quantifiers).map(lambda t: f"({t[0]}){t[1]}"),
+    )
+
+
+PATTERNS = st.recursive(_ATOMS, _combine, max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pattern=PATTERNS, texts=st.lists(st.text(alphabet="ab<.c1 \né", max_size=12), min_size=1, max_size=4))
+def test_generated_patterns_re2_accepts_answer_exactly_as_re(pattern: str, texts: list[str]) -> None:
+    try:
+        ours = UserPattern(pattern)
+    except ValueError:
+        return
+    if not ours.linear:
+        return
+    ref = re.compile(pattern, re.DOTALL)
+    as_tuple = lambda m: None if m is None else (m.span(), m.groups())  # noqa: E731
+    for text in texts:
+        assert as_tuple(ours.search(text)) == as_tuple(ref.search(text)), (pattern, text)
+        assert as_tuple(ours.fullmatch(text)) == as_tuple(ref.fullmatch(text)), (pattern, text)
+        assert _spans(ours.finditer(text)) == _spans(ref.finditer(text)), (pattern, text)
+
+
+def test_program_size_and_text_length_bound_the_inline_path() -> None:
+    small = UserPattern(r"<answer>([0-9]+)</answer>")
+    assert small.inline_pattern and small.inline_ok("x" * 1000)
+    assert not small.inline_ok("x" * (2_000_000 // small.program_size + 1))  # too long: the pool
+    assert not small.inline_ok("\ud800")  # RE2 cannot take a lone surrogate: the pool (and re)
+    assert small.search("\ud800<answer>1</answer>").group(1) == "1"
+    wide = UserPattern("(?:[a-q][^u-z]{0,999}X)+!")
+    assert wide.linear and not wide.inline_pattern  # a big program: always the pool
+    assert make_component("rule.format", {"pattern": wide.pattern}).cpu_heavy
+
+
+def test_each_answer_is_routed_by_its_own_cost_and_gets_the_reward_re_would_give() -> None:
+    pattern = r"<answer>(?P<answer>[0-9]+)</answer>"
+    rule = make_component("rule.format", {"pattern": pattern})
+    long = "x" * (2_000_000 // UserPattern(pattern).program_size + 10) + "<answer>7</answer>"
+    items = [(make_sample("<answer>7</answer>"), make_prompt()), (make_sample(long), make_prompt()),
+             (make_sample("x" * len(long)), make_prompt())]
+    assert [rule.in_pool(*item) for item in items] == [False, True, True]
+    spec = RewardSpec(name="f", components=[{"name": "f", "kind": "rule.format", "outcome": True,
+                                             "params": {"pattern": pattern}}])
+    with Scorer(processes=1, timeout_s=10.0) as scorer:
+        scored = scorer.score(spec, items)
+    assert [s.components["f"].value for s in scored] == [1.0, 1.0, 0.0]
