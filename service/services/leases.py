@@ -369,8 +369,10 @@ def nack(
 ) -> LeaseState:
     """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
 
-    ``reason`` is kept on the lease. ``drop``: the trainer cannot use these groups (a poison batch), so
-    they leave the queue as 'dropped' / 'untrainable' with a decision instead of going back to it."""
+    ``reason`` is kept on the lease. ``drop``: the trainer says it cannot use these groups (a poison batch).
+    The service does not take its word for it: each group is re-checked, and only one that really is
+    untrainable (a trajectory without token ids / loss mask) leaves the queue ('dropped' / 'untrainable');
+    the others go back to 'ready' like a plain nack, with a 'keep' decision recording the refusal."""
     lease = _locked(session, batch_id, key)
     if lease.status == "active":
         lease_repo.set_reason(session, batch_id, reason)
