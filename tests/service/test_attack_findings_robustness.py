@@ -34,6 +34,21 @@ def api(fresh_db):
         yield c
 
 
+def _judge_spec(api, name: str, judge, timeout_s: float) -> dict[str, str]:
+    """Store a judge spec naming the deployment endpoint 'fake' -> the env that configures it for a worker
+    (judge URLs are deployment settings: GRPO_CURATOR_JUDGE_ENDPOINTS)."""
+    from reward_models.spec import RewardSpec
+    from service.services import specs
+
+    spec = RewardSpec.model_validate({"name": name, "components": [
+        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True,
+         "params": {"endpoint": "fake", "model": "fake", "cache_size": 0}}]})
+    with api.factory.begin() as s:
+        specs.create_reward_spec(s, spec)
+    endpoint = {"url": judge.base_url, "max_retries": 0, "timeout_s": timeout_s}
+    return {"GRPO_CURATOR_JUDGE_ENDPOINTS": json.dumps({"fake": endpoint})}
+
+
 # -- 1. idempotency hash: a big integer in free-form JSON -> 500 -----------------------------------------
 def test_big_integer_in_metadata_is_not_a_server_error(api):
     """The canonical hash serialises with orjson, which refuses integers beyond 64 bits (TypeError): a
@@ -244,14 +259,11 @@ def test_worker_killing_group_does_not_take_its_claim_neighbours_down(api, fresh
         if "POISON" in json.dumps(body):
             hit.set()
             return ("sleep", 30, "Score: 5")
-        return ("answer", "Score: 7")
+        return ("answer", "Score: 7" if "fine 1" in json.dumps(body) else "Score: 3")  # variance: not dropped
 
     judge.default = behave
     threading.Thread(target=judge.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-    params = {"base_url": judge.base_url, "model": "fake", "max_retries": 0, "cache_size": 0, "timeout_s": 60}
-    r = api.post("/v1/reward-specs", json={"name": "judged", "components": [
-        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True, "params": params}]})
-    assert r.status_code == 201, r.text
+    judge_env = _judge_spec(api, "judged", judge, 60)
     ids = ["poison", "good-a", "good-b", "good-c"]  # the poison first: the lowest pk
     for gid in ids:
         answers = ["POISON 1", "POISON 2"] if gid == "poison" else ["fine 1", "fine 2"]
@@ -259,7 +271,7 @@ def test_worker_killing_group_does_not_take_its_claim_neighbours_down(api, fresh
         g["prompt"]["reward_spec"] = "judged"
         assert api.post("/v1/groups", json=g).status_code in (200, 201)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
+    env = {**os.environ, **judge_env, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
            "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "3", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "2",
            "GRPO_CURATOR_SCORE_BACKOFF_BASE_S": "0.1", "GRPO_CURATOR_SCORE_BACKOFF_MAX_S": "0.5",
            "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2"}
@@ -301,19 +313,16 @@ def test_scoring_slower_than_the_claim_still_finishes_with_two_workers(api, fres
     from tests.reward_models.conftest import FakeOpenAIServer
 
     judge = FakeOpenAIServer()
-    judge.default = ("sleep", 3.0, "Score: 7")
+    judge.default = lambda body: ("sleep", 3.0, "Score: 7" if "a 1" in json.dumps(body) else "Score: 3")
     threading.Thread(target=judge.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-    params = {"base_url": judge.base_url, "model": "fake", "max_retries": 0, "cache_size": 0, "timeout_s": 30}
-    r = api.post("/v1/reward-specs", json={"name": "slow", "components": [
-        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True, "params": params}]})
-    assert r.status_code == 201, r.text
+    judge_env = _judge_spec(api, "slow", judge, 30)
     ids = [f"slow-{i}" for i in range(2)]
     for gid in ids:
         g = make_group(gid, prompt_id=f"sp-{gid}", answers=["a 1", "a 2"])
         g["prompt"]["reward_spec"] = "slow"
         assert api.post("/v1/groups", json=g).status_code in (200, 201)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
+    env = {**os.environ, **judge_env, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
            "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "4", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "1.5",
            "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.1"}
     cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8"]
