@@ -56,6 +56,8 @@ def test_big_integer_in_metadata_is_not_a_server_error(api):
     g = make_group("bigint-1", prompt_id="bp1", metadata={"seed": 2**70})
     r = api.post("/v1/groups", json=g)
     assert r.status_code < 500, r.text
+    assert r.status_code == 422 and "metadata" in r.json()["error"], r.text  # refused at the door, named
+    assert api.get("/v1/groups/bigint-1").status_code == 404  # nothing of it stored
     if r.status_code in (200, 201):  # accepted: an identical retry is a duplicate, not a conflict
         again = api.post("/v1/groups", json=g)
         assert again.status_code in (200, 201), again.text
@@ -345,3 +347,70 @@ def test_scoring_slower_than_the_claim_still_finishes_with_two_workers(api, fres
     final = {g: api.get(f"/v1/groups/{g}").json() for g in ids}
     assert {g: v["status"] for g, v in final.items()} == {g: "ready" for g in ids}, \
         [(v.get("score_error"), [d["reason"] for d in v.get("decisions", [])]) for v in final.values()]
+
+
+# -- regression edges of the fixes ------------------------------------------------------------------------
+@pytest.mark.parametrize("ms,code", [(2**63 - 1, 201), (2**63, 422), (-1, 422)])
+def test_max_staleness_bounds(api, ms, code):
+    r = api.post("/v1/curation-policies", json={"name": "edge", "max_staleness": ms})
+    assert r.status_code == code, r.text
+    if code == 422:
+        assert "max_staleness" in r.json()["error"], r.text
+
+
+def test_nack_drop_drops_only_groups_the_service_finds_untrainable(api):
+    """A batch of a trainable group and one whose token ids vanished after curation (stored by hand): the
+    trainer's drop removes only the really untrainable one; the other goes back to ready, and both get a
+    decision naming the trainer's reason."""
+    from sqlalchemy import select, text
+
+    from service.models import Decision, Group
+
+    for gid in ("keep-1", "bad-1"):
+        assert api.post("/v1/groups", json=make_group(gid, prompt_id=f"p-{gid}",
+                                                     answers=["42", "41", "42", "0"])).status_code in (200, 201)
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        assert drain(api.factory, scorer).ready == 2
+    with api.factory.begin() as s:
+        s.execute(text("UPDATE trajectories SET token_ids = NULL WHERE idx = 1 AND group_pk ="
+                       " (SELECT pk FROM groups WHERE id = 'bad-1')"))
+    batch = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 4}).json()
+    assert len(batch["groups"]) == 2
+    r = api.post(f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "cannot use", "drop": True})
+    assert r.status_code == 200, r.text
+    assert api.get("/v1/groups/keep-1").json()["status"] == "ready"
+    assert api.get("/v1/groups/bad-1").json()["status"] == "dropped"
+    with api.factory() as s:
+        rows = dict(s.execute(select(Group.id, Decision.action).join(Group, Group.pk == Decision.group_pk)
+                              .where(Decision.rule.in_(("nack", "untrainable")))).all())
+    assert rows == {"keep-1": "keep", "bad-1": "drop"}
+
+
+def test_a_lease_the_heartbeat_lost_is_not_counted_acked_and_its_groups_are_not_trained_again(live_server):
+    """The heartbeat's 409 (lease expired and reaped while training) is consulted: the batch counts as
+    refused, its groups go into the ledger, and when a lease brings them back they are acked untrained."""
+    from service.services.leases import reap_expired
+    from trainer.delivery import Heartbeat, Ledger, lease_batch
+
+    with CuratorClient(live_server.url) as c:
+        for i in range(2):
+            c.post_group(make_group(f"hb-{i}", prompt_id=f"hbp{i}", answers=["42", "41", "42", "0"]))
+        factory = make_sessionmaker(get_engine(live_server.db_url))
+        with Scorer(processes=1, timeout_s=20) as scorer:
+            assert drain(factory, scorer).ready == 2
+        heartbeat, ledger = Heartbeat(c, 0.5), Ledger()  # not started: beats by hand
+        batch = lease_batch(c, "t", max_groups=4, lease_seconds=0.5)
+        heartbeat.hold(batch["batch_id"])
+        ledger.add(batch)
+        time.sleep(0.8)
+        with factory.begin() as s:
+            assert reap_expired(s) == 1
+        heartbeat.beat()
+        assert heartbeat.lost == {batch["batch_id"]}
+        assert ledger.settle(c, heartbeat.lost) == 1 and not ledger.pending
+        assert sorted(ledger.trained) == ["hb-0", "hb-1"]
+        again = lease_batch(c, "t", max_groups=4, lease_seconds=30)
+        assert sorted(g["id"] for g in again["groups"]) == ["hb-0", "hb-1"]
+        assert ledger.strip(c, again) is None  # nothing left to train: acked at once
+        assert not ledger.trained
+        assert sorted(g["id"] for g in c.list_groups(status="consumed")["groups"]) == ["hb-0", "hb-1"]

@@ -94,6 +94,8 @@ class TestExtend:
 class TestNack:
     def test_nack_with_drop_takes_the_groups_out_of_the_queue(self, api, db):
         seed_ready(api, db, 2)
+        with db.begin() as c:  # really untrainable (the service re-checks a trainer's drop)
+            c.execute(text("UPDATE trajectories SET loss_mask = NULL WHERE idx = 0"))
         batch = _lease(api, 30)
         r = api.post(f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "no logprobs", "drop": True})
         assert r.status_code == 200 and r.json()["status"] == "nacked"
