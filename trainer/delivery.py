@@ -5,6 +5,8 @@ a checkpoint that contains that update is written. Until then its lease is kept 
 thread (``POST /v1/batches/{id}/extend`` every ``lease_seconds / 3``). A trainer killed at any point
 therefore loses nothing: the leases of the batches trained since its last checkpoint stop being extended,
 expire, and the groups are delivered again — to the resumed trainer, which restarts from that checkpoint.
+The checkpoint also records the batches it holds (``Ledger``): a crash between the checkpoint and the ack
+is settled on resume, so those batches are not trained twice by this trainer.
 Without a checkpoint directory nothing is durable and a batch is acked right after its step.
 
 Every call goes through ``service.client.retry`` (transient errors: connection failures, 5xx); a lease
@@ -135,7 +137,8 @@ class Ledger:
 
 
 def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str) -> None:
-    """Nack a batch this trainer cannot use, dropping its groups (they would poison every trainer)."""
+    """Nack a batch this trainer cannot use, asking to drop its groups; the service drops those it finds
+    untrainable itself and returns the others to the queue (another trainer may use them)."""
     log.error("batch %s refused: %s", batch["batch_id"], reason)
     _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True), "nack")
 

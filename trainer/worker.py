@@ -6,8 +6,11 @@ nothing trains on an empty micro-batch (zero loss mask, zero gradient) so the co
 and the loss denominators are global, so the update is that of the union of the ranks' batches.
 Crash safety (trainer.delivery): a batch is acked only once a checkpoint holding its update is written;
 until then a heartbeat keeps its lease alive, and after a crash it expires and is delivered again to the
-resumed trainer. Versions continue from the service's latest published one (no 409 after a crash between
-publish and checkpoint). A batch the trainer cannot use is nacked with its reason and dropped.
+resumed trainer. The checkpoint records which batches it holds (trainer.delivery.Ledger), so a crash
+between the checkpoint and the ack is settled on resume (acked then; or, if the lease expired, the groups
+are acked without training when they come back). Versions continue from the service's latest published
+one (no 409 after a crash between publish and checkpoint). A batch the trainer cannot use is nacked with
+its reason and ``drop`` (the service re-checks and drops only what really is untrainable).
 
 Run: `python -m trainer.worker --config trainer.json --set loss.beta=0.04 --set lr=1e-6`,
 or `torchrun --nproc-per-node 8 -m trainer.worker ...`; `--tiny` trains a tiny random model.

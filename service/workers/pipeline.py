@@ -10,7 +10,10 @@
 - **Isolation.** Every failure is one group's: a spec that cannot be resolved, component errors, a scorer
   that raises, a curation that raises -> that group is retried or marked (``reward_error`` /
   ``curation_error``) with a decision naming the cause, and the worker moves on. Attempts are counted
-  at claim time, so a group that kills its worker runs out of attempts too.
+  at claim time, so a group that kills its worker runs out of attempts too; a group whose last attempt
+  did not finish is claimed alone, so it burns only its own attempts, not its claim neighbours'.
+- **Heartbeat.** While scoring, the worker renews its claim (``ClaimHeartbeat``), so a batch slower than
+  ``claim_seconds`` is not taken over while its worker lives.
 """
 
 from __future__ import annotations
