@@ -10,10 +10,13 @@ cycle it kills PostgreSQL itself: a private cluster made with ``initdb`` in a te
 own port (never the machine's server). Producers mix in poison groups: token-less ones (curation must
 keep them from trainers) and ones whose reward component always errors (retried, then dropped).
 
-After the cycles everything runs undisturbed for a drain period; then the checker reads the database
-and the producers' logs and prints: cycles, groups acknowledged by the API, lost (acknowledged but absent
-or different), duplicated, stuck (not final after the drain), consumed twice, and how each poison
-group ended. Exit status 0 iff lost, duplicated, stuck and consumed twice are all 0.
+After the cycles everything runs undisturbed for a drain period; then the checker reads the database,
+the producers' logs and the consumers' logs (what each trained, with content hashes) and prints: cycles,
+groups acknowledged by the API, lost (acknowledged but absent or different, or a good group that did not
+end consumed / dropped by a curation rule), duplicated (by content), stuck (not final after the drain),
+consumed twice, trained twice (by one consumer; in all), trained with other content, consumed but never
+trained, and how each poison group ended. Exit status 0 iff all but "trained twice in all" are 0
+(docs/operations.md).
 """
 
 from __future__ import annotations
