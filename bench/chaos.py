@@ -163,9 +163,13 @@ class Cluster:
     api_urls: list[str] = field(default_factory=list)
 
 
+# the poison spec's judge: a deployment endpoint nobody listens on (connection refused: a component error)
+DOWN_JUDGE = json.dumps({"down": {"url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 0, "timeout_s": 2}})
+
+
 def _env(url: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": url, "GRPO_CURATOR_LOG_LEVEL": "warning",
-            "GRPO_CURATOR_EMBEDDED_WORKER": "false", **extra}
+            "GRPO_CURATOR_EMBEDDED_WORKER": "false", "GRPO_CURATOR_JUDGE_ENDPOINTS": DOWN_JUDGE, **extra}
 
 
 def build(root: Path) -> Cluster:
@@ -317,9 +321,10 @@ def consumer(urls: str, root: str, name: str) -> None:
 
 # -- the run ---------------------------------------------------------------------------------------------
 def setup_specs(c: Cluster) -> None:
-    """A dataset whose spec always errors (a code verifier with no tests): its groups are poison."""
+    """A dataset whose spec always errors (an LLM judge whose endpoint is down): its groups are poison."""
     http = Http(",".join(c.api_urls))
-    spec = {"name": "always-errors", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]}
+    spec = {"name": "always-errors", "components": [{"name": "judge", "kind": "judge.llm", "outcome": True,
+                                                     "params": {"endpoint": "down", "model": "m"}}]}
     assert http.call("POST", "/v1/reward-specs", json=spec).status_code in (200, 201)
     assert http.call("PUT", "/v1/datasets/chaos-err", json={"reward_spec": "always-errors"}).status_code == 200
 
@@ -417,7 +422,8 @@ def check(c: Cluster) -> dict[str, Any]:
         dup_content = conn.execute(
             "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM (SELECT g.pk, md5(string_agg("
             "coalesce(encode(t.token_ids, 'hex'), '-') || ':' || t.messages::text, '|' ORDER BY t.idx)) AS h"
-            " FROM groups g JOIN trajectories t ON t.group_pk = g.pk GROUP BY g.pk) x GROUP BY h) y").fetchone()[0]
+            " FROM groups g JOIN trajectories t ON t.group_pk = g.pk GROUP BY g.pk"
+            " HAVING bool_and(t.token_ids IS NOT NULL)) x GROUP BY h) y").fetchone()[0]  # token-less: not unique
         per_group = Counter(pk for (pks,) in conn.execute("SELECT group_pks FROM leases WHERE status = 'acked'")
                             for pk in pks)
     total, by_one, hashes = _trained(c.root)
