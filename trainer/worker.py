@@ -195,6 +195,7 @@ def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str
         lease_seconds=cfg.lease_seconds,
         wait_seconds=cfg.wait_seconds,
         min_groups=cfg.min_groups,
+        need_logprobs=cfg.old_from_batch,  # groups without behaviour log-probs stay for other trainers
     )
 
 

@@ -85,6 +85,7 @@ def lock_ready_groups(
     after: tuple[int, int] | None,
     limit: int,
     datasets: frozenset[str] | None = None,
+    need_logprobs: bool = False,
 ) -> list[Any]:
     """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
 
@@ -97,6 +98,9 @@ def lock_ready_groups(
         stmt = stmt.where(Group.policy_version >= min_version)
     if datasets is not None:
         stmt = stmt.where(Group.dataset.in_(sorted(datasets)))
+    if need_logprobs:
+        bare = select(Trajectory.idx).where(Trajectory.group_pk == Group.pk, Trajectory.logprobs.is_(None))
+        stmt = stmt.where(~bare.exists())
     if order == "oldest":
         stmt = stmt.order_by(Group.pk)
         if after is not None:

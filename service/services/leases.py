@@ -108,7 +108,8 @@ def claim_groups(
     while True:
         size = claim.next_chunk()
         rows = lease_repo.lock_ready_groups(
-            session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets
+            session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets,
+            need_logprobs=body.need_logprobs,
         )
         sizes = lease_repo.deliverable_sizes(session, [r.pk for r in rows])
         for row in rows:
@@ -237,7 +238,7 @@ async def lease(
     """
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
-    filtered = body.max_staleness is not None or body.min_groups is not None
+    filtered = body.max_staleness is not None or body.min_groups is not None or body.need_logprobs
     if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
         generation = hub.generation
         batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub, key)
