@@ -489,8 +489,8 @@ def run(cycles: int, interval: float, pg_every: int, drain_s: float, seed: int, 
 
 def print_table(r: dict[str, Any]) -> None:
     rows = [("kill cycles", r["cycles"]), ("processes killed", ", ".join(f"{k} {v}" for k, v in sorted(r["killed"].items()))),
-            ("groups acknowledged by the API", r["acknowledged"]), ("lost", r["lost"]), ("duplicated", r["duplicated"]),
-            ("  of which good groups not consumed", r["good_not_consumed"]),
+            ("groups acknowledged by the API", r["acknowledged"]), ("lost", r["lost"]),
+            ("  of which good groups not consumed", r["good_not_consumed"]), ("duplicated", r["duplicated"]),
             ("stuck after drain", r["stuck"]), ("consumed twice (acked leases)", r["consumed_twice"]),
             ("trained twice by one consumer", r["trained_twice_by_one"]),
             ("trained twice in all (crash outlasted the lease)", r["trained_twice"]),
