@@ -10,10 +10,13 @@ cycle it kills PostgreSQL itself: a private cluster made with ``initdb`` in a te
 own port (never the machine's server). Producers mix in poison groups: token-less ones (curation must
 keep them from trainers) and ones whose reward component always errors (retried, then dropped).
 
-After the cycles everything runs undisturbed for a drain period; then the checker reads the database
-and the producers' logs and prints: cycles, groups acknowledged by the API, lost (acknowledged but absent
-or different), duplicated, stuck (not final after the drain), consumed twice, and how each poison
-group ended. Exit status 0 iff lost, duplicated, stuck and consumed twice are all 0.
+After the cycles everything runs undisturbed for a drain period; then the checker reads the database,
+the producers' logs and the consumers' logs (what each trained, with content hashes) and prints: cycles,
+groups acknowledged by the API, lost (acknowledged but absent or different, or a good group that did not
+end consumed / dropped by a curation rule), duplicated (by content), stuck (not final after the drain),
+consumed twice, trained twice (by one consumer; in all), trained with other content, consumed but never
+trained, and how each poison group ended. Exit status 0 iff all but "trained twice in all" are 0
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -160,9 +163,13 @@ class Cluster:
     api_urls: list[str] = field(default_factory=list)
 
 
+# the poison spec's judge: a deployment endpoint nobody listens on (connection refused: a component error)
+DOWN_JUDGE = json.dumps({"down": {"url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 0, "timeout_s": 2}})
+
+
 def _env(url: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": url, "GRPO_CURATOR_LOG_LEVEL": "warning",
-            "GRPO_CURATOR_EMBEDDED_WORKER": "false", **extra}
+            "GRPO_CURATOR_EMBEDDED_WORKER": "false", "GRPO_CURATOR_JUDGE_ENDPOINTS": DOWN_JUDGE, **extra}
 
 
 def build(root: Path) -> Cluster:
@@ -269,16 +276,32 @@ def producer(urls: str, root: str, name: str) -> None:
         time.sleep(0.05)
 
 
+def content_hash(trajectories: list[dict[str, Any]]) -> str:
+    """What a trainer trains on, hashed: each trajectory's token ids and loss mask, in order."""
+    import hashlib
+
+    raw = json.dumps([[t.get("token_ids"), t.get("loss_mask")] for t in trajectories], separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _trained_before(log: Path) -> set[str]:
+    """Groups this consumer trained (its "checkpoint": the log is written before each ack)."""
+    return {gid for r in read_log(log) for gid in r.get("trained", {})}
+
+
 def consumer(urls: str, root: str, name: str) -> None:
+    """A trainer-like consumer: lease, "train" (logged with each group's content hash: the log is its
+    checkpoint), ack. Like trainer.delivery.Ledger, a group it already trained (its ack was refused, or it
+    was killed before acking) that comes back to it is acked without training."""
     import uuid
 
     http = Http(urls)
+    log = Path(root) / f"{name}.trained"
+    done = _trained_before(log)
     while not (Path(root) / "consumers-stop").exists():
         body = {"trainer_id": name, "max_groups": 4, "lease_seconds": LEASE_SECONDS, "wait_seconds": 1.0,
                 "request_id": uuid.uuid4().hex}
         r = http.call("POST", "/v1/batches/lease", json=body)
-        if r.status_code == 409:
-            continue
         if r.status_code != 200:
             continue
         batch = r.json()
@@ -287,15 +310,21 @@ def consumer(urls: str, root: str, name: str) -> None:
                 f.write(batch["batch_id"] + "\n")
             http.call("POST", f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "no tokens", "drop": True})
             continue
+        fresh = {g["id"]: content_hash(g["trajectories"]) for g in batch["groups"] if g["id"] not in done}
         time.sleep(random.uniform(0.0, 0.3))  # "train"
+        with log.open("a") as f:
+            f.write(json.dumps({"batch": batch["batch_id"], "trained": fresh,
+                                "skipped": [g["id"] for g in batch["groups"] if g["id"] in done]}) + "\n")
+        done |= set(fresh)
         http.call("POST", f"/v1/batches/{batch['batch_id']}/ack")
 
 
 # -- the run ---------------------------------------------------------------------------------------------
 def setup_specs(c: Cluster) -> None:
-    """A dataset whose spec always errors (a code verifier with no tests): its groups are poison."""
+    """A dataset whose spec always errors (an LLM judge whose endpoint is down): its groups are poison."""
     http = Http(",".join(c.api_urls))
-    spec = {"name": "always-errors", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]}
+    spec = {"name": "always-errors", "components": [{"name": "judge", "kind": "judge.llm", "outcome": True,
+                                                     "params": {"endpoint": "down", "model": "m"}}]}
     assert http.call("POST", "/v1/reward-specs", json=spec).status_code in (200, 201)
     assert http.call("PUT", "/v1/datasets/chaos-err", json={"reward_spec": "always-errors"}).status_code == 200
 
@@ -353,8 +382,34 @@ def _count_in_flight(url: str) -> int:
 
 
 # -- the check -------------------------------------------------------------------------------------------
+BAD_ENDS = ("reward_error", "curation_error", "untrainable", "stale")  # a good group must not end so
+
+
+def _good_end(status: str, reason: str | None) -> bool:
+    """A good group ends consumed, or dropped by a curation rule on its rewards (zero variance, ...)."""
+    return status == "consumed" or (status == "dropped" and reason not in BAD_ENDS)
+
+
+def _trained(root: Path) -> tuple[Counter, Counter, dict[str, set[str]]]:
+    """From the consumers' logs: times each group was trained in all, by any one consumer at most, and the
+    content hashes each was trained with."""
+    total: Counter = Counter()
+    worst: Counter = Counter()
+    hashes: dict[str, set[str]] = {}
+    for path in root.glob("*.trained"):
+        mine: Counter = Counter()
+        for rec in read_log(path):
+            for gid, h in rec.get("trained", {}).items():
+                mine[gid] += 1
+                hashes.setdefault(gid, set()).add(h)
+        total.update(mine)
+        worst = worst | mine
+    return total, worst, hashes
+
+
 def check(c: Cluster) -> dict[str, Any]:
-    """Compare what the API acknowledged (producers' logs) with what the database holds."""
+    """Compare what the API acknowledged (producers' logs) with what the database holds and what the
+    consumers trained (their logs)."""
     import psycopg
 
     sent = {r["id"]: r for name in ("p0", "p1") for r in read_log(c.root / f"{name}.jsonl")}
@@ -363,11 +418,20 @@ def check(c: Cluster) -> dict[str, Any]:
         rows = {gid: (status, reason, n, tok) for gid, status, reason, n, tok in conn.execute(
             "SELECT g.id, g.status, g.drop_reason, count(t.idx), g.n_tokens FROM groups g"
             " LEFT JOIN trajectories t ON t.group_pk = g.pk GROUP BY g.pk")}
+        # the same content stored twice, under any ids (groups.id is UNIQUE: this looks at content)
+        dup_content = conn.execute(
+            "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM (SELECT g.pk, md5(string_agg("
+            "coalesce(encode(t.token_ids, 'hex'), '-') || ':' || t.messages::text, '|' ORDER BY t.idx)) AS h"
+            " FROM groups g JOIN trajectories t ON t.group_pk = g.pk GROUP BY g.pk"
+            " HAVING bool_and(t.token_ids IS NOT NULL)) x GROUP BY h) y").fetchone()[0]  # token-less: not unique
         per_group = Counter(pk for (pks,) in conn.execute("SELECT group_pks FROM leases WHERE status = 'acked'")
                             for pk in pks)
-        id_counts = Counter(gid for (gid,) in conn.execute("SELECT id FROM groups"))
+    total, by_one, hashes = _trained(c.root)
+    expect = {gid: content_hash(group_body(gid)[0]["trajectories"]) for gid in hashes}
     lost = [g for g, r in acked.items() if g not in rows or rows[g][2] != r["n_trajectories"]
             or rows[g][3] != r["n_tokens"]]
+    good_bad_end = [g for g, r in acked.items() if r["kind"] == "good" and g in rows and rows[g][0] in FINAL
+                    and not _good_end(rows[g][0], rows[g][1])]
     poison: Counter = Counter()
     for gid, r in acked.items():
         if r["kind"] != "good" and gid in rows:
@@ -375,11 +439,17 @@ def check(c: Cluster) -> dict[str, Any]:
     poison_leased = sum(len(p.read_text().split()) for p in c.root.glob("*.poison"))
     return {
         "acknowledged": len(acked),
-        "lost": len(lost),
-        "lost_examples": lost[:5],
-        "duplicated": sum(n - 1 for n in id_counts.values() if n > 1),
+        "lost": len(lost) + len(good_bad_end),
+        "lost_examples": (lost + good_bad_end)[:5],
+        "good_not_consumed": len(good_bad_end),
+        "duplicated": int(dup_content),
         "stuck": sum(1 for v in rows.values() if v[0] not in FINAL),
         "consumed_twice": sum(1 for n in per_group.values() if n > 1),
+        "trained_twice_by_one": sum(1 for n in by_one.values() if n > 1),
+        "trained_twice": sum(1 for n in total.values() if n > 1),
+        "trained_wrong_content": sum(1 for g, hs in hashes.items() if hs != {expect[g]}),
+        "consumed_untrained": sum(1 for g, v in rows.items() if v[0] == "consumed" and g not in total)
+        if list(c.root.glob("*.trained")) else 0,
         "consumed": sum(1 for v in rows.values() if v[0] == "consumed"),
         "statuses": dict(Counter(v[0] for v in rows.values())),
         "poison": {f"{k[0]} -> {k[1]} ({k[2]})": n for k, n in sorted(poison.items())},
@@ -419,8 +489,13 @@ def run(cycles: int, interval: float, pg_every: int, drain_s: float, seed: int, 
 
 def print_table(r: dict[str, Any]) -> None:
     rows = [("kill cycles", r["cycles"]), ("processes killed", ", ".join(f"{k} {v}" for k, v in sorted(r["killed"].items()))),
-            ("groups acknowledged by the API", r["acknowledged"]), ("lost", r["lost"]), ("duplicated", r["duplicated"]),
-            ("stuck after drain", r["stuck"]), ("consumed twice", r["consumed_twice"]), ("consumed", r["consumed"]),
+            ("groups acknowledged by the API", r["acknowledged"]), ("lost", r["lost"]),
+            ("  of which good groups not consumed", r["good_not_consumed"]), ("duplicated", r["duplicated"]),
+            ("stuck after drain", r["stuck"]), ("consumed twice (acked leases)", r["consumed_twice"]),
+            ("trained twice by one consumer", r["trained_twice_by_one"]),
+            ("trained twice in all (crash outlasted the lease)", r["trained_twice"]),
+            ("trained with other content", r["trained_wrong_content"]),
+            ("consumed but never trained", r["consumed_untrained"]), ("consumed", r["consumed"]),
             ("final statuses", r["statuses"]), ("poison batches reaching consumers", r["poison_batches_reaching_consumers"]),
             ("chaos / drain seconds", f"{r['chaos_s']} / {r['drain_s']}")]
     rows += [(f"poison {k}", v) for k, v in r["poison"].items()]
@@ -430,7 +505,9 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 def ok(r: dict[str, Any]) -> bool:
-    return r["lost"] == r["duplicated"] == r["stuck"] == r["consumed_twice"] == r["poison_batches_reaching_consumers"] == 0
+    gated = ("lost", "duplicated", "stuck", "consumed_twice", "trained_twice_by_one", "trained_wrong_content",
+             "consumed_untrained", "poison_batches_reaching_consumers")
+    return all(r[k] == 0 for k in gated)
 
 
 def main(argv: list[str] | None = None) -> int:

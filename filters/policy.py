@@ -90,7 +90,9 @@ class CurationPolicySpec(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     zero_variance: ZeroVarianceSpec = ZeroVarianceSpec()
     finish_reason_actions: dict[FinishReason, Action] = Field(default_factory=dict)
-    max_staleness: int | None = Field(default=None, ge=0)
+    # policy versions are int4, so any bound beyond that means 'never stale'; the stale-drop SQL compares
+    # in numeric, and the wire refuses integers beyond 64 bits anyway
+    max_staleness: int | None = Field(default=None, ge=0, le=2**63 - 1)
     min_group_size: int = Field(default=2, ge=1)
     advantage: AdvantageSpec = AdvantageSpec()
     overlong_buffer: float = Field(default=0.2, ge=0, le=MAX_OVERLONG_TOKENS)

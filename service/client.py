@@ -148,6 +148,7 @@ class CuratorClient:
         order: Literal["oldest", "freshest"] | None = None,
         as_numpy: bool = False,
         min_groups: int | None = None,
+        need_logprobs: bool = False,
     ) -> dict[str, Any] | None:
         """Lease a batch: ``{"batch_id", "expires_at", "groups": [...], "stats"}``, or None (204) when
         nothing was ready within ``wait_seconds``. Give exactly one of the three ``max_*`` sizes.
@@ -168,6 +169,7 @@ class CuratorClient:
             "request_id": request_id,
             "order": order,
             "min_groups": min_groups,
+            "need_logprobs": need_logprobs or None,
         }
         accept = ARROW_MEDIA_TYPE if format == "arrow" else "application/json"
         response = self._request(

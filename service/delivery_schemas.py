@@ -42,6 +42,9 @@ class LeaseIn(Strict):
     request_id: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=ID_PATTERN)
     order: LeaseOrder = "oldest"
     min_groups: int | None = Field(default=None, ge=1, le=MAX_LEASE_GROUPS)
+    # only groups every trajectory of which has behaviour log-probs (a trainer that needs them, e.g. one
+    # recomputing pi_old from the batch); the others stay in the queue for other trainers
+    need_logprobs: bool = False
 
     @model_validator(mode="after")
     def _one_size(self) -> LeaseIn:

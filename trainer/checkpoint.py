@@ -32,10 +32,16 @@ MODEL_FILE, OPTIM_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "train
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What resuming needs besides tensors: the last published policy version and the step count."""
+    """What resuming needs besides tensors: the last published policy version and the step count, and
+    the delivery ledger written atomically with the weights (trainer.delivery.Ledger): ``pending``, the
+    batches ({"batch_id", "groups"}) whose update this checkpoint holds and that may not be acked yet
+    (acked on resume), and ``trained``, ids of groups whose update it holds but whose ack was refused
+    (if they come back in a lease, they are acked without training)."""
 
     policy_version: int
     step: int
+    pending: tuple[dict, ...] = ()
+    trained: tuple[str, ...] = ()
 
 
 def _duplicate_names(model: nn.Module) -> set[str]:
@@ -125,4 +131,5 @@ def load_optimizer_state(path: str | Path, model: nn.Module, optimizer: torch.op
 def load_trainer_state(path: str | Path) -> TrainerState:
     """The policy version and step saved in a checkpoint."""
     raw = json.loads((Path(path) / STATE_FILE).read_text())
-    return TrainerState(policy_version=int(raw["policy_version"]), step=int(raw["step"]))
+    return TrainerState(policy_version=int(raw["policy_version"]), step=int(raw["step"]),
+                        pending=tuple(raw.get("pending", ())), trained=tuple(raw.get("trained", ())))

@@ -5,6 +5,8 @@ a checkpoint that contains that update is written. Until then its lease is kept 
 thread (``POST /v1/batches/{id}/extend`` every ``lease_seconds / 3``). A trainer killed at any point
 therefore loses nothing: the leases of the batches trained since its last checkpoint stop being extended,
 expire, and the groups are delivered again — to the resumed trainer, which restarts from that checkpoint.
+The checkpoint also records the batches it holds (``Ledger``): a crash between the checkpoint and the ack
+is settled on resume, so those batches are not trained twice by this trainer.
 Without a checkpoint directory nothing is durable and a batch is acked right after its step.
 
 Every call goes through ``service.client.retry`` (transient errors: connection failures, 5xx); a lease
@@ -66,12 +68,12 @@ def lease_batch(client: DeliveryClient, trainer_id: str, **kwargs: Any) -> dict[
     return _retry(attempt, "lease")
 
 
-def ack_batches(client: DeliveryClient, batch_ids: list[str]) -> int:
-    """Ack each batch -> how many the service refused (409: the lease had expired and was re-leased, so
-    another trainer consumes those groups; this one trained them too — never lost, at worst twice)."""
+def ack_batches(client: DeliveryClient, batch_ids: list[str]) -> list[str]:
+    """Ack each batch -> the ids the service refused (409: the lease had expired; its groups went back to
+    the queue or to another trainer). The caller records the refused batches' groups as trained."""
     from service.client import CuratorError
 
-    refused = 0
+    refused = []
     for batch_id in batch_ids:
         try:
             _retry(lambda b=batch_id: client.ack(b), "ack")
@@ -79,12 +81,66 @@ def ack_batches(client: DeliveryClient, batch_ids: list[str]) -> int:
             if exc.status_code != 409:
                 raise
             log.warning("ack of batch %s refused: %s", batch_id, exc)
-            refused += 1
+            refused.append(batch_id)
     return refused
 
 
+class Ledger:
+    """What this trainer trained but the service may not know (saved in every checkpoint's TrainerState).
+
+    ``pending``: batch id -> group ids, trained since the last checkpoint (acked right after the next one;
+    the checkpoint records them, so a crash between the checkpoint and the ack is settled by acking them on
+    resume). ``trained``: groups whose update the weights hold but whose ack was refused (the lease had
+    expired: the heartbeat lost it, or a crash outlasted it); if one comes back in a lease it is acked
+    without training. Capped at ``keep`` ids (the oldest go: by then another trainer consumed them)."""
+
+    def __init__(self, pending: tuple[dict, ...] = (), trained: tuple[str, ...] = (), keep: int = 100_000) -> None:
+        self.pending: dict[str, list[str]] = {p["batch_id"]: list(p["groups"]) for p in pending}
+        self.trained: dict[str, None] = dict.fromkeys(trained)  # insertion-ordered set
+        self.keep = keep
+
+    def add(self, batch: dict[str, Any]) -> None:
+        self.pending[batch["batch_id"]] = batch.get("all_group_ids") or [g["id"] for g in batch["groups"]]
+
+    def saved(self) -> dict[str, tuple]:
+        """The ledger's fields of TrainerState."""
+        pending = tuple({"batch_id": b, "groups": ids} for b, ids in self.pending.items())
+        return {"pending": pending, "trained": tuple(list(self.trained)[-self.keep:])}
+
+    def settle(self, client: DeliveryClient, lost: set[str] = frozenset()) -> int:  # type: ignore[assignment]
+        """Ack every pending batch (its update is durable); refused ones, and those whose heartbeat was
+        lost, leave their groups in ``trained``. -> how many were refused."""
+        ids = list(self.pending)
+        refused = set(ack_batches(client, ids)) | (lost & set(ids))
+        for batch_id in ids:
+            if batch_id in refused:
+                self.trained.update(dict.fromkeys(self.pending[batch_id]))
+            del self.pending[batch_id]
+        return len(refused)
+
+    def strip(self, client: DeliveryClient, batch: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The batch without the groups this trainer already trained (None when that leaves nothing: then
+        it is acked at once, since its whole update is already in a checkpoint)."""
+        if batch is None or not self.trained:
+            return batch
+        done = [g["id"] for g in batch["groups"] if g["id"] in self.trained]
+        if not done:
+            return batch
+        for gid in done:
+            self.trained.pop(gid, None)
+        rest = [g for g in batch["groups"] if g["id"] not in set(done)]
+        log.info("batch %s: %d group(s) already trained before a crash, not trained again", batch["batch_id"],
+                 len(done))
+        if rest:
+            return {**batch, "groups": rest, "all_group_ids": [g["id"] for g in batch["groups"]]}
+        if ack_batches(client, [batch["batch_id"]]):
+            self.trained.update(dict.fromkeys(done))
+        return None
+
+
 def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str) -> None:
-    """Nack a batch this trainer cannot use, dropping its groups (they would poison every trainer)."""
+    """Nack a batch this trainer cannot use, asking to drop its groups; the service drops those it finds
+    untrainable itself and returns the others to the queue (another trainer may use them)."""
     log.error("batch %s refused: %s", batch["batch_id"], reason)
     _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True), "nack")
 

@@ -6,8 +6,11 @@ nothing trains on an empty micro-batch (zero loss mask, zero gradient) so the co
 and the loss denominators are global, so the update is that of the union of the ranks' batches.
 Crash safety (trainer.delivery): a batch is acked only once a checkpoint holding its update is written;
 until then a heartbeat keeps its lease alive, and after a crash it expires and is delivered again to the
-resumed trainer. Versions continue from the service's latest published one (no 409 after a crash between
-publish and checkpoint). A batch the trainer cannot use is nacked with its reason and dropped.
+resumed trainer. The checkpoint records which batches it holds (trainer.delivery.Ledger), so a crash
+between the checkpoint and the ack is settled on resume (acked then; or, if the lease expired, the groups
+are acked without training when they come back). Versions continue from the service's latest published
+one (no 409 after a crash between publish and checkpoint). A batch the trainer cannot use is nacked with
+its reason and ``drop`` (the service re-checks and drops only what really is untrainable).
 
 Run: `python -m trainer.worker --config trainer.json --set loss.beta=0.04 --set lr=1e-6`,
 or `torchrun --nproc-per-node 8 -m trainer.worker ...`; `--tiny` trains a tiny random model.
@@ -19,7 +22,7 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -38,7 +41,7 @@ from trainer.checkpoint import (
 from trainer.delivery import (
     DeliveryClient,
     Heartbeat,
-    ack_batches,
+    Ledger,
     lease_batch,
     next_version,
     publish_version,
@@ -192,6 +195,7 @@ def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str
         lease_seconds=cfg.lease_seconds,
         wait_seconds=cfg.wait_seconds,
         min_groups=cfg.min_groups,
+        need_logprobs=cfg.old_from_batch,  # groups without behaviour log-probs stay for other trainers
     )
 
 
@@ -206,19 +210,41 @@ def usable(client: LeaseClient, batch: dict[str, Any] | None, cfg: TrainerConfig
     return None
 
 
-def drop_nonfinite(client: LeaseClient, batch: dict[str, Any], pending: list[str], heartbeat: Heartbeat) -> None:
+def drop_nonfinite(client: LeaseClient, batch: dict[str, Any], ledger: Ledger, heartbeat: Heartbeat) -> None:
     """Nack (dropping its groups, with the reason) a batch whose loss or gradient norm was not finite."""
     refuse(client, batch, "loss or gradient norm not finite; the optimizer step was skipped")
-    pending.remove(batch["batch_id"])
+    ledger.pending.pop(batch["batch_id"], None)
     heartbeat.release([batch["batch_id"]])
 
 
-def ack(client: LeaseClient, batch_ids: list[str], heartbeat: Heartbeat) -> bool:
-    """Ack these batches (their updates are durable) and stop their heartbeat -> False if any was refused."""
-    refused = ack_batches(client, batch_ids)
-    heartbeat.release(batch_ids)
-    batch_ids.clear()
+def ack(client: LeaseClient, ledger: Ledger, heartbeat: Heartbeat) -> bool:
+    """Ack the pending batches (their updates are durable) and stop their heartbeat -> False if any was
+    refused or had lost its lease (its groups are then remembered as trained: never trained again here)."""
+    ids = list(ledger.pending)
+    refused = ledger.settle(client, heartbeat.lost)
+    heartbeat.release(ids)
     return refused == 0
+
+
+def _ledger_state(ledger: Ledger, ctx: DistContext) -> dict[str, tuple]:
+    """The ledger fields of the checkpoint: every rank's (a collective under torchrun)."""
+    mine = ledger.saved()
+    if ctx.world_size == 1:
+        return mine
+    parts: list[Any] = [None] * ctx.world_size
+    torch.distributed.all_gather_object(parts, mine)
+    return {"pending": tuple(p for part in parts for p in part["pending"]),
+            "trained": tuple(dict.fromkeys(g for part in parts for g in part["trained"]))}
+
+
+def durable(cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState,
+            ctx: DistContext, client: LeaseClient, ledger: Ledger, heartbeat: Heartbeat) -> TrainerState:
+    """Checkpoint the weights with the ledger (which batches they hold), then ack those batches. A crash
+    between the two is settled on resume: the checkpoint's pending batches are acked before any lease."""
+    state = replace(state, **_ledger_state(ledger, ctx))
+    checkpoint(cfg, model, optimizer, state, ctx)
+    ack(client, ledger, heartbeat)
+    return state
 
 
 def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torch.device) -> dict[str, float]:
@@ -325,16 +351,17 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
     -> the metrics published for each update.
     """
     ctx, model, policy, optimizer, state = _setup(cfg)
-    state = TrainerState(next_version(client, state.policy_version), state.step)
+    state = replace(state, policy_version=next_version(client, state.policy_version))
     ref = build_reference(cfg, ctx)
     tracked = trackers.from_env(asdict(cfg)) if ctx.is_main else trackers.Trackers([])  # W&B / MLflow / TB
     step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
     history: list[dict[str, float]] = []
-    pending: list[str] = []  # batches trained since the last checkpoint: acked once it is written
+    ledger = Ledger(state.pending, state.trained)  # what the checkpoint holds that the service may not know
     idle = 0
     with Heartbeat(client, cfg.lease_seconds) as heartbeat:
+        ledger.settle(client)  # a crash between the last checkpoint and its ack: ack now (or remember)
         while max_steps is None or len(history) < max_steps:
-            batch = usable(client, lease(client, cfg, ctx), cfg)  # lease
+            batch = usable(client, ledger.strip(client, lease(client, cfg, ctx)), cfg)  # lease
             if not _any_rank(batch is not None, ctx):
                 idle += 1
                 if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
@@ -342,27 +369,25 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
                 continue
             if batch is not None:
                 heartbeat.hold(batch["batch_id"])
-                pending.append(batch["batch_id"])
+                ledger.add(batch)
             idle, t0 = 0, time.perf_counter()
             mbs = micro_batches(batch, cfg)
             metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
             seconds = time.perf_counter() - t0
             if metrics.get("nonfinite") and batch is not None:  # not stepped; would poison every trainer
-                drop_nonfinite(client, batch, pending, heartbeat)
-            acked = ack(client, pending, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
+                drop_nonfinite(client, batch, ledger, heartbeat)
+            acked = ack(client, ledger, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
             metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
             if metrics["skipped"]:
                 continue
-            state = TrainerState(state.policy_version + 1, state.step + 1)
+            state = replace(state, policy_version=state.policy_version + 1, step=state.step + 1)
             publish(client, state, metrics, ctx)  # publish
             tracked.log_step(state.step, metrics, batch)
             history.append(metrics)
             if cfg.checkpoint_dir and state.step % cfg.save_every == 0:
-                checkpoint(cfg, model, optimizer, state, ctx)
-                ack(client, pending, heartbeat)  # ack: the updates these batches fed are durable
-        if cfg.checkpoint_dir and _any_rank(bool(pending), ctx):  # every rank decides alike (a collective)
-            checkpoint(cfg, model, optimizer, state, ctx)
-            ack(client, pending, heartbeat)
+                state = durable(cfg, model, optimizer, state, ctx, client, ledger, heartbeat)  # checkpoint, ack
+        if cfg.checkpoint_dir and _any_rank(bool(ledger.pending), ctx):  # every rank decides alike (a collective)
+            durable(cfg, model, optimizer, state, ctx, client, ledger, heartbeat)
     return history
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from service.models import Decision, Group, Lease, Trajectory
 
@@ -85,6 +85,7 @@ def lock_ready_groups(
     after: tuple[int, int] | None,
     limit: int,
     datasets: frozenset[str] | None = None,
+    need_logprobs: bool = False,
 ) -> list[Any]:
     """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
 
@@ -97,6 +98,9 @@ def lock_ready_groups(
         stmt = stmt.where(Group.policy_version >= min_version)
     if datasets is not None:
         stmt = stmt.where(Group.dataset.in_(sorted(datasets)))
+    if need_logprobs:
+        bare = select(Trajectory.idx).where(Trajectory.group_pk == Group.pk, Trajectory.logprobs.is_(None))
+        stmt = stmt.where(~bare.exists())
     if order == "oldest":
         stmt = stmt.order_by(Group.pk)
         if after is not None:
@@ -228,31 +232,47 @@ def set_reason(session: Session, lease_id: str, reason: str | None) -> None:
                         .execution_options(synchronize_session=False))
 
 
-def drop_held_groups(session: Session, lease_id: str, reason: str) -> list[int]:
-    """Groups still held by this lease -> 'dropped' ('untrainable'), each with a decision; their pks."""
-    stmt = (
-        update(Group)
+def drop_held_groups(session: Session, lease_id: str, reason: str) -> tuple[list[int], list[int]]:
+    """A trainer's ``nack(drop=True)``, re-checked: of the groups still held by this lease, those the
+    service itself finds untrainable (a trajectory without token ids / loss mask) -> 'dropped'
+    ('untrainable'); the others are kept (they go back to the queue with the lease) and get a 'keep'
+    decision recording the refusal. -> (dropped pks, kept pks)."""
+    from service.workers.curation import untrainable_reason
+
+    held = (
+        select(Group)
         .where(Group.lease_id == lease_id, Group.status == "leased")
-        .values(status="dropped", drop_reason="untrainable", lease_id=None)
-        .returning(Group.pk)
-        .execution_options(synchronize_session=False)
+        .order_by(Group.pk)
+        .with_for_update(of=Group)
+        .options(selectinload(Group.trajectories))
     )
-    pks = sorted(session.execute(stmt).scalars())
-    _decisions(session, [(pk, "untrainable", f"untrainable: the trainer refused it: {reason}") for pk in pks])
-    return pks
+    bad, kept = [], []
+    for g in session.execute(held).scalars():
+        why = untrainable_reason(g)
+        (bad if why else kept).append((g.pk, why))
+    if bad:
+        session.execute(
+            update(Group).where(Group.pk.in_([pk for pk, _ in bad]))
+            .values(status="dropped", drop_reason="untrainable", lease_id=None)
+            .execution_options(synchronize_session=False)
+        )
+    _decisions(session, [(pk, "untrainable", f"{why}; the trainer refused it: {reason}") for pk, why in bad])
+    _decisions(session, [(pk, "nack", f"kept: the trainer asked to drop it ({reason}) but it has token ids and"
+                                      " a loss mask; back to the queue") for pk, _ in kept], action="keep")
+    return [pk for pk, _ in bad], [pk for pk, _ in kept]
 
 
 _STALE_SQL = """
 WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM policy_versions),
 stale AS (
-  SELECT g.pk, coalesce(CAST(:ms AS int), (c.body->>'max_staleness')::int) AS ms, (SELECT v FROM cur) AS v
+  SELECT g.pk, coalesce(CAST(:ms AS numeric), (c.body->>'max_staleness')::numeric) AS ms, (SELECT v FROM cur) AS v
     FROM groups g
     LEFT JOIN curation_policies c
       ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
    WHERE g.status = 'ready'
-     AND (CAST(:ms AS int) IS NOT NULL OR jsonb_typeof(c.body->'max_staleness') = 'number')
+     AND (CAST(:ms AS numeric) IS NOT NULL OR jsonb_typeof(c.body->'max_staleness') = 'number')
      AND (SELECT v FROM cur) - g.policy_version
-         > coalesce(CAST(:ms AS int), (c.body->>'max_staleness')::int)
+         > coalesce(CAST(:ms AS numeric), (c.body->>'max_staleness')::numeric)
      AND (CAST(:all_datasets AS boolean) OR g.dataset = ANY(CAST(:datasets AS text[])))
    ORDER BY g.pk LIMIT :n FOR UPDATE OF g SKIP LOCKED)
 UPDATE groups g SET status = 'dropped', drop_reason = 'stale'
@@ -285,8 +305,8 @@ def drop_stale_ready(
     return len(rows)
 
 
-def _decisions(session: Session, rows: list[tuple[int, str, str]]) -> None:
+def _decisions(session: Session, rows: list[tuple[int, str, str]], action: str = "drop") -> None:
     if rows:
         session.execute(insert(Decision), [
-            {"group_pk": pk, "idx": None, "action": "drop", "rule": rule, "reason": reason} for pk, rule, reason in rows
+            {"group_pk": pk, "idx": None, "action": action, "rule": rule, "reason": reason} for pk, rule, reason in rows
         ])

@@ -33,20 +33,43 @@ _CLAIMABLE = (
 )
 
 
+_UNFINISHED = "g.claimed_by IS NOT NULL"  # claimed, claim expired, nothing written back (a write clears it)
+
+_CLAIM_SQL = (
+    "UPDATE groups SET claimed_by = :token, score_attempts = score_attempts + 1,"
+    " claimed_until = clock_timestamp() + make_interval(secs => :secs)"
+    " WHERE pk IN (SELECT g.pk FROM groups g WHERE {where} AND g.score_attempts < :max"
+    " ORDER BY g.pk LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING pk"
+)
+
+
 def claim_received(session: Session, token: str, limit: int, claim_seconds: float, max_attempts: int) -> list[int]:
     """Claim up to ``limit`` received groups for scoring outside any transaction: write the claim
     (``token``, until ``claim_seconds`` from now) and count the attempt now, before the work starts, so a
-    group that kills or hangs its worker runs out of attempts instead of looping. Returns their pks."""
+    group that kills or hangs its worker runs out of attempts instead of looping. Returns their pks.
+
+    A group whose previous attempt did not finish (its claim expired with nothing written) is claimed
+    alone: if it is the one that kills its worker, it burns only its own attempts, never those of the
+    groups it was claimed with the first time (they are re-claimed alone too, once, and succeed)."""
+    args = {"token": token, "secs": claim_seconds, "max": max_attempts}
+    rows = session.execute(text(_CLAIM_SQL.format(where=f"{_CLAIMABLE} AND {_UNFINISHED}")), args | {"n": 1})
+    pks = [pk for (pk,) in rows]
+    if not pks:
+        rows = session.execute(text(_CLAIM_SQL.format(where=f"{_CLAIMABLE} AND g.claimed_by IS NULL")),
+                               args | {"n": limit})
+        pks = [pk for (pk,) in rows]
+    return sorted(pks)
+
+
+def extend_claim(session: Session, token: str, claim_seconds: float) -> int:
+    """Heartbeat of a claim: its groups' ``claimed_until`` moves to ``claim_seconds`` from now, for those
+    still claimed by ``token`` -> how many (0: the claim was taken over; the worker's write will be fenced)."""
     rows = session.execute(
-        text(
-            "UPDATE groups SET claimed_by = :token, score_attempts = score_attempts + 1,"
-            " claimed_until = clock_timestamp() + make_interval(secs => :secs)"
-            f" WHERE pk IN (SELECT g.pk FROM groups g WHERE {_CLAIMABLE} AND g.score_attempts < :max"
-            " ORDER BY g.pk LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING pk"
-        ),
-        {"token": token, "secs": claim_seconds, "max": max_attempts, "n": limit},
+        text("UPDATE groups SET claimed_until = clock_timestamp() + make_interval(secs => :secs)"
+             " WHERE claimed_by = :token AND status = 'received'"),
+        {"token": token, "secs": claim_seconds},
     )
-    return sorted(pk for (pk,) in rows)
+    return rows.rowcount or 0
 
 
 def fail_exhausted(session: Session, max_attempts: int, limit: int = 1000) -> list[tuple[int, int]]:

@@ -110,7 +110,8 @@ def claim_groups(
     while True:
         size = claim.next_chunk()
         rows = lease_repo.lock_ready_groups(
-            session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets
+            session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets,
+            need_logprobs=body.need_logprobs,
         )
         sizes = lease_repo.deliverable_sizes(session, [r.pk for r in rows])
         for row in rows:
@@ -257,7 +258,7 @@ async def lease(
     """
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
-    filtered = body.max_staleness is not None or body.min_groups is not None
+    filtered = body.max_staleness is not None or body.min_groups is not None or body.need_logprobs
     if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
         generation = hub.generation
         outcome = Outcome()
@@ -406,8 +407,10 @@ def nack(
 ) -> LeaseState:
     """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
 
-    ``reason`` is kept on the lease. ``drop``: the trainer cannot use these groups (a poison batch), so
-    they leave the queue as 'dropped' / 'untrainable' with a decision instead of going back to it."""
+    ``reason`` is kept on the lease. ``drop``: the trainer says it cannot use these groups (a poison batch).
+    The service does not take its word for it: each group is re-checked, and only one that really is
+    untrainable (a trajectory without token ids / loss mask) leaves the queue ('dropped' / 'untrainable');
+    the others go back to 'ready' like a plain nack, with a 'keep' decision recording the refusal."""
     lease = _locked(session, batch_id, key)
     if lease.status == "active":
         lease_repo.set_reason(session, batch_id, reason)

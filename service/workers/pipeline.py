@@ -10,7 +10,10 @@
 - **Isolation.** Every failure is one group's: a spec that cannot be resolved, component errors, a scorer
   that raises, a curation that raises -> that group is retried or marked (``reward_error`` /
   ``curation_error``) with a decision naming the cause, and the worker moves on. Attempts are counted
-  at claim time, so a group that kills its worker runs out of attempts too.
+  at claim time, so a group that kills its worker runs out of attempts too; a group whose last attempt
+  did not finish is claimed alone, so it burns only its own attempts, not its claim neighbours'.
+- **Heartbeat.** While scoring, the worker renews its claim (``ClaimHeartbeat``), so a batch slower than
+  ``claim_seconds`` is not taken over while its worker lives.
 """
 
 from __future__ import annotations
@@ -80,6 +83,34 @@ def _config(cfg: PipelineConfig | None, overrides: dict[str, Any]) -> PipelineCo
     return replace(cfg or PipelineConfig(), **overrides)
 
 
+class ClaimHeartbeat:
+    """While a claim is scored, renew it every ``claim_seconds / 3`` (its own short transactions), so a
+    batch slower than the claim is not taken over by another worker; a worker that dies stops renewing and
+    its claim expires. Stops by itself once the claim was taken over (nothing left to renew)."""
+
+    def __init__(self, factory: sessionmaker[Session], token: str, claim_seconds: float) -> None:
+        self.factory, self.token, self.claim_seconds = factory, token, claim_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="claim-heartbeat", daemon=True)
+
+    def __enter__(self) -> ClaimHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.05, self.claim_seconds / 3)):
+            try:
+                with self.factory.begin() as session:
+                    if repo.extend_claim(session, self.token, self.claim_seconds) == 0:
+                        return
+            except Exception:  # noqa: BLE001 - the database blinked: try again next beat
+                log.warning("claim heartbeat of %s failed", self.token, exc_info=True)
+
+
 def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig) -> PassResult:
     """Claim received groups (commit), score them outside any transaction, write + curate (commit)."""
     token = f"{cfg.worker_id}:{uuid.uuid4().hex[:12]}"
@@ -91,7 +122,8 @@ def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConf
         return PassResult(failed=len(exhausted))
     with factory() as session:  # a short read; closed (no transaction) before scoring starts
         job = scoring.prepare(session, token, pks)
-    scoring.score(scorer, job)
+    with ClaimHeartbeat(factory, token, cfg.claim_seconds):  # a slow batch keeps its claim
+        scoring.score(scorer, job)
     with factory.begin() as session:
         out = scoring.write(session, job, cfg.max_attempts, cfg.backoff)
         counts = curate(session, out.scored)
@@ -113,17 +145,22 @@ def run_once(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig
     result = score_pass(factory, scorer, cfg)
     with factory.begin() as session:
         result.add(curate_pass(session, cfg.batch * 8))
-    with factory.begin() as session:
-        _maintain(session)
+    _maintain(factory)
     return result
 
 
-def _maintain(session: Session) -> None:
-    """Expired leases go back to ready; ready groups past their policy's staleness leave the queue."""
+def _maintain(factory: sessionmaker[Session]) -> None:
+    """Expired leases go back to ready; ready groups past their policy's staleness leave the queue.
+    Each task in its own transaction, and a failing one is logged, never raised: maintenance must not
+    undo the other task's work or block scoring."""
     from service.services.leases import drop_stale, reap_expired
 
-    reap_expired(session)
-    drop_stale(session)
+    for task in (reap_expired, drop_stale):
+        try:
+            with factory.begin() as session:
+                task(session)
+        except Exception:  # noqa: BLE001 - the next pass tries again; scoring goes on
+            log.exception("maintenance task %s failed", task.__name__)
 
 
 def run_forever(factory: sessionmaker[Session], scorer: Scorer, stop: threading.Event,

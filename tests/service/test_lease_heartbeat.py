@@ -94,6 +94,8 @@ class TestExtend:
 class TestNack:
     def test_nack_with_drop_takes_the_groups_out_of_the_queue(self, api, db):
         seed_ready(api, db, 2)
+        with db.begin() as c:  # really untrainable (the service re-checks a trainer's drop)
+            c.execute(text("UPDATE trajectories SET loss_mask = NULL WHERE idx = 0"))
         batch = _lease(api, 30)
         r = api.post(f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "no logprobs", "drop": True})
         assert r.status_code == 200 and r.json()["status"] == "nacked"
@@ -130,3 +132,18 @@ def test_stale_ready_groups_leave_the_queue_with_a_decision(api, db):
         assert rows == [("v0", "dropped", "stale"), ("v2", "dropped", "stale"), ("v3", "ready", None)]
         reasons = c.execute(text("SELECT reason FROM decisions WHERE rule = 'stale'")).scalars().all()
         assert sorted(reasons)[0].startswith("stale: sampled at policy version 0, trainer at 5")
+
+
+def test_need_logprobs_leases_only_groups_with_behaviour_logprobs(api, db):
+    seed_ready(api, db, 2)
+    with db.begin() as c:
+        c.execute(text("UPDATE trajectories SET logprobs = NULL WHERE idx = 1 AND group_pk ="
+                       " (SELECT pk FROM groups WHERE id = 'g-0')"))
+    r = api.post("/v1/batches/lease", json={"trainer_id": "picky", "max_groups": 10, "need_logprobs": True})
+    assert r.status_code == 200 and [g["id"] for g in r.json()["groups"]] == ["g-1"], r.text
+    r = api.post("/v1/batches/lease", json={"trainer_id": "picky", "max_groups": 10, "need_logprobs": True})
+    assert r.status_code == 204  # g-0 is not for it
+    r = api.post("/v1/batches/lease", json={"trainer_id": "other", "max_groups": 10})
+    assert [g["id"] for g in r.json()["groups"]] == ["g-0"]
+    r = api.post("/v1/batches/lease", json={"trainer_id": "x", "max_groups": 1, "need_logprobs": "yes"})
+    assert r.status_code == 422 and "need_logprobs" in r.text

@@ -47,11 +47,25 @@ def judge():
     server.server_close()
 
 
+@pytest.fixture
+def judge_scorer(judge):
+    """A scorer whose deployment configures the judge endpoint 'fake' (judge URLs are not spec params)."""
+    from reward_models.llm_judge import JudgeEndpoint
+
+    endpoint = JudgeEndpoint(url=judge.base_url, max_retries=0, timeout_s=5)
+    with Scorer(processes=1, timeout_s=20, judge_endpoints={"fake": endpoint}) as s:
+        yield s
+
+
 def _judge_spec(api, judge, name="judged"):
-    params = {"base_url": judge.base_url, "model": "fake", "max_retries": 0, "cache_size": 0, "timeout_s": 5}
-    r = api.post("/v1/reward-specs", json={"name": name, "components": [
-        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True, "params": params}]})
-    assert r.status_code == 201, r.text
+    from reward_models.spec import RewardSpec
+    from service.services import specs
+
+    spec = RewardSpec.model_validate({"name": name, "components": [
+        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True,
+         "params": {"endpoint": "fake", "model": "fake", "cache_size": 0}}]})
+    with api.factory.begin() as s:
+        specs.create_reward_spec(s, spec)
 
 
 def _status(api, gid):
@@ -163,7 +177,8 @@ class TestRetries:
             delays = [b.delay(n) for _ in range(200)]
             assert cap / 2 <= min(delays) and max(delays) <= cap and len(set(delays)) > 1
 
-    def test_judge_down_longer_than_the_old_retry_window_recovers(self, api, scorer, judge):
+    def test_judge_down_longer_than_the_old_retry_window_recovers(self, api, judge_scorer, judge):
+        scorer = judge_scorer
         up_at = time.monotonic() + 4.0  # the old schedule (1 s, 2 s, then reward_error) gave up at ~3 s
         judge.default = lambda body: ("status", 503) if time.monotonic() < up_at else (
             ("answer", "Score: 9") if "boxed{42}" in body["messages"][-1]["content"] else ("answer", "Score: 1"))
@@ -183,7 +198,8 @@ class TestRetries:
         ("drop", "ready", ["keep", "drop", "keep", "keep"]),
         ("drop_group", "dropped", ["drop"] * 4),
     ])
-    def test_per_member_reward_error_action(self, api, scorer, judge, action, status, actions):
+    def test_per_member_reward_error_action(self, api, judge_scorer, judge, action, status, actions):
+        scorer = judge_scorer
         judge.default = lambda body: ("status", 500) if "BOOM" in body["messages"][-1]["content"] else (
             ("answer", "Score: 9") if "boxed{42}" in body["messages"][-1]["content"] else ("answer", "Score: 1"))
         _judge_spec(api, judge)
