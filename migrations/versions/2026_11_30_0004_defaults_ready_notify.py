@@ -41,8 +41,9 @@ _DEFAULT_POLICY = {
     "resample_budget_multiplier": 2.0,
     "reward_error": "drop",
     "curriculum": {"k": 3, "solved": 1.0, "failed": 0.0, "low_priority": 0.1},
+    "soft_overlong": False,
 }
-_DEFAULT_POLICY_HASH = "a5b3fe2c0e6ec3eb4d9600f0e8df1fc3d8e51f7b58ffaaf8d66b988285ca4151"
+_DEFAULT_POLICY_HASH = "0f431c354deac0034f6ab97ccd132cfb7951deb065c1b8c9b3bb3bfd70b11f9a"
 
 _INSERT = """
 INSERT INTO {table} (name, version, body, body_hash)

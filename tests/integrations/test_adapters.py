@@ -54,8 +54,11 @@ def test_python_function_runs_in_the_killable_pool(service: LiveServer) -> None:
         {"prompt": "", "completion": "hang 42", "reference": {"answer": "42"}}]}).json()
     ok, hung = r["results"]
     assert ok["total"] == 2.0 and ok["rewards"]["user"]["details"] == {"source": "gsm8k"}
-    assert hung["total"] is None and hung["rewards"]["user"]["value"] == 1.0
-    assert "timeout" in hung["rewards"]["slow"]["error"]
+    # the function hung on this answer while it answers its canary in time: the answer fails (0), the
+    # verifier is healthy, so the sample is still scored (docs/limits.md, the timeout rule)
+    slow = hung["rewards"]["slow"]
+    assert slow["value"] == 0.0 and slow["error"] is None and slow["details"]["reason"] == "verification_timeout"
+    assert hung["total"] == 1.0 and hung["rewards"]["user"]["value"] == 1.0
     bad = httpx.post(f"{service.url}/v1/reward-specs", json={"name": "fn2", "components": [
         {"name": "user", "kind": "python.function", "params": {"name": "/tmp/evil.py"}}]})
     assert bad.status_code == 422 and "not an allowed function" in bad.json()["error"]

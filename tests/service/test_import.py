@@ -86,7 +86,7 @@ def test_jsonl(run, session, tmp_path: Path) -> None:
     good = {"id": "a-1", "dataset": "toy", "messages": [{"role": "user", "content": "hi"}], "reference": {"answer": "1"}}
     lines = [json.dumps(good), "{not json", json.dumps({"dataset": "toy"}), "",
              json.dumps({**good, "id": "a-2", "reference": {"answer": float("nan")}}).replace("NaN", "1e999"),
-             json.dumps({**good, "id": "a 3"})]
+             json.dumps({**good, "id": "a\x073"})]
     path.write_text("\n".join(lines) + "\n")
     code, summary = run("prompts", str(path), "--format", "jsonl")
     assert code == 0 and summary["taken"] == 1 and summary["rejected"] == 4

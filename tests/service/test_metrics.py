@@ -45,7 +45,7 @@ def api(fresh_db):
 def test_request_histograms_by_route_template_and_status(api):
     before = api.get("/metrics").text
     count = "grpo_curator_http_request_duration_seconds_count"
-    route = "/v1/groups/{group_id}"
+    route = "/v1/groups/{group_id:path}"
     assert api.post("/v1/groups", json=make_group("met-1")).status_code == 201
     for _ in range(3):
         assert api.get("/v1/groups/no-such-group").status_code == 404
@@ -77,11 +77,12 @@ def test_lease_wait_histogram(api):
 def test_component_latency_and_errors_after_scoring(api):
     api.post("/v1/reward-specs", json={"name": "m", "components": [
         {"name": "correct", "kind": "verifier.math", "outcome": True},
-        {"name": "tests", "kind": "verifier.code", "weight": 0.0},  # no reference.tests: an error per sample
+        # the producer reported no metadata.reward: an error per sample
+        {"name": "tests", "kind": "external.reported", "weight": 0.0},
     ]})
     api.put("/v1/datasets/toy", json={"reward_spec": "m"})
     before = api.get("/metrics").text
-    api.post("/v1/groups", json=make_group("met-s", answers=["42", "41", "42", "7"]))
+    assert api.post("/v1/groups", json=make_group("met-s", answers=["42", "41", "42", "7"])).status_code == 201
     with Scorer(processes=1, timeout_s=20) as scorer:
         drain(api.factory, scorer, max_attempts=1)
     text = api.get("/metrics").text

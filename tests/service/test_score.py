@@ -205,9 +205,17 @@ def test_openrlhf_bad_shapes(client, spec: str, patch: dict, field: str) -> None
     assert r.status_code == 422 and r.json()["error"].startswith(field)
 
 
-def test_openrlhf_key_in_path_reaches_the_route(client, spec: str) -> None:
+def test_openrlhf_key_in_path_reaches_the_route(client, session, spec: str) -> None:
+    from urllib.parse import quote
+
+    from service.services import keys
+
+    token = keys.create_key(session, "openrlhf", "trainer")  # auth is on from here
+    session.commit()  # (a savepoint of the test's transaction) the auth lookup's rollback keeps the key
     body = openrlhf_request([R42], ["42"])
-    r = client.post(f"/compat/openrlhf/key/gc-secret%2Fx/{spec}/get_reward", json=body)
+    assert client.post(f"/compat/openrlhf/{spec}/get_reward", json=body).status_code == 401
+    assert client.post(f"/compat/openrlhf/key/not-a-key/{spec}/get_reward", json=body).status_code == 401
+    r = client.post(f"/compat/openrlhf/key/{quote(token, safe='')}/{spec}/get_reward", json=body)
     assert r.status_code == 200 and r.json()["rewards"] == [1.5]
     assert client.post("/compat/openrlhf/key//get_reward", json=body).status_code == 404
 
