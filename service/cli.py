@@ -9,7 +9,7 @@ import sys
 
 from service.cli_errors import CommandFailed, check_set_options, explain, missing_extra
 from service.processes import exit_on_signals
-from service.settings import get_settings
+from service.settings import LOG_LEVELS, get_settings, normalize_log_level
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -97,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-curator",
         description=__doc__,
-        epilog="Global options (before or after the command): --log-level debug|info|warning|error "
-        "(default warning), --debug (full tracebacks).",
+        epilog=f"Global options (before or after the command): --log-level {'|'.join(LOG_LEVELS)} "
+        "(warn and fatal are aliases; default warning), --debug (full tracebacks).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the API (and an in-process worker); migrates to head first")
@@ -134,13 +134,14 @@ def _global_options(argv: list[str]) -> tuple[list[str], bool, str]:
 
 
 def _configure_logging(level: str, debug: bool) -> None:
-    name = "DEBUG" if debug else level.upper()
-    if not isinstance(logging.getLevelName(name), int):
-        raise CommandFailed(f"--log-level {level!r}: expected one of debug, info, warning, error")
-    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    try:  # the one list of levels (service.settings), known to logging and to uvicorn alike
+        name = "debug" if debug else normalize_log_level(level)
+    except ValueError as exc:
+        raise CommandFailed(f"--log-level: {exc}") from None
+    logging.basicConfig(level=name.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("httpx", "httpcore"):  # one line per request otherwise, between the command's own lines
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
-    os.environ["GRPO_CURATOR_LOG_LEVEL"] = "debug" if debug else level.lower()  # serve's uvicorn, children
+    os.environ["GRPO_CURATOR_LOG_LEVEL"] = name  # serve's uvicorn, children
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -3,7 +3,8 @@
 
 Names (all prefixed ``grpo_curator_``):
 - ``http_request_duration_seconds{method, route, status}`` histogram: every API request, by route
-  template (``/v1/groups/{group_id}``, never the raw path, so ids do not explode the label set).
+  template (``/v1/groups/{group_id}``, never the raw path, so ids do not explode the label set) and
+  method (GET HEAD POST PUT PATCH DELETE OPTIONS, any other token ``other``).
 - ``lease_wait_seconds{result}`` histogram: how long ``POST /v1/batches/lease`` took, ``result`` =
   ``batch`` (200) or ``empty`` (204 after ``wait_seconds``) or ``error``.
 - ``component_latency_seconds{kind, component}`` histogram and ``component_results_total{kind,
@@ -53,6 +54,14 @@ COMPONENT_RESULTS = Counter(
 )
 LEASE_ROUTE = "/v1/batches/lease"
 UNMATCHED = "unmatched"  # requests no route matched (404s): one label value, not one per path
+# HTTP accepts any token as a method: anything else is labelled "other", so clients cannot grow the series
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label: one of ``METHODS`` or ``other``."""
+    return method if method in METHODS else OTHER_METHOD
 
 
 def _lease_result(status: int) -> str:
@@ -82,7 +91,7 @@ class RequestMetricsMiddleware:
         finally:
             elapsed = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", None) or UNMATCHED
-            HTTP_DURATION.labels(scope["method"], route, str(status)).observe(elapsed)
+            HTTP_DURATION.labels(method_label(scope["method"]), route, str(status)).observe(elapsed)
             if route == LEASE_ROUTE:
                 LEASE_WAIT.labels(_lease_result(status)).observe(elapsed)
 
