@@ -43,14 +43,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port or settings.port
     workers = args.workers or settings.workers
     print(f"grpo-curator serving on http://{host}:{port} (docs at /docs, dashboard at /dashboard)", flush=True)
-    uvicorn.run(
-        "service.app:create_served_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level=settings.log_level,
-    )
+    from uvicorn.config import STARTUP_FAILURE
+
+    try:
+        uvicorn.run(
+            "service.app:create_served_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=settings.log_level,
+        )
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start (its reason is logged at error level)
+        if exc.code != STARTUP_FAILURE:
+            raise
+        raise CommandFailed(f"the server could not start on {host}:{port} (port in use? the reason is logged at "
+                            "--log-level error or lower)") from None
     return 0
 
 

@@ -15,7 +15,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reward_models.llm_judge import JudgeEndpoint
 
-
 # log levels every consumer knows (Python's logging and uvicorn); aliases map to them, anything else is refused
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}

@@ -34,12 +34,24 @@ def test_serve_with_a_log_level_python_accepts_serves_or_says_so_clearly(fresh_d
     """`--log-level warn` (or fatal) passes the CLI's check (Python's logging knows WARN / FATAL), then
     uvicorn -- which knows only critical/error/warning/info/debug/trace -- raises KeyError: the user gets
     "error: KeyError: 'warn'", after the database was already migrated."""
+    import socket
+
     env = {**os.environ, "DATABASE_URL": fresh_db, "GRPO_CURATOR_EMBEDDED_WORKER": "false"}
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "--log-level", "warn", "serve", "--port", "1"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "KeyError" not in proc.stderr, proc.stderr
-    # either it is rejected up front with the accepted levels named, or it runs (port 1 then fails)
-    assert "warning" in proc.stderr or "--log-level" in proc.stderr, proc.stderr
+    for level in ("warn", "fatal"):
+        with socket.socket() as busy:  # a port in use (port 1 is free to bind for root): serve then fails
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = str(busy.getsockname()[1])
+            proc = subprocess.run([sys.executable, "-m", "service.cli", "--log-level", level, "serve", "--port", port],
+                                  env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert "KeyError" not in proc.stderr, proc.stderr
+        # either it is rejected up front with the accepted levels named, or it runs (the busy port then fails)
+        assert "warning" in proc.stderr or "--log-level" in proc.stderr or "address already in use" in proc.stderr, \
+            proc.stderr
+    bogus = subprocess.run([sys.executable, "-m", "service.cli", "--log-level", "notset", "serve"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert bogus.returncode == 1 and bogus.stderr.strip().splitlines() == [bogus.stderr.strip()], bogus.stderr
+    assert "--log-level" in bogus.stderr and "warning" in bogus.stderr, bogus.stderr
 
 
 def _pids(marker) -> list[int]:
