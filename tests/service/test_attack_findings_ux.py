@@ -148,7 +148,7 @@ def test_sigkill_of_the_demo_leaves_no_process(tmp_path):
     out = tmp_path / "demo"
     proc = _start_demo(out)
     try:
-        assert _wait_for(lambda: "trainer.worker" in _describe(out) and "trainer.rollout" in _describe(out), 240), \
+        assert _wait_for(lambda: "trainer.worker" in _describe(out) and "rollout.producer" in _describe(out), 240), \
             "the demo never started its workers"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
