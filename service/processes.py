@@ -5,7 +5,8 @@
   caught after its own shutdown, into the handler installed before it, so ``serve`` exits cleanly too.
 - ``prune_dead_handles(pgdata)``: the embedded server (``pgserver``) is stopped by the last process that
   uses it, counted in a pid file; a process killed with SIGKILL stays in that file forever and the server
-  would never stop. Dead pids are removed before attaching.
+  would never stop. Dead pids are removed before attaching and again at exit, so the last *live* user
+  stops the server (e.g. the demo's service, after the demo itself was killed).
 - ``stop_all(procs)``: terminate children (their whole process group when they lead one), wait, kill.
 - ``spawn_tied(args, ...)``: start a child that gets SIGTERM when this process dies, even by SIGKILL
   (Linux ``PR_SET_PDEATHSIG``, set between fork and exec); SIGTERM then runs the child's own shutdown,
@@ -42,13 +43,17 @@ def exit_on_signals() -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): kill(0) is all we know
+        return True
 
 
 def prune_dead_handles(pgdata: Path) -> list[int]:
