@@ -9,7 +9,7 @@ import sys
 
 from service.cli_errors import CommandFailed, check_set_options, explain, missing_extra
 from service.processes import exit_on_signals
-from service.settings import LOG_LEVELS, get_settings, normalize_log_level
+from service.settings import LOG_LEVEL_ALIASES, LOG_LEVELS, get_settings, normalize_log_level
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -144,8 +144,9 @@ def _global_options(argv: list[str]) -> tuple[list[str], bool, str]:
 def _configure_logging(level: str, debug: bool) -> None:
     try:  # the one list of levels (service.settings), known to logging and to uvicorn alike
         name = "debug" if debug else normalize_log_level(level)
-    except ValueError as exc:
-        raise CommandFailed(f"--log-level: {exc}") from None
+    except ValueError:
+        raise CommandFailed(f"--log-level {level!r}: expected one of {', '.join(LOG_LEVELS)} "
+                            f"(aliases: {', '.join(LOG_LEVEL_ALIASES)})") from None
     logging.basicConfig(level=name.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("httpx", "httpcore"):  # one line per request otherwise, between the command's own lines
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)

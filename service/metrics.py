@@ -15,6 +15,7 @@ replica (the database gauges are the same from every replica).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 
@@ -59,6 +60,16 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 OTHER_METHOD = "other"
 
 
+_CONVERTOR = re.compile(r"\{(\w+):\w+\}")
+
+
+def route_label(scope: Scope) -> str:
+    """The ``route`` label: the matched route's template without path convertors
+    (``/v1/groups/{group_id:path}`` -> ``/v1/groups/{group_id}``), or ``unmatched``."""
+    path = getattr(scope.get("route"), "path", None)
+    return _CONVERTOR.sub(r"{\1}", path) if path else UNMATCHED
+
+
 def method_label(method: str) -> str:
     """The ``method`` label: one of ``METHODS`` or ``other``."""
     return method if method in METHODS else OTHER_METHOD
@@ -90,7 +101,7 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             elapsed = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", None) or UNMATCHED
+            route = route_label(scope)
             HTTP_DURATION.labels(method_label(scope["method"]), route, str(status)).observe(elapsed)
             if route == LEASE_ROUTE:
                 LEASE_WAIT.labels(_lease_result(status)).observe(elapsed)
