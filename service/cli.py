@@ -35,14 +35,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.host
     url = resolve_database_url(settings)
     upgrade(url)
-    if not auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth):
+    auth = auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth)
+    if auth is None:
         return 2
     # workers (and any process the service starts) reuse the resolved server instead of starting their own
     os.environ["DATABASE_URL"] = url
     get_settings.cache_clear()
     port = args.port or settings.port
     workers = args.workers or settings.workers
-    print(f"grpo-curator serving on http://{host}:{port} (docs at /docs, dashboard at /dashboard)", flush=True)
+    print(f"grpo-curator serving on http://{host}:{port} (auth {auth}; docs at /docs, dashboard at /dashboard)",
+          flush=True)
     from uvicorn.config import STARTUP_FAILURE
 
     try:
@@ -62,9 +64,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
+def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> str | None:
     """With no API key, serve stays open on a loopback host (one log line) and refuses any other host
-    unless ``--insecure-no-auth``; returns whether to start."""
+    unless ``--insecure-no-auth``; returns "on" / "off" (start), or None (refuse)."""
     from service.auth import is_loopback
     from service.db import get_engine, make_sessionmaker
     from service.repositories.keys import any_key
@@ -73,20 +75,20 @@ def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
         has_keys = any_key(session)
     if has_keys or require:
         logging.getLogger("service.auth").info("auth on: every route except /healthz needs an API key")
-        return True
+        return "on"
     if is_loopback(host) or insecure:
         logging.getLogger("service.auth").warning(
             "auth off: no API key exists, every route is open to anyone who can reach %s "
             "(create one with: grpo-curator keys create --role admin --name NAME)", host
         )
-        return True
+        return "off"
     print(
         f"error: refusing to serve on {host} without API keys: anyone who can reach it could write data.\n"
         "  create a key first:  grpo-curator keys create --role admin --name ops\n"
         "  or serve on 127.0.0.1, or pass --insecure-no-auth to run open anyway",
         file=sys.stderr,
     )
-    return False
+    return None
 
 
 LATER = {
