@@ -24,7 +24,7 @@ import httpx
 
 from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.client import API_KEY_ENV, wait_healthy
-from service.processes import stop_all
+from service.processes import spawn_tied, stop_all
 from service.services.keys import provision_local
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,19 +48,23 @@ def _free_port() -> int:
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # tied to the demo: SIGTERM reaches each child when the demo dies, even by SIGKILL
+    with log.open("w") as sink:
+        return spawn_tied([sys.executable, *args], env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
 
 
-def start_service(out: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start_service(out: Path, env: dict[str, str], procs: list[subprocess.Popen], timeout_s: float = 120.0) -> str:
+    """Start ``serve`` (appended to ``procs`` at once, so the caller's cleanup stops it whatever happens
+    next) and wait for /healthz; returns its URL."""
     port = _free_port()
     proc = _spawn(["-m", "service.cli", "serve", "--port", str(port)], env, out / "service.log")
+    procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, timeout_s=120)
+        wait_healthy(url, proc, timeout_s=timeout_s)
     except RuntimeError as exc:
-        proc.kill()
         raise RuntimeError(f"{exc}; see {out / 'service.log'}") from None
-    return proc, url
+    return url
 
 
 def _policy(curated: bool, truncation: str) -> dict[str, Any]:
@@ -110,14 +114,14 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
     # auth on: the demo makes its own keys (admin for itself, one each for the trainer and the producer)
     keys = provision_local(out / "state", {"demo-admin": "admin", "demo-trainer": "trainer", "demo-producer": "producer"})
     headers = {"Authorization": f"Bearer {keys['demo-admin']}"}
-    service, url = start_service(out, env)
-    procs = [service]
-    try:
+    procs: list[subprocess.Popen] = []
+    try:  # everything started is in procs from the moment it exists: a signal or a failure stops it all
+        url = start_service(out, env, procs, args.startup_timeout)
         configure(url, _policy(curated, args.truncation), headers)
         procs += start_workers(url, out, env, args, keys)
         rows = _watch(url, procs, args, label, headers)
     finally:
-        stop_all(reversed(procs))  # also on Ctrl-C / failure; the service stops its embedded PostgreSQL
+        stop_all(reversed(procs))  # SIGTERM first, also on Ctrl-C / SIGTERM / failure: the service stops its PostgreSQL
     reached = versions_to_reach(rows, args.threshold)
     return {"label": label, "rows": rows, "steps_to_threshold": reached, "out": str(out)}
 
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
+    ap.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for the service to be healthy")
     args = ap.parse_args(argv)
     modes = [True, False] if args.compare else [not args.no_curation]
     results = [run_once(args, curated) for curated in modes]

@@ -9,7 +9,7 @@ import sys
 
 from service.cli_errors import CommandFailed, check_set_options, explain, missing_extra
 from service.processes import exit_on_signals
-from service.settings import get_settings
+from service.settings import LOG_LEVEL_ALIASES, LOG_LEVELS, get_settings, normalize_log_level
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -35,28 +35,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.host
     url = resolve_database_url(settings)
     upgrade(url)
-    if not auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth):
+    auth = auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth)
+    if auth is None:
         return 2
     # workers (and any process the service starts) reuse the resolved server instead of starting their own
     os.environ["DATABASE_URL"] = url
     get_settings.cache_clear()
     port = args.port or settings.port
     workers = args.workers or settings.workers
-    print(f"grpo-curator serving on http://{host}:{port} (docs at /docs, dashboard at /dashboard)", flush=True)
-    uvicorn.run(
-        "service.app:create_served_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level=settings.log_level,
-    )
+    print(f"grpo-curator serving on http://{host}:{port} (auth {auth}; docs at /docs, dashboard at /dashboard)",
+          flush=True)
+    from uvicorn.config import STARTUP_FAILURE
+
+    try:
+        uvicorn.run(
+            "service.app:create_served_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=settings.log_level,
+        )
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start (its reason is logged at error level)
+        if exc.code != STARTUP_FAILURE:
+            raise
+        raise CommandFailed(f"the server could not start on {host}:{port} (port in use? the reason is logged at "
+                            "--log-level error or lower)") from None
     return 0
 
 
-def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
+def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> str | None:
     """With no API key, serve stays open on a loopback host (one log line) and refuses any other host
-    unless ``--insecure-no-auth``; returns whether to start."""
+    unless ``--insecure-no-auth``; returns "on" / "off" (start), or None (refuse)."""
     from service.auth import is_loopback
     from service.db import get_engine, make_sessionmaker
     from service.repositories.keys import any_key
@@ -64,21 +74,21 @@ def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> bool:
     with make_sessionmaker(get_engine(url)).begin() as session:
         has_keys = any_key(session)
     if has_keys or require:
-        print("auth on: every route except /healthz needs an API key", flush=True)  # shown at any log level
-        return True
+        logging.getLogger("service.auth").info("auth on: every route except /healthz needs an API key")
+        return "on"
     if is_loopback(host) or insecure:
         logging.getLogger("service.auth").warning(
             "auth off: no API key exists, every route is open to anyone who can reach %s "
             "(create one with: grpo-curator keys create --role admin --name NAME)", host
         )
-        return True
+        return "off"
     print(
         f"error: refusing to serve on {host} without API keys: anyone who can reach it could write data.\n"
         "  create a key first:  grpo-curator keys create --role admin --name ops\n"
         "  or serve on 127.0.0.1, or pass --insecure-no-auth to run open anyway",
         file=sys.stderr,
     )
-    return False
+    return None
 
 
 LATER = {
@@ -97,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-curator",
         description=__doc__,
-        epilog="Global options (before or after the command): --log-level debug|info|warning|error "
-        "(default warning), --debug (full tracebacks).",
+        epilog=f"Global options (before or after the command): --log-level {'|'.join(LOG_LEVELS)} "
+        "(warn and fatal are aliases; default warning), --debug (full tracebacks).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the API (and an in-process worker); migrates to head first")
@@ -134,13 +144,15 @@ def _global_options(argv: list[str]) -> tuple[list[str], bool, str]:
 
 
 def _configure_logging(level: str, debug: bool) -> None:
-    name = "DEBUG" if debug else level.upper()
-    if not isinstance(logging.getLevelName(name), int):
-        raise CommandFailed(f"--log-level {level!r}: expected one of debug, info, warning, error")
-    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    try:  # the one list of levels (service.settings), known to logging and to uvicorn alike
+        name = "debug" if debug else normalize_log_level(level)
+    except ValueError:
+        raise CommandFailed(f"--log-level {level!r}: expected one of {', '.join(LOG_LEVELS)} "
+                            f"(aliases: {', '.join(LOG_LEVEL_ALIASES)})") from None
+    logging.basicConfig(level=name.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("httpx", "httpcore"):  # one line per request otherwise, between the command's own lines
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
-    os.environ["GRPO_CURATOR_LOG_LEVEL"] = "debug" if debug else level.lower()  # serve's uvicorn, children
+    os.environ["GRPO_CURATOR_LOG_LEVEL"] = name  # serve's uvicorn, children
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ per unit of work.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import warnings
@@ -51,6 +52,8 @@ def start_embedded(data_dir: Path) -> str:
             data_dir.mkdir(parents=True, exist_ok=True)
             prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
             _embedded[key] = start_server(data_dir)  # locked down before it first listens (service/embedded.py)
+            # atexit runs last-registered first: drop killed co-users before pgserver counts the users left
+            atexit.register(prune_dead_handles, data_dir)
             lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
         server = _embedded[key]
     return server.get_uri()  # type: ignore[attr-defined]

@@ -3,7 +3,8 @@
 
 Names (all prefixed ``grpo_curator_``):
 - ``http_request_duration_seconds{method, route, status}`` histogram: every API request, by route
-  template (``/v1/groups/{group_id}``, never the raw path, so ids do not explode the label set).
+  template (``/v1/groups/{group_id}``, never the raw path, so ids do not explode the label set) and
+  method (GET HEAD POST PUT PATCH DELETE OPTIONS, any other token ``other``).
 - ``lease_wait_seconds{result}`` histogram: how long ``POST /v1/batches/lease`` took, ``result`` =
   ``batch`` (200) or ``empty`` (204 after ``wait_seconds``) or ``error``.
 - ``component_latency_seconds{kind, component}`` histogram and ``component_results_total{kind,
@@ -14,6 +15,7 @@ replica (the database gauges are the same from every replica).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 
@@ -53,6 +55,24 @@ COMPONENT_RESULTS = Counter(
 )
 LEASE_ROUTE = "/v1/batches/lease"
 UNMATCHED = "unmatched"  # requests no route matched (404s): one label value, not one per path
+# HTTP accepts any token as a method: anything else is labelled "other", so clients cannot grow the series
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
+
+
+_CONVERTOR = re.compile(r"\{(\w+):\w+\}")
+
+
+def route_label(scope: Scope) -> str:
+    """The ``route`` label: the matched route's template without path convertors
+    (``/v1/groups/{group_id:path}`` -> ``/v1/groups/{group_id}``), or ``unmatched``."""
+    path = getattr(scope.get("route"), "path", None)
+    return _CONVERTOR.sub(r"{\1}", path) if path else UNMATCHED
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label: one of ``METHODS`` or ``other``."""
+    return method if method in METHODS else OTHER_METHOD
 
 
 def _lease_result(status: int) -> str:
@@ -81,8 +101,8 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             elapsed = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", None) or UNMATCHED
-            HTTP_DURATION.labels(scope["method"], route, str(status)).observe(elapsed)
+            route = route_label(scope)
+            HTTP_DURATION.labels(method_label(scope["method"]), route, str(status)).observe(elapsed)
             if route == LEASE_ROUTE:
                 LEASE_WAIT.labels(_lease_result(status)).observe(elapsed)
 

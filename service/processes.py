@@ -5,17 +5,24 @@
   caught after its own shutdown, into the handler installed before it, so ``serve`` exits cleanly too.
 - ``prune_dead_handles(pgdata)``: the embedded server (``pgserver``) is stopped by the last process that
   uses it, counted in a pid file; a process killed with SIGKILL stays in that file forever and the server
-  would never stop. Dead pids are removed before attaching.
+  would never stop. Dead pids are removed before attaching and again at exit, so the last *live* user
+  stops the server (e.g. the demo's service, after the demo itself was killed).
 - ``stop_all(procs)``: terminate children (their whole process group when they lead one), wait, kill.
+- ``spawn_tied(args, ...)``: start a child that gets SIGTERM when this process dies, even by SIGKILL
+  (Linux ``PR_SET_PDEATHSIG``, set between fork and exec); SIGTERM then runs the child's own shutdown,
+  so a ``serve`` child still stops its embedded PostgreSQL.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import FrameType
 
@@ -36,13 +43,17 @@ def exit_on_signals() -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): kill(0) is all we know
+        return True
 
 
 def prune_dead_handles(pgdata: Path) -> list[int]:
@@ -97,3 +108,37 @@ def processes_mentioning(marker: str) -> list[str]:
         if marker in cmdline:
             found.append(f"{entry.name}: {cmdline.strip()}")
     return found
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved in the parent (a forked child should not dlopen); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn``: the child gets ``sig`` when the process that spawned it dies (for any reason,
+    SIGKILL included); it exits at once when that process is already gone. None where unsupported."""
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+def spawn_tied(args: list[str], **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(args)`` whose child is sent SIGTERM when this process dies (see
+    ``die_with_parent``). Spawn from the main thread: the signal follows the thread that forked."""
+    return subprocess.Popen(args, preexec_fn=die_with_parent(), **popen_kwargs)  # noqa: PLW1509

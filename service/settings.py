@@ -10,10 +10,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reward_models.llm_judge import JudgeEndpoint
+
+# log levels every consumer knows (Python's logging and uvicorn); aliases map to them, anything else is refused
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}
+
+
+def normalize_log_level(value: str) -> str:
+    """``value`` as one of ``LOG_LEVELS`` (case-insensitive; ``warn`` / ``fatal`` accepted); ValueError else."""
+    level = str(value).strip().lower()
+    level = LOG_LEVEL_ALIASES.get(level, level)
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {value!r}: expected one of {', '.join(LOG_LEVELS)}")
+    return level
 
 
 class Settings(BaseSettings):
@@ -71,6 +84,11 @@ class Settings(BaseSettings):
     # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
     judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
     worker_metrics_port: int | None = None  # a score worker serves its Prometheus metrics here when set
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        return normalize_log_level(value)
 
     @property
     def embedded_dir(self) -> Path:

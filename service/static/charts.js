@@ -12,15 +12,30 @@
     return n;
   }
 
+  const finite = (v) => typeof v === "number" && Number.isFinite(v);
+
+  // lo/hi must be finite and moderate (|v| < 1e100; `scaler` brings any finite values there)
   function niceTicks(lo, hi, count) {
     if (!(hi > lo)) { const pad = Math.abs(lo) > 0 ? Math.abs(lo) * 0.1 : 1; lo -= pad; hi += pad; }
     const raw = (hi - lo) / Math.max(1, count);
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+    if (!finite(step) || !(step > 0)) return { lo, hi, ticks: [lo, hi] };
     const start = Math.floor(lo / step) * step, end = Math.ceil(hi / step) * step;
     const ticks = [];
-    for (let v = start; v <= end + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
+    for (let v = start; v <= end + step / 2 && ticks.length < 50; v += step) ticks.push(Number(v.toPrecision(12)));
     return { lo: start, hi: end, ticks };
+  }
+
+  // Values of any finite size are charted as v / 10^e (so ranges and ticks never overflow or underflow);
+  // e = 0 for ordinary values. The tick labels carry the exponent.
+  function scaler(values) {
+    const maxAbs = Math.max(0, ...values.map(Math.abs));
+    const e = maxAbs > 0 && (maxAbs >= 1e100 || maxAbs < 1e-100) ? Math.floor(Math.log10(maxAbs)) : 0;
+    const a = Math.trunc(-e / 2), b = -e - a;  // 10^-e in two factors: 10^±324 alone is 0 or Infinity
+    const scale = (v) => (e === 0 ? v : v * Math.pow(10, a) * Math.pow(10, b));
+    const label = (t, unit) => (e === 0 ? fmt(t, unit) : `${Number(t.toPrecision(6))}e${e}`);
+    return { scale, label, e };
   }
 
   function fmt(v, unit) {
@@ -38,7 +53,7 @@
     const box = document.createElement("div");
     box.className = "chart";
     container.append(box);
-    const series = (opts.series || []).filter((s) => s.points.some((p) => p[1] !== null && p[1] !== undefined));
+    const series = (opts.series || []).filter((s) => s.points.some((p) => finite(p[0]) && finite(p[1])));
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.title });
     root.append(svg("text", { x: L, y: 18, "font-size": 14, "font-weight": 600, class: "chart-title" }, opts.title));
     box.append(root);
@@ -46,23 +61,26 @@
       root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#7b8794", "font-size": 13 }, "no data yet"));
       return box;
     }
-    const xs = series.flatMap((s) => s.points.map((p) => p[0]));
-    const ys = series.flatMap((s) => s.points.map((p) => p[1])).filter((y) => y !== null && y !== undefined);
-    const xr = niceTicks(Math.min(...xs), Math.max(...xs), 6);
-    const yr = niceTicks(opts.yMin !== undefined ? Math.min(opts.yMin, ...ys) : Math.min(...ys),
-      opts.yMax !== undefined ? Math.max(opts.yMax, ...ys) : Math.max(...ys), 5);
-    const px = (x) => L + ((x - xr.lo) / (xr.hi - xr.lo)) * (W - L - R);
-    const py = (y) => H - B - ((y - yr.lo) / (yr.hi - yr.lo)) * (H - T - B);
+    const xs = series.flatMap((s) => s.points.map((p) => p[0])).filter(finite);
+    const rawYs = series.flatMap((s) => s.points.map((p) => p[1])).filter(finite);
+    const ys = rawYs.concat([opts.yMin, opts.yMax].filter(finite));
+    const xs_ = scaler(xs), ys_ = scaler(ys);
+    const xr = niceTicks(Math.min(...xs.map(xs_.scale)), Math.max(...xs.map(xs_.scale)), 6);
+    const yr = niceTicks(Math.min(...ys.map(ys_.scale)), Math.max(...ys.map(ys_.scale)), 5);
+    const px = (x) => L + ((xs_.scale(x) - xr.lo) / (xr.hi - xr.lo)) * (W - L - R);
+    const py = (y) => H - B - ((ys_.scale(y) - yr.lo) / (yr.hi - yr.lo)) * (H - T - B);
     const axes = svg("g", { class: "axes", "font-size": 11, fill: "#5b6672" });
+    const tyy = (t) => H - B - ((t - yr.lo) / (yr.hi - yr.lo)) * (H - T - B);  // ticks are in scaled units
+    const txx = (t) => L + ((t - xr.lo) / (xr.hi - xr.lo)) * (W - L - R);
     for (const t of yr.ticks) {
-      axes.append(svg("line", { x1: L, x2: W - R, y1: py(t), y2: py(t), stroke: "#eceff3" }));
-      axes.append(svg("text", { x: L - 6, y: py(t) + 4, "text-anchor": "end", class: "tick y-tick" }, fmt(t, opts.unit === "%" ? "%" : "")));
+      axes.append(svg("line", { x1: L, x2: W - R, y1: tyy(t), y2: tyy(t), stroke: "#eceff3" }));
+      axes.append(svg("text", { x: L - 6, y: tyy(t) + 4, "text-anchor": "end", class: "tick y-tick" }, ys_.label(t, opts.unit === "%" ? "%" : "")));
     }
     const integerX = xs.every((x) => Number.isInteger(x));
     for (const t of xr.ticks) {
       if (integerX && !Number.isInteger(t)) continue;
-      axes.append(svg("line", { x1: px(t), x2: px(t), y1: H - B, y2: H - B + 4, stroke: "#5b6672" }));
-      axes.append(svg("text", { x: px(t), y: H - B + 16, "text-anchor": "middle", class: "tick x-tick" }, String(t)));
+      axes.append(svg("line", { x1: txx(t), x2: txx(t), y1: H - B, y2: H - B + 4, stroke: "#5b6672" }));
+      axes.append(svg("text", { x: txx(t), y: H - B + 16, "text-anchor": "middle", class: "tick x-tick" }, xs_.e === 0 ? String(t) : xs_.label(t, "")));
     }
     axes.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#5b6672", class: "x-axis" }));
     axes.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, stroke: "#5b6672", class: "y-axis" }));
@@ -76,7 +94,7 @@
       let d = "", prev = null;
       const pts = [...s.points].sort((a, b) => a[0] - b[0]);
       for (const [x, y] of pts) {
-        const ok = y !== null && y !== undefined && !Number.isNaN(y);
+        const ok = finite(x) && finite(y);
         if (!ok) { prev = null; continue; }
         const join = prev !== null && (maxStep === null || x - prev <= maxStep);
         d += `${join ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`;

@@ -77,7 +77,11 @@ def test_dashboard_pages_in_a_real_browser(browser, populated, tmp_path):
     links = browser.evaluate("[...document.querySelectorAll('a.group-link')].map(a => a.getAttribute('href'))")
     assert "#group/" + quote(AGENT_ID, safe="") in links
     _page(browser, base + "#groups?status=dropped", "document.querySelector('form.filters') && document.body.innerText", "groups-dropped", tmp_path)
-    assert browser.evaluate("[...document.querySelectorAll('a.group-link')].map(a => a.textContent)") == ["g1"]  # all correct: zero variance
+    shown = browser.evaluate("[...document.querySelectorAll('a.group-link')].map(a => a.textContent)")
+    with CuratorClient(populated.url) as c:  # the API's answer to the same filter
+        dropped = [g["id"] for g in c.list_groups(status="dropped")["groups"]]
+    # g1 (all correct: zero variance) is dropped; so is the agent group (drop_reason "untrainable")
+    assert "g1" in shown and sorted(shown) == sorted(dropped) and "g0" not in shown
 
     text = _page(browser, base + "#group/" + quote(AGENT_ID, safe=""), "document.querySelector('.transcript') && document.body.innerText", "transcript", tmp_path)
     assert AGENT_ID in text

@@ -75,14 +75,16 @@ def test_lease_wait_histogram(api):
 
 
 def test_component_latency_and_errors_after_scoring(api):
-    api.post("/v1/reward-specs", json={"name": "m", "components": [
+    r = api.post("/v1/reward-specs", json={"name": "m", "components": [
         {"name": "correct", "kind": "verifier.math", "outcome": True},
-        # the producer reported no metadata.reward: an error per sample
-        {"name": "tests", "kind": "external.reported", "weight": 0.0},
+        # no metadata["env"] on any sample: an error per sample (ingest cannot know it is missing)
+        {"name": "tests", "kind": "external.reported", "weight": 0.0, "params": {"key": "env"}},
     ]})
-    api.put("/v1/datasets/toy", json={"reward_spec": "m"})
+    assert r.status_code == 201, r.text
+    assert api.put("/v1/datasets/toy", json={"reward_spec": "m"}).status_code in (200, 201)
     before = api.get("/metrics").text
-    assert api.post("/v1/groups", json=make_group("met-s", answers=["42", "41", "42", "7"])).status_code == 201
+    r = api.post("/v1/groups", json=make_group("met-s", answers=["42", "41", "42", "7"]))
+    assert r.status_code == 201, r.text
     with Scorer(processes=1, timeout_s=20) as scorer:
         drain(api.factory, scorer, max_attempts=1)
     text = api.get("/metrics").text

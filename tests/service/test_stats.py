@@ -3,6 +3,7 @@ retraction, filters, concurrent writers, the sketch's accuracy, and the CLI over
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import threading
@@ -348,3 +349,38 @@ def test_cli_over_the_real_pipeline(live_server, scorer, capsys):
     assert stats_cli.main(["--url", live_server.url, "--by", "dataset", "--since", "not-a-time"]) == 1
     with make_sessionmaker(get_engine(live_server.db_url))() as s:
         assert s.scalar(select(Group.status).where(Group.id == "cli-1")) == "dropped"
+
+
+def _cells(url: str) -> dict[tuple, dict]:
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(text("SELECT dim, key, dataset, bucket, counters FROM stats_cells"))
+        return {(r.dim, r.key, r.dataset, r.bucket): r.counters for r in rows}
+
+
+def test_upgrade_rebuilds_a_rollup_written_with_old_buckets(make_db):
+    """Migration 0007 recomputes the rollup from the stored groups: cells written with the previous
+    sketch's buckets (here: stale counts and an old bucket key) are replaced, no manual step needed;
+    a downgrade empties the rollup (the older code rebuilds it with its own buckets)."""
+    from service.migrate import downgrade, upgrade
+
+    url = make_db()
+    factory = make_sessionmaker(get_engine(url))
+    with factory.begin() as session:
+        pks = seed(session)
+        stats.record_groups(session, list(pks.values()))
+    current = _cells(url)
+    assert current
+    downgrade(url, "0006")
+    assert _cells(url) == {}
+    with get_engine(url).begin() as conn:  # the rollup as the old code left it
+        for (dim, key, dataset, bucket), counters in current.items():
+            stale = {**{k: v * 3 for k, v in counters.items()}, "p0": 7.0}
+            conn.execute(text("INSERT INTO stats_cells (dim, key, dataset, bucket, counters) "
+                              "VALUES (:d, :k, :ds, :b, CAST(:c AS jsonb))"),
+                         {"d": dim, "k": key, "ds": dataset, "b": bucket, "c": json.dumps(stale)})
+    upgrade(url)
+    migrated = _cells(url)
+    assert all("p0" not in c for c in migrated.values())
+    with factory.begin() as session:
+        stats.rebuild(session)
+    assert migrated == _cells(url) and set(migrated) == set(current)
