@@ -144,4 +144,24 @@ EXTRA_EXAMPLES: dict[tuple[str, str], dict[str, tuple[str, dict[str, Any]]]] = {
         "batch": ("a batch: an agent group with a tool call and an inline prompt", AGENT_GROUPS)
     },
 }
+# bodies of routes that act on something a run creates (a lease) or that score synchronously: shown in
+# OpenAPI like the others, checked against their schemas (tests/service/test_openapi_docs.py), not replayed
+SCORE: dict[str, Any] = {
+    "reward_spec": "math-boxed",
+    "items": [{"prompt": "What is 6 * 7?", "completion": "The answer is \\boxed{42}", "reference": {"answer": "42"},
+               "finish_reason": "stop"}],
+}
+OPENRLHF: dict[str, Any] = {
+    "query": ["<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n\\boxed{42}<|im_end|>"],
+    "prompts": ["<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"],
+    "labels": ["42"],
+}
+NACK: dict[str, Any] = {"reason": "trajectory 3 has no logprobs and this trainer needs them", "drop": True}
+EXTEND: dict[str, Any] = {"lease_seconds": 600}
+STATEFUL_EXAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
+    ("post", "/v1/score"): ("score one completion synchronously with the math-boxed spec", SCORE),
+    ("post", "/compat/openrlhf/{spec}/get_reward"): ("OpenRLHF's remote reward request", OPENRLHF),
+    ("post", "/v1/batches/{batch_id}/nack"): ("give a batch back; ask to drop groups it cannot use", NACK),
+    ("post", "/v1/batches/{batch_id}/extend"): ("heartbeat: keep the lease 10 more minutes", EXTEND),
+}
 EXAMPLE_PATHS = {"/v1/datasets/{name}": "/v1/datasets/gsm8k"}  # the concrete path each example is sent to

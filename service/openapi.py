@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.errors import document_errors
-from service.examples import EXTRA_EXAMPLES, REQUEST_EXAMPLES
+from service.examples import EXTRA_EXAMPLES, REQUEST_EXAMPLES, STATEFUL_EXAMPLES
 
 REF_PREFIX = "#/components/schemas/"
 
@@ -36,7 +36,7 @@ def add_schemas(doc: dict[str, Any], models: list[type[BaseModel]]) -> None:
 
 
 def add_examples(doc: dict[str, Any]) -> None:
-    for (method, path), (summary, body) in REQUEST_EXAMPLES.items():
+    for (method, path), (summary, body) in {**REQUEST_EXAMPLES, **STATEFUL_EXAMPLES}.items():
         op = doc.get("paths", {}).get(path, {}).get(method)
         if op is None or "requestBody" not in op:
             continue

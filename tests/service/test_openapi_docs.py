@@ -68,3 +68,17 @@ def test_docs_page_is_served_without_outside_assets(client):
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", r.text), "loads something from another host"
     assert "cdn" not in r.text.lower()
     assert client.get("/redoc").status_code == 404
+
+
+def test_the_stateful_examples_are_valid_bodies():
+    """Examples of routes that need a live lease or score synchronously are not replayed above; each one
+    still validates against the request schema its route declares (a drifted example fails here)."""
+    from service.delivery_schemas import ExtendIn, NackIn
+    from service.examples import STATEFUL_EXAMPLES
+    from service.integration_schemas import OpenRLHFIn, ScoreIn
+
+    models = {"/v1/score": ScoreIn, "/compat/openrlhf/{spec}/get_reward": OpenRLHFIn,
+              "/v1/batches/{batch_id}/nack": NackIn, "/v1/batches/{batch_id}/extend": ExtendIn}
+    assert {path for _, path in STATEFUL_EXAMPLES} == set(models)
+    for (_method, path), (_summary, body) in STATEFUL_EXAMPLES.items():
+        models[path].model_validate(body, strict=False)
