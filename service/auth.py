@@ -114,11 +114,15 @@ def _bearer(request: Request, token_param: str | None = None) -> str | None:
 def authenticate(request: Request, session: SessionDep, token_param: str | None = None) -> Principal:
     """The request's key (401 when missing, unknown or revoked while auth is on); OPEN when auth is off.
     The lookup's read transaction ends here, so its pooled connection goes back at once (a long poll
-    must hold none while it waits)."""
+    must hold none while it waits). It ends with COMMIT: auth runs before the route has written anything,
+    and a COMMIT never discards what the caller's session already holds (a ROLLBACK would)."""
     try:
-        return _authenticate(request, session, token_param)
-    finally:
+        principal = _authenticate(request, session, token_param)
+    except BaseException:
         session.rollback()
+        raise
+    session.commit()
+    return principal
 
 
 def _authenticate(request: Request, session: SessionDep, token_param: str | None) -> Principal:

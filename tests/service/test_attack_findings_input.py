@@ -72,14 +72,6 @@ def api(fresh_db: str) -> Iterator:
     app.state.engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def scorer():
-    from reward_models.scoring import Scorer
-
-    with Scorer(processes=1, timeout_s=20) as s:
-        yield s
-
-
 def _nested(depth: int) -> str:
     return "[" * depth + "1" + "]" * depth
 
@@ -321,7 +313,7 @@ class TestBoundedWeights:
 
     @pytest.mark.parametrize("params", [
         {"kind": "rule.tool_calls", "params": {"no_calls_value": 1e308}, "field": "no_calls_value"},
-        {"kind": "judge.llm", "params": {"base_url": "http://127.0.0.1:1", "model": "m", "min_score": -1e308,
+        {"kind": "judge.llm", "params": {"endpoint": "local", "model": "m", "min_score": -1e308,
                                          "max_score": 1e308}, "field": "min_score"},
     ], ids=["no_calls_value", "judge-score-range"])
     def test_component_params_that_scale_a_reward_are_bounded(self, client, params):

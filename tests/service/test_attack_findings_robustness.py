@@ -15,23 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from reward_models.scoring import Scorer
-from service.app import create_app
 from service.client import CuratorClient
 from service.db import get_engine, make_sessionmaker
 from service.workers.pipeline import drain, run_once
 from tests.helpers import make_group
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def api(fresh_db):
-    with TestClient(create_app(database_url=fresh_db)) as c:
-        c.factory = make_sessionmaker(get_engine(fresh_db))
-        yield c
 
 
 def _judge_spec(api, name: str, judge, timeout_s: float) -> dict[str, str]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
 from service.workers.pipeline import drain
 from tests.helpers import make_group
 
@@ -14,23 +12,6 @@ REFERENCE = {
     "tests": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(0, 0) == 0\n",
     "entry_point": "add",
 }
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    with Scorer(processes=1, timeout_s=20) as s:
-        yield s
-
-
-@pytest.fixture
-def api(fresh_db):
-    from fastapi.testclient import TestClient
-
-    from service.app import create_app
-
-    with TestClient(create_app(database_url=fresh_db)) as c:
-        c.factory = make_sessionmaker(get_engine(fresh_db))
-        yield c
 
 
 @pytest.mark.parametrize("param", ["allow_network", "allow_subprocess", "backend"])

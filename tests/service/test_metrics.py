@@ -11,10 +11,8 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
 from service.workers.pipeline import drain
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
@@ -31,21 +29,10 @@ def _value(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-@pytest.fixture
-def api(fresh_db):
-    from fastapi.testclient import TestClient
-
-    from service.app import create_app
-
-    with TestClient(create_app(database_url=fresh_db)) as c:
-        c.factory = make_sessionmaker(get_engine(fresh_db))
-        yield c
-
-
 def test_request_histograms_by_route_template_and_status(api):
     before = api.get("/metrics").text
     count = "grpo_curator_http_request_duration_seconds_count"
-    route = "/v1/groups/{group_id:path}"
+    route = "/v1/groups/{group_id}"
     assert api.post("/v1/groups", json=make_group("met-1")).status_code == 201
     for _ in range(3):
         assert api.get("/v1/groups/no-such-group").status_code == 404

@@ -9,28 +9,9 @@ import pytest
 from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
 from service.models import Decision, Group, Reward, SamplingRequest
 from service.workers.pipeline import drain, run_once
 from tests.helpers import make_group
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    with Scorer(processes=1, timeout_s=20) as s:
-        yield s
-
-
-@pytest.fixture
-def api(fresh_db):
-    """TestClient over a fresh database whose requests really commit (the worker reads them)."""
-    from fastapi.testclient import TestClient
-
-    from service.app import create_app
-
-    with TestClient(create_app(database_url=fresh_db)) as c:
-        c.factory = make_sessionmaker(get_engine(fresh_db))
-        yield c
 
 
 def _spec(api, **extra):

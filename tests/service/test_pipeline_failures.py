@@ -11,30 +11,12 @@ import pytest
 from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
 from service.models import Decision, Group, Reward
 from service.repositories import pipeline as repo
 from service.workers import scoring
 from service.workers.pipeline import PipelineConfig, drain, run_once
 from tests.helpers import make_group
 from tests.reward_models.conftest import FakeOpenAIServer
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    with Scorer(processes=1, timeout_s=20) as s:
-        yield s
-
-
-@pytest.fixture
-def api(fresh_db):
-    from fastapi.testclient import TestClient
-
-    from service.app import create_app
-
-    with TestClient(create_app(database_url=fresh_db)) as c:
-        c.factory = make_sessionmaker(get_engine(fresh_db))
-        yield c
 
 
 @pytest.fixture

@@ -211,7 +211,7 @@ def test_openrlhf_key_in_path_reaches_the_route(client, session, spec: str) -> N
     from service.services import keys
 
     token = keys.create_key(session, "openrlhf", "trainer")  # auth is on from here
-    session.commit()  # (a savepoint of the test's transaction) the auth lookup's rollback keeps the key
+    session.commit()  # as `keys create` does (a refused request's rollback must not take the key away)
     body = openrlhf_request([R42], ["42"])
     assert client.post(f"/compat/openrlhf/{spec}/get_reward", json=body).status_code == 401
     assert client.post(f"/compat/openrlhf/key/not-a-key/{spec}/get_reward", json=body).status_code == 401

@@ -321,14 +321,6 @@ class TestSketch:
         assert stats.summarize({})["total"]["mean"] is None
 
 
-@pytest.fixture(scope="module")
-def scorer():
-    from reward_models.scoring import Scorer
-
-    with Scorer(processes=1, timeout_s=20) as s:
-        yield s
-
-
 def test_cli_over_the_real_pipeline(live_server, scorer, capsys):
     """Ingest over HTTP, score and curate with the real worker, rebuild and print through the CLI."""
     import httpx
