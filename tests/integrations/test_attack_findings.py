@@ -82,7 +82,7 @@ def test_worker_one_reported_huge_value_does_not_stall_curation_of_other_groups(
 
 def test_curation_sets_aside_a_group_whose_stored_total_is_not_finite(app_client) -> None:
     """Defence in depth for the finding above: a non-finite total already in the table (an older build,
-    a manual edit) makes curation set that group aside as reward_error; the rest of its batch curates."""
+    a manual edit) makes curation set that group aside as curation_error; the rest of its batch curates."""
     from sqlalchemy import select, update
 
     from service.models import Decision, Group, Trajectory
@@ -107,10 +107,10 @@ def test_curation_sets_aside_a_group_whose_stored_total_is_not_finite(app_client
     with factory.begin() as session:
         result = curate_pass(session, 256)
     assert result.ready + result.dropped == 2
-    assert [c.get(f"/v1/groups/g-{i}").json()["status"] for i in range(3)] == ["ready", "reward_error", "ready"]
+    assert [c.get(f"/v1/groups/g-{i}").json()["status"] for i in range(3)] == ["ready", "curation_error", "ready"]
     with factory() as session:
         reasons = session.scalars(select(Decision.reason).where(Decision.group_pk == pk)).all()
-    assert any("cannot curate" in r and "not finite" in r for r in reasons), reasons
+    assert any(r.startswith("curation:") and "not finite" in r for r in reasons), reasons
 
 
 # --- 2. OpenRLHF route: the response is cut at the LAST copy of the prompt ---------------------------------
