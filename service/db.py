@@ -86,6 +86,14 @@ def get_engine(url: str | None = None) -> Engine:
         return _engines[url]
 
 
+def dispose_engine(url: str) -> None:
+    """Close the pooled connections of ``url``'s engine and forget it (a database that is done with)."""
+    with _lock:
+        engine = _engines.pop(url, None)
+    if engine is not None:
+        engine.dispose()
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=False)
 

@@ -79,8 +79,14 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def fresh_db(make_db: Callable[..., str]) -> str:
-    return make_db()
+def fresh_db(make_db: Callable[..., str]) -> Iterator[str]:
+    """A new migrated database for one test; its pooled connections are closed after the test (idle pools
+    of finished tests would otherwise add up to PostgreSQL's max_connections over a full run)."""
+    from service.db import dispose_engine
+
+    url = make_db()
+    yield url
+    dispose_engine(url)
 
 
 @pytest.fixture

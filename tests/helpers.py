@@ -85,5 +85,15 @@ def restart_forkserver() -> None:
     environment (a worker inherits the forkserver's environment, fixed when it started: a test that changes
     the deployment's environment, such as the python.function allowlist, restarts it as a deployment would)."""
     import multiprocessing.forkserver as forkserver
+    import os
+    import signal
 
-    forkserver._forkserver._stop()  # stdlib's own hook for tests; the next worker restarts it
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        # _stop() waits for the server to see EOF on its "alive" pipe, which never comes while any process
+        # forked from this one (by an earlier test) still holds the pipe's write end: kill it instead
+        try:
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server._stop()  # stdlib's own hook for tests (reaps it, forgets its socket); the next worker restarts it
