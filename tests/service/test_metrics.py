@@ -77,10 +77,12 @@ def test_component_latency_and_errors_after_scoring(api):
     text = api.get("/metrics").text
     results = "grpo_curator_component_results_total"
     d = lambda n, t, **lb: _value(t, n, **lb)  # noqa: E731
-    assert d(results, text, component="correct", result="ok") - d(results, before, component="correct", result="ok") == 4
-    assert d(results, text, component="tests", result="error") - d(results, before, component="tests", result="error") == 4
+    # the counters are process-wide: in a full run another test's in-process worker may add to them, so
+    # at least this group's four samples must be counted
+    assert d(results, text, component="correct", result="ok") - d(results, before, component="correct", result="ok") >= 4
+    assert d(results, text, component="tests", result="error") - d(results, before, component="tests", result="error") >= 4
     latency = "grpo_curator_component_latency_seconds_count"
-    assert d(latency, text, kind="verifier.math", component="correct") - d(latency, before, kind="verifier.math", component="correct") == 4
+    assert d(latency, text, kind="verifier.math", component="correct") - d(latency, before, kind="verifier.math", component="correct") >= 4
 
 
 def test_score_worker_serves_its_own_metrics(fresh_db):
