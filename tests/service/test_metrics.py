@@ -3,8 +3,6 @@ serves its own metrics on --metrics-port."""
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import re
 import signal
@@ -13,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from reward_models.scoring import Scorer
 from service.workers.pipeline import drain
