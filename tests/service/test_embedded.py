@@ -80,7 +80,7 @@ def test_a_killed_user_does_not_keep_the_server_alive(tmp_path):
     assert _leftovers(data_dir) == []
 
 
-def test_embedded_server_admits_only_its_own_os_user(tmp_path):
+def test_embedded_server_admits_only_its_own_os_user(tmp_path, request):
     """No TCP listener, no host rules in pg_hba, a 0700 socket: another local user cannot connect."""
     import shutil
     import stat
@@ -91,6 +91,7 @@ def test_embedded_server_admits_only_its_own_os_user(tmp_path):
     from service.embedded import socket_dir
 
     uri = start_embedded(tmp_path / "pgdata")
+    request.addfinalizer(lambda: _stop_started(tmp_path / "pgdata"))  # this test started it: it stops it
     with psycopg.connect(uri) as conn:
         assert conn.execute("SHOW listen_addresses").fetchone()[0] == ""
         assert {r[0] for r in conn.execute("SELECT type FROM pg_hba_file_rules")} == {"local"}
@@ -104,3 +105,12 @@ def test_embedded_server_admits_only_its_own_os_user(tmp_path):
         probe = "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])"
         r = subprocess.run([python, "-c", probe, str(sock)], user=65534, capture_output=True, text=True)
         assert r.returncode != 0 and "PermissionError" in r.stderr, r.stderr
+
+
+def _stop_started(pgdata):
+    """Stop the embedded server this process started for ``pgdata`` (no process is left behind)."""
+    from service import db
+
+    server = db._embedded.pop(str(pgdata.resolve()), None)
+    if server is not None:
+        server.cleanup()  # type: ignore[attr-defined]
