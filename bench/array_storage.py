@@ -15,7 +15,7 @@ import numpy as np
 import psycopg
 from sqlalchemy.engine import make_url
 
-from service.db import to_sqlalchemy_url
+from service.store.db import to_sqlalchemy_url
 
 
 def main() -> None:

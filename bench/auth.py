@@ -17,10 +17,10 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.db import to_sqlalchemy_url
-from service.dbadmin import create_database, drop_database
-from service.migrate import upgrade
-from service.services.keys import provision
+from service.auth.keys import provision
+from service.store.db import to_sqlalchemy_url
+from service.store.dbadmin import create_database, drop_database
+from service.store.migrate import upgrade
 
 
 def make_group(group_id: str) -> dict:

@@ -4,8 +4,8 @@ Pure part: the vectorised `curate_groups` beside the per-group reference `curate
 synthetic groups (agreement checked), both rates and their ratio. Target: >= 50,000 groups of 8 per second.
 
 DB part (`--db`, needs PostgreSQL: DATABASE_URL): groups ingested through the API and scored by the real
-scoring stage with a rule-only spec, then timed through `service.workers.pipeline.curate_pass` (claim,
-curate, bulk writes, commit), with and without the statistics rollup (`service.services.stats`) side by
+scoring stage with a rule-only spec, then timed through `service.worker.pipeline.curate_pass` (claim,
+curate, bulk writes, commit), with and without the statistics rollup (`service.stats.service`) side by
 side. Target: >= 1,000 groups/s. Then `GET /v1/stats` p50 / p99 over 1M stored trajectories (seeded in
 SQL, rollup rebuilt), beside the same aggregate computed from the raw tables. Target: p99 <= 200 ms.
 
@@ -28,18 +28,18 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-import service.workers.curation as curation
+import service.curation.service as curation
 from filters.curate import curate_group, curate_groups
 from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
 from reward_models.scoring import Scorer
 from service.app import create_app
-from service.db import get_engine, make_sessionmaker, to_sqlalchemy_url
-from service.migrate import upgrade
-from service.repositories.pipeline import claim_groups, claim_received
-from service.services import stats
-from service.workers import scoring
-from service.workers.curation import curate
-from service.workers.pipeline import curate_pass
+from service.curation.service import curate
+from service.scoring import stage as scoring
+from service.stats import service as stats
+from service.store.db import get_engine, make_sessionmaker, to_sqlalchemy_url
+from service.store.migrate import upgrade
+from service.worker.pipeline import curate_pass
+from service.worker.repository import claim_groups, claim_received
 
 TARGET_GROUPS_PER_S = 50_000
 # A plausible mix for a math / agent run: mostly answered, some budget cut-offs, few infra failures.

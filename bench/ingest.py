@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import psycopg
 
-from service.dbadmin import create_database, drop_database, libpq_url
+from service.store.dbadmin import create_database, drop_database, libpq_url
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 1024
@@ -128,8 +128,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     args = ap.parse_args()
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    from service.db import to_sqlalchemy_url
-    from service.migrate import upgrade
+    from service.store.db import to_sqlalchemy_url
+    from service.store.migrate import upgrade
 
     server = to_sqlalchemy_url(server)
     rng = random.Random(0)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from service.dbadmin import create_database, drop_database, libpq_url
+from service.store.dbadmin import create_database, drop_database, libpq_url
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 1024
@@ -222,8 +222,8 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=40, help="leases per trainer and configuration")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     args = ap.parse_args()
-    from service.db import to_sqlalchemy_url
-    from service.migrate import upgrade
+    from service.store.db import to_sqlalchemy_url
+    from service.store.migrate import upgrade
     from tests.conftest import start_server, stop_server
 
     server = to_sqlalchemy_url(

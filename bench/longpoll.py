@@ -24,7 +24,7 @@ from collections import Counter
 
 import httpx
 
-from service.dbadmin import create_database, drop_database
+from service.store.dbadmin import create_database, drop_database
 from tests.conftest import start_server, stop_server
 from tests.helpers import make_group
 
@@ -125,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     if not server_url:
         print("set DATABASE_URL to a PostgreSQL server", file=sys.stderr)
         return 2
-    from service.db import to_sqlalchemy_url
+    from service.store.db import to_sqlalchemy_url
 
     admin = to_sqlalchemy_url(server_url)
     db = create_database(admin, "gcb")
-    from service.migrate import upgrade
+    from service.store.migrate import upgrade
 
     upgrade(db)
     server = start_server(db, env={"GRPO_CURATOR_LEASE_MAX_WAITERS": str(args.max_waiters)})

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import orjson
 from pydantic import TypeAdapter
 
-from service.deps import _validate
-from service.schemas import GroupsIn
-from service.wire_checks import parse_json_body
+from service.api.deps import _validate
+from service.api.wire_checks import parse_json_body
+from service.ingest.schemas import GroupsIn
 from tests.helpers import make_group
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from service.models import Base
+from service.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -15,7 +15,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from service.db import resolve_database_url
+    from service.store.db import resolve_database_url
 
     return resolve_database_url()
 

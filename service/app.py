@@ -3,37 +3,51 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import pkgutil
 import threading
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-import service.routers
-from service import openapi
-from service.auth import RedactTokens, check_routes
-from service.db import get_engine, make_sessionmaker, resolve_database_url
-from service.dbadmin import libpq_url
-from service.errors import install_error_handlers
-from service.integrations_middleware import PathKeyMiddleware
-from service.metrics import RequestMetricsMiddleware
-from service.middleware import RequestGuardMiddleware
-from service.ready import ReadyHub
+from service.api import openapi
+from service.api.errors import install_error_handlers
+from service.api.middleware import RequestGuardMiddleware
+from service.auth.service import RedactTokens, check_routes
+from service.delivery import router as delivery
+from service.delivery.ready import ReadyHub
+from service.export import router as export
+from service.ingest import router as ingest
+from service.observability import health
+from service.observability import router as observability
+from service.observability.metrics import RequestMetricsMiddleware
+from service.policy import router as policy
+from service.sampling import router as sampling
+from service.scoring import rescore_router
+from service.scoring import router as scoring
+from service.scoring.path_key import PathKeyMiddleware
 from service.settings import Settings, get_settings
+from service.specs import router as specs
+from service.stats import router as stats
+from service.store.db import get_engine, make_sessionmaker, resolve_database_url
+from service.store.dbadmin import libpq_url
 
 log = logging.getLogger(__name__)
 
 
-def _routers() -> list:
-    """Every ``router`` defined in a module of ``service/routers`` (one module per domain)."""
-    found = []
-    for info in sorted(pkgutil.iter_modules(service.routers.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"service.routers.{info.name}")
-        if hasattr(module, "router"):
-            found.append(module.router)
-    return found
+# every domain's router, in the order their routes are matched and documented
+ROUTERS = (
+    delivery.router,
+    export.router,
+    health.router,
+    ingest.router,
+    scoring.router,
+    observability.router,
+    policy.router,
+    rescore_router.router,
+    sampling.router,
+    specs.router,
+    stats.router,
+)
 
 
 def _lifespan(start_worker: bool, url: str):
@@ -41,7 +55,7 @@ def _lifespan(start_worker: bool, url: str):
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker = None
         if start_worker:
-            from service.workers.main import WorkerThread
+            from service.worker.main import WorkerThread
 
             worker = WorkerThread(app.state.settings, url)
             worker.start()
@@ -68,9 +82,9 @@ def create_app(
         title="grpo-curator",
         version="0.1.0",
         summary="Trajectory curation and reward service for GRPO-style RL",
-        docs_url=None,  # /docs is served from service/static (no assets from a CDN), see routers/observability
+        docs_url=None,  # /docs is served from service/observability/static (no assets from a CDN)
         redoc_url=None,
-        openapi_url=None,  # /openapi.json is a declared route (viewer key once auth is on), see routers/observability
+        openapi_url=None,  # /openapi.json is a declared route (viewer key once auth is on), see service/observability/router.py
     )
     openapi.install(app)
     app.state.settings = settings
@@ -87,7 +101,7 @@ def create_app(
     app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware)  # times every request, 413s included
     app.add_middleware(PathKeyMiddleware)  # outermost: an OpenRLHF key in the path becomes a header first
-    for router in _routers():
+    for router in ROUTERS:
         app.include_router(router)
     check_routes(app)  # every route declares who may use it
     access_log = logging.getLogger("uvicorn.access")

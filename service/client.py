@@ -49,7 +49,7 @@ def is_transient(exc: BaseException) -> bool:
 
 def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
     """An Arrow IPC lease answer -> the JSON answer's shape (``as_numpy``: numpy views instead of lists)."""
-    from service.arrow import decode_arrow as _decode  # pyarrow only for trainers that use Arrow
+    from service.delivery.arrow import decode_arrow as _decode  # pyarrow only for trainers that use Arrow
 
     return _decode(data, as_numpy=as_numpy)
 

@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = 0.5
     component_timeout_s: float = 10.0
     component_memory_mb: int = 1024
-    # scoring retries (service.workers.pipeline): attempts per group, exponential backoff with jitter
+    # scoring retries (service.worker.pipeline): attempts per group, exponential backoff with jitter
     # (base * 2**(n-1), capped), and how long a worker's claim on a group holds before others may take it
     max_score_attempts: int = 10
     score_backoff_base_s: float = 1.0

@@ -22,10 +22,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from service.client import wait_healthy
-from service.db import to_sqlalchemy_url
-from service.dbadmin import create_database, drop_database
-from service.migrate import upgrade
-from service.processes import exit_on_signals
+from service.store.db import to_sqlalchemy_url
+from service.store.dbadmin import create_database, drop_database
+from service.store.migrate import upgrade
+from service.worker.processes import exit_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def _server_url() -> str:
     import pgserver
 
     # one server per test run, in its own temp dir: two checkouts (or two runs) never share one; it is
-    # stopped and deleted when this process exits (SIGTERM included, see service.processes)
+    # stopped and deleted when this process exits (SIGTERM included, see service.worker.processes)
     exit_on_signals()
     data = Path(tempfile.mkdtemp(prefix="grpo-curator-test-pg-"))
     server = pgserver.get_server(data, cleanup_mode="delete")
@@ -73,7 +73,7 @@ def db_url(make_db: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="session")
 def engine(db_url: str) -> Iterator[Engine]:
-    from service.db import get_engine
+    from service.store.db import get_engine
 
     yield get_engine(db_url)
 
@@ -82,7 +82,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 def fresh_db(make_db: Callable[..., str]) -> Iterator[str]:
     """A new migrated database for one test; its pooled connections are closed after the test (idle pools
     of finished tests would otherwise add up to PostgreSQL's max_connections over a full run)."""
-    from service.db import dispose_engine
+    from service.store.db import dispose_engine
 
     url = make_db()
     yield url
@@ -102,8 +102,8 @@ def session(engine: Engine) -> Iterator[Session]:
 def client(session: Session, db_url: str) -> Iterator:
     from fastapi.testclient import TestClient
 
+    from service.api.deps import get_session
     from service.app import create_app
-    from service.deps import get_session
 
     app = create_app(database_url=db_url)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from service.cli import LATER, build_parser
+from service.cli.main import LATER, build_parser
 
 COMPOSE = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
 

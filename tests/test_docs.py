@@ -11,8 +11,8 @@ import pytest
 
 from filters.policy import CurationPolicySpec
 from reward_models.registry import KINDS
-from service.examples import EXTRA_EXAMPLES, REQUEST_EXAMPLES
-from service.services.specs import DEFAULT_POLICY, DEFAULT_SPEC
+from service.api.examples import EXTRA_EXAMPLES, REQUEST_EXAMPLES
+from service.specs.service import DEFAULT_POLICY, DEFAULT_SPEC
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # addresses of the reader's own deployment (loopback, placeholders, private networks): not pointers outside

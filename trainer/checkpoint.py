@@ -11,7 +11,6 @@ torch.distributed.checkpoint's full-state-dict API, which works for plain, DDP a
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,8 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-MODEL_FILE, OPTIM_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "trainer_state.json"
+from trainer.checkpoint_layout import STATE_FILE
+from trainer.checkpoint_layout import checkpoints as _checkpoints  # noqa: F401 -- re-exported
+from trainer.checkpoint_layout import latest_checkpoint as latest_checkpoint
+from trainer.checkpoint_readers import prune
+
+MODEL_FILE, OPTIM_FILE = "model.safetensors", "optimizer.pt"
 
 
 @dataclass(frozen=True)
@@ -85,28 +88,8 @@ def save_checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if keep_last is not None:
-        from trainer.checkpoint_readers import prune  # skips checkpoints a producer is loading
-
-        prune(ckpt_dir, keep_last)
+        prune(ckpt_dir, keep_last)  # skips checkpoints a producer is loading
     return final
-
-
-def _checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under `ckpt_dir`, oldest first."""
-    if not Path(ckpt_dir).is_dir():
-        return []
-    found = [
-        (int(m.group(1)), p)
-        for p in Path(ckpt_dir).iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-    ]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
-    """The complete checkpoint with the highest step under `ckpt_dir`, None when there is none."""
-    found = [] if ckpt_dir is None else _checkpoints(ckpt_dir)
-    return found[-1] if found else None
 
 
 def load_model_weights(path: str | Path, model: nn.Module) -> None:

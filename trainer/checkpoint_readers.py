@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainer.checkpoint import STATE_FILE, _checkpoints, latest_checkpoint
+from trainer.checkpoint_layout import STATE_FILE, latest_checkpoint
+from trainer.checkpoint_layout import checkpoints as _checkpoints
 
 LOCK_DIR = ".locks"
 

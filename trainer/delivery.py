@@ -20,7 +20,7 @@ import threading
 import uuid
 from typing import Any, Protocol
 
-from service.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN
+from service.ingest.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """stats: the pre-aggregated reward-statistics rollup (stats_cells).
 
-Cells are maintained by the curation stage (service.services.stats.record_groups). A database that
+Cells are maintained by the curation stage (service.stats.service.record_groups). A database that
 already holds curated groups when this migration runs fills its cells with ``POST /v1/stats/rebuild``
 (or ``grpo-curator stats --rebuild``); the migration itself does not read the groups.
 

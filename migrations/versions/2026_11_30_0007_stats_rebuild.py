@@ -5,7 +5,7 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-30 21:30:00
 
-The rollup is derived data: it is rebuilt with the installed code's sketch (``service.services.stats``),
+The rollup is derived data: it is rebuilt with the installed code's sketch (``service.stats.service``),
 which is the one every later write and retraction uses. Offline (``--sql``) there is nothing to emit:
 run ``grpo-curator stats --rebuild`` after applying the SQL. A downgrade empties the rollup (the older
 code's buckets differ; rebuild it with that code: ``grpo-curator stats --rebuild``).
@@ -27,7 +27,7 @@ def upgrade() -> None:
         return
     from sqlalchemy.orm import Session
 
-    from service.services.stats import rebuild
+    from service.stats.service import rebuild
 
     with Session(bind=op.get_bind()) as session:  # joins the migration's transaction
         rebuild(session)

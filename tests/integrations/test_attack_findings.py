@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
 from tests.conftest import LiveServer
 from tests.helpers import make_group, restart_forkserver
 
@@ -85,8 +85,8 @@ def test_curation_sets_aside_a_group_whose_stored_total_is_not_finite(app_client
     a manual edit) makes curation set that group aside as curation_error; the rest of its batch curates."""
     from sqlalchemy import select, update
 
-    from service.models import Decision, Group, Trajectory
-    from service.workers.pipeline import curate_pass
+    from service.store.models import Decision, Group, Trajectory
+    from service.worker.pipeline import curate_pass
 
     c, url = app_client
     _register(c, {"name": "envs", "components": [{"name": "env", "kind": "external.reported", "outcome": True}]})
@@ -247,8 +247,8 @@ def test_import_verl_row_with_null_ground_truth_is_rejected(client, session, tmp
     import pyarrow.parquet as pq
     from sqlalchemy import select
 
-    from service import import_cli
-    from service.models import Prompt
+    from service.cli import import_prompts as import_cli
+    from service.store.models import Prompt
 
     class Borrowed:
         def __enter__(self):

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from rollout.producer import RolloutConfig, Spool, build_group, run
 from rollout.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
 from service.client import CuratorClient
-from service.processes import processes_mentioning
+from service.worker.processes import processes_mentioning
 from tests.conftest import ROOT
 from trainer.worker import tiny_model_config
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
+from service.store.db import get_engine, make_sessionmaker
 
 
 @pytest.fixture(scope="module")

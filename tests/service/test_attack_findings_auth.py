@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service.services import keys
+from service.auth import keys
 
 
 def _h(token: str) -> dict[str, str]:
@@ -100,7 +100,7 @@ def test_another_local_user_cannot_reach_the_embedded_server_while_it_first_star
     import shutil
     import subprocess
 
-    from service import db
+    from service.store import db
 
     python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or python is None:

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from reward_models import RewardSpec, Scorer
 from reward_models.patterns import UserPattern
-from service.services import keys
+from service.auth import keys
 from tests.conftest import start_server, stop_server
 from tests.helpers import make_group
 from tests.reward_models.helpers import make_prompt, make_sample

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Group, Prompt, Trajectory
+from service.store.models import Group, Prompt, Trajectory
 from tests.helpers import make_group
 
 JSON = {"content-type": "application/json"}
@@ -39,8 +39,8 @@ def client(session: Session, db_url: str) -> Iterator:
     """As conftest's, but a 500 comes back as a response (so the test reports the status it got)."""
     from fastapi.testclient import TestClient
 
+    from service.api.deps import get_session
     from service.app import create_app
-    from service.deps import get_session
 
     app = create_app(database_url=db_url)
 
@@ -63,7 +63,7 @@ def api(fresh_db: str) -> Iterator:
     from fastapi.testclient import TestClient
 
     from service.app import create_app
-    from service.db import get_engine, make_sessionmaker
+    from service.store.db import get_engine, make_sessionmaker
 
     app = create_app(database_url=fresh_db)
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -105,7 +105,7 @@ class TestDeepNesting:
     @pytest.mark.parametrize("duplicate", [False, True], ids=["fast-path", "exact-path"])
     def test_the_depth_limit_edge(self, client, session, duplicate):
         """The document root is level 1: metadata (2) + {"d": (3) ... holds MAX_DEPTH - 3 more arrays."""
-        from service.wire_checks import MAX_DEPTH
+        from service.api.wire_checks import MAX_DEPTH
 
         def post(extra: int):
             g = make_group("edge-1")
@@ -167,7 +167,7 @@ class TestQueryParams:
 
 
 def test_too_many_rescore_ids_is_a_422_naming_the_field(api):
-    from service.schemas import MAX_RESCORE_IDS
+    from service.api.schemas import MAX_RESCORE_IDS
 
     assert api.post("/v1/reward-specs", json={"name": "s", "components": [{"name": "c", "kind": "verifier.math"}]}).status_code == 201
     r = api.post("/v1/rescore", json={"reward_spec": "s", "group_ids": [f"g{i}" for i in range(70_000)]})
@@ -178,7 +178,7 @@ def test_too_many_rescore_ids_is_a_422_naming_the_field(api):
 
 
 def test_rescore_at_the_id_limit_selects_exactly_the_listed_groups(api):
-    from service.schemas import MAX_RESCORE_IDS
+    from service.api.schemas import MAX_RESCORE_IDS
 
     assert api.post("/v1/reward-specs", json={"name": "s", "components": [{"name": "c", "kind": "verifier.math"}]}).status_code == 201
     for gid in ("keep-a", "keep-b"):
@@ -195,7 +195,7 @@ def test_only_connection_failures_count_as_unavailable(engine):
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import DBAPIError
 
-    from service.errors import _is_db_unavailable
+    from service.api.errors import _is_db_unavailable
     from tests.conftest import free_port
 
     params = {f"p{i}": i for i in range(70_000)}
@@ -353,7 +353,7 @@ def test_every_policy_float_is_bounded(client, case):
 def test_the_largest_accepted_values_give_finite_advantages(api, scorer):
     """Weights of +-1e6 on several components, the largest multiplier and penalty: the real pipeline
     scores and curates every group, with finite totals and advantages (no overflow anywhere)."""
-    from service.workers.pipeline import drain
+    from service.worker.pipeline import drain
 
     spec = _spec("edge", [1e6, 1e6, -1e6, 1e6])
     assert api.post("/v1/reward-specs", json=spec).status_code == 201

@@ -18,8 +18,8 @@ import pytest
 
 from reward_models.scoring import Scorer
 from service.client import CuratorClient
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain, run_once
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain, run_once
 from tests.helpers import make_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def _judge_spec(api, name: str, judge, timeout_s: float) -> dict[str, str]:
     """Store a judge spec naming the deployment endpoint 'fake' -> the env that configures it for a worker
     (judge URLs are deployment settings: GRPO_CURATOR_JUDGE_ENDPOINTS)."""
     from reward_models.spec import RewardSpec
-    from service.services import specs
+    from service.specs import service as specs
 
     spec = RewardSpec.model_validate({"name": name, "components": [
         {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True,
@@ -204,7 +204,7 @@ def test_chaos_checker_counts_a_good_group_killed_off_by_worker_crashes(api, fre
     from types import SimpleNamespace
 
     from bench.chaos import check, group_body
-    from service.repositories import pipeline as repo
+    from service.worker import repository as repo
 
     ids = _good_ids(2)
     log = []
@@ -355,7 +355,7 @@ def test_nack_drop_drops_only_groups_the_service_finds_untrainable(api):
     decision naming the trainer's reason."""
     from sqlalchemy import select, text
 
-    from service.models import Decision, Group
+    from service.store.models import Decision, Group
 
     for gid in ("keep-1", "bad-1"):
         assert api.post("/v1/groups", json=make_group(gid, prompt_id=f"p-{gid}",
@@ -380,7 +380,7 @@ def test_nack_drop_drops_only_groups_the_service_finds_untrainable(api):
 def test_a_lease_the_heartbeat_lost_is_not_counted_acked_and_its_groups_are_not_trained_again(live_server):
     """The heartbeat's 409 (lease expired and reaped while training) is consulted: the batch counts as
     refused, its groups go into the ledger, and when a lease brings them back they are acked untrained."""
-    from service.services.leases import reap_expired
+    from service.delivery.service import reap_expired
     from trainer.delivery import Heartbeat, Ledger, lease_batch
 
     with CuratorClient(live_server.url) as c:

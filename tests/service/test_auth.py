@@ -13,10 +13,10 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
 from service.app import create_app
-from service.auth import ANY, SERVICE, Access, Role, check_routes, declared_routes, split_token
-from service.models import ApiKey, Group, Lease, PolicyState
-from service.repositories import keys as key_repo
-from service.services import keys
+from service.auth import keys
+from service.auth import repository as key_repo
+from service.auth.service import ANY, SERVICE, Access, Role, check_routes, declared_routes, split_token
+from service.store.models import ApiKey, Group, Lease, PolicyState
 from tests.helpers import make_group
 from tests.service.delivery_helpers import seed_ready
 
@@ -303,7 +303,7 @@ def test_a_token_in_the_path_authenticates_and_is_redacted_in_access_logs(client
     """For clients that cannot send headers (OpenRLHF's reward URL): ``allow(..., token_param=...)``."""
     import logging
 
-    from service.auth import PRODUCER, RedactTokens, allow, redact
+    from service.auth.service import PRODUCER, RedactTokens, allow, redact
 
     router = APIRouter()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.workers.pipeline import drain
+from service.worker.pipeline import drain
 from tests.helpers import make_group
 
 CODE_SPEC = {"name": "code", "components": [{"name": "tests", "kind": "verifier.code", "outcome": True}]}

@@ -10,11 +10,11 @@ from urllib.parse import quote
 import pytest
 
 from reward_models.scoring import Scorer
+from service.api.examples import AGENT_GROUPS, POLICY
 from service.client import CuratorClient
-from service.db import get_engine, make_sessionmaker
-from service.examples import AGENT_GROUPS, POLICY
-from service.processes import processes_mentioning
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
+from service.worker.processes import processes_mentioning
 from tests.helpers import make_group
 from tests.service.cdp import Browser, find_chromium
 
@@ -119,7 +119,7 @@ def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, li
     and every later call (and a later visit) sends the stored key as Bearer."""
     from sqlalchemy.orm import Session
 
-    from service.services import keys
+    from service.auth import keys
 
     engine = get_engine(live_server.db_url)
     with Session(engine) as s, s.begin():

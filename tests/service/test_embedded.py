@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.client import wait_healthy
-from service.processes import processes_mentioning
+from service.worker.processes import processes_mentioning
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
 
@@ -87,8 +87,8 @@ def test_embedded_server_admits_only_its_own_os_user(tmp_path, request):
 
     import psycopg
 
-    from service.db import start_embedded
-    from service.embedded import socket_dir
+    from service.store.db import start_embedded
+    from service.store.embedded import socket_dir
 
     uri = start_embedded(tmp_path / "pgdata")
     request.addfinalizer(lambda: _stop_started(tmp_path / "pgdata"))  # this test started it: it stops it
@@ -109,7 +109,7 @@ def test_embedded_server_admits_only_its_own_os_user(tmp_path, request):
 
 def _stop_started(pgdata):
     """Stop the embedded server this process started for ``pgdata`` (no process is left behind)."""
-    from service import db
+    from service.store import db
 
     server = db._embedded.pop(str(pgdata.resolve()), None)
     if server is not None:

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group, tool_episode
 
 SPEC = {"name": "exp", "components": [
@@ -202,7 +202,8 @@ def test_bad_filters_are_422(store: TestClient, params: dict, field: str) -> Non
 
 
 def test_cli_writes_the_same_rows(store: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from service import export_cli, import_cli
+    from service.cli import export as export_cli
+    from service.cli import import_prompts as import_cli
 
     monkeypatch.setattr(import_cli, "http_client", lambda url, key: _Borrowed(store))
     monkeypatch.setattr(export_cli, "http_client", lambda url, key: _Borrowed(store))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from reward_models.scoring import Scorer
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group, make_trajectory
 
 

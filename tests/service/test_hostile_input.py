@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Group, Prompt, RewardSpecRow, Trajectory
+from service.store.models import Group, Prompt, RewardSpecRow, Trajectory
 from tests.helpers import make_group
 
 BIG = 2**70

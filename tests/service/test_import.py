@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
-from service import import_cli
-from service.models import Prompt
+from service.cli import import_prompts as import_cli
+from service.store.models import Prompt
 
 
 def verl_row(i: int, source: str = "openai/gsm8k", truth: object = "42", **over) -> dict:

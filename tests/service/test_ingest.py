@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Group, Prompt, Trajectory
+from service.store.models import Group, Prompt, Trajectory
 from tests.helpers import make_group, make_trajectory, tool_episode
 
 

@@ -12,9 +12,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from reward_models.scoring import Scorer
 from service.app import create_app
-from service.db import make_sessionmaker
-from service.services.leases import drop_stale, reap_expired
-from service.workers.pipeline import drain
+from service.delivery.service import drop_stale, reap_expired
+from service.store.db import make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group
 from tests.service.delivery_helpers import expire_now, reset, seed_ready
 

@@ -20,9 +20,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from service.app import create_app
 from service.client import decode_arrow
-from service.db import make_sessionmaker
-from service.delivery_schemas import ARROW_MEDIA_TYPE, BatchOut
-from service.services.leases import reap_expired
+from service.delivery.schemas import ARROW_MEDIA_TYPE, BatchOut
+from service.delivery.service import reap_expired
+from service.store.db import make_sessionmaker
 from tests.helpers import make_group, make_trajectory
 from tests.service.delivery_helpers import expire_now, group_ids, mark_ready, reset, seed_ready, set_actions
 

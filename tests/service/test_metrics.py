@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from reward_models.scoring import Scorer
-from service.workers.pipeline import drain
+from service.worker.pipeline import drain
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
 
@@ -117,7 +117,7 @@ def test_grafana_dashboard_queries_only_metrics_the_service_exposes(api):
     dash = json.loads((ROOT / "deploy" / "grafana" / "grpo-curator.json").read_text())
     api.post("/v1/groups", json=make_group("graf-1"))
     api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1})
-    from service import metrics as process_metrics
+    from service.observability import metrics as process_metrics
 
     process_metrics.COMPONENT_LATENCY.labels("rule.format", "fmt").observe(0.001)  # as a worker would
     process_metrics.COMPONENT_RESULTS.labels("rule.format", "fmt", "ok").inc()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import create_engine, inspect, text
 
-from service.migrate import downgrade, upgrade
-from service.models import Base
+from service.store.migrate import downgrade, upgrade
+from service.store.models import Base
 
 TABLES = {t.name for t in Base.metadata.sorted_tables}
 

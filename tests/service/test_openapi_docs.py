@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from service.examples import EXAMPLE_PATHS, EXTRA_EXAMPLES, REQUEST_EXAMPLES
-from service.openapi import missing_refs
+from service.api.examples import EXAMPLE_PATHS, EXTRA_EXAMPLES, REQUEST_EXAMPLES
+from service.api.openapi import missing_refs
 
 
 @pytest.fixture
@@ -73,9 +73,9 @@ def test_docs_page_is_served_without_outside_assets(client):
 def test_the_stateful_examples_are_valid_bodies():
     """Examples of routes that need a live lease or score synchronously are not replayed above; each one
     still validates against the request schema its route declares (a drifted example fails here)."""
-    from service.delivery_schemas import ExtendIn, NackIn
-    from service.examples import STATEFUL_EXAMPLES
-    from service.integration_schemas import OpenRLHFIn, ScoreIn
+    from service.api.examples import STATEFUL_EXAMPLES
+    from service.delivery.schemas import ExtendIn, NackIn
+    from service.scoring.schemas import OpenRLHFIn, ScoreIn
 
     models = {"/v1/score": ScoreIn, "/compat/openrlhf/{spec}/get_reward": OpenRLHFIn,
               "/v1/batches/{batch_id}/nack": NackIn, "/v1/batches/{batch_id}/extend": ExtendIn}

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
-from service.models import Decision, Group, Reward, SamplingRequest
-from service.workers.pipeline import drain, run_once
+from service.store.models import Decision, Group, Reward, SamplingRequest
+from service.worker.pipeline import drain, run_once
 from tests.helpers import make_group
 
 

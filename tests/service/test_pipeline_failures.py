@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
-from service.models import Decision, Group, Reward
-from service.repositories import pipeline as repo
-from service.workers import scoring
-from service.workers.pipeline import PipelineConfig, drain, run_once
+from service.scoring import stage as scoring
+from service.store.models import Decision, Group, Reward
+from service.worker import repository as repo
+from service.worker.pipeline import PipelineConfig, drain, run_once
 from tests.helpers import make_group
 from tests.reward_models.conftest import FakeOpenAIServer
 
@@ -41,7 +41,7 @@ def judge_scorer(judge):
 
 def _judge_spec(api, judge, name="judged"):
     from reward_models.spec import RewardSpec
-    from service.services import specs
+    from service.specs import service as specs
 
     spec = RewardSpec.model_validate({"name": name, "components": [
         {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True,

@@ -7,8 +7,8 @@ import time
 
 import psycopg
 
-from service.dbadmin import libpq_url
-from service.ready import CHANNEL, ReadyHub
+from service.delivery.ready import CHANNEL, ReadyHub
+from service.store.dbadmin import libpq_url
 
 
 async def _listening(hub: ReadyHub) -> None:

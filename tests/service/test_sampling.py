@@ -12,9 +12,9 @@ from sqlalchemy import func, select, text
 
 from filters.curriculum import priority_for
 from filters.types import CurriculumConfig
-from service.db import get_engine, make_sessionmaker
-from service.models import SamplingRequest
-from service.repositories import sampling as repo
+from service.sampling import repository as repo
+from service.store.db import get_engine, make_sessionmaker
+from service.store.models import SamplingRequest
 from tests.helpers import make_group
 
 
@@ -206,7 +206,7 @@ def test_refill_after_drops_with_two_producers(live_server):
     """Six all-solved groups are dropped (zero variance) by the real worker: six refills. Two producers
     claim concurrently over HTTP until nothing is left: every refill once, no prompt twice."""
     from reward_models.scoring import Scorer
-    from service.workers.pipeline import drain
+    from service.worker.pipeline import drain
 
     url = live_server.url
     for i in range(6):

@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from service.models import Group
-from service.services.openrlhf import split_response
+from service.scoring.openrlhf import split_response
+from service.store.models import Group
 
 SPEC = {
     "name": "sync-math",
@@ -162,7 +162,7 @@ def test_openrlhf_route(client, spec: str) -> None:
 
 @pytest.mark.parametrize("eos_means_stop", [True, False])
 def test_openrlhf_query_without_eos_is_scored_as_truncated(client, spec: str, monkeypatch, eos_means_stop) -> None:
-    from service.services.openrlhf import _item, split_response
+    from service.scoring.openrlhf import _item, split_response
 
     monkeypatch.setattr(client.app.state.settings, "openrlhf_eos_means_stop", eos_means_stop)
     body = openrlhf_request([R42, R42], ["42", "42"])
@@ -208,7 +208,7 @@ def test_openrlhf_bad_shapes(client, spec: str, patch: dict, field: str) -> None
 def test_openrlhf_key_in_path_reaches_the_route(client, session, spec: str) -> None:
     from urllib.parse import quote
 
-    from service.services import keys
+    from service.auth import keys
 
     token = keys.create_key(session, "openrlhf", "trainer")  # auth is on from here
     session.commit()  # as `keys create` does (a refused request's rollback must not take the key away)
@@ -223,7 +223,7 @@ def test_openrlhf_key_in_path_reaches_the_route(client, session, spec: str) -> N
 def test_path_key_middleware_sets_the_bearer_header() -> None:
     import asyncio
 
-    from service.integrations_middleware import PathKeyMiddleware
+    from service.scoring.path_key import PathKeyMiddleware
 
     seen: dict = {}
 

@@ -122,8 +122,8 @@ def budget_client(make_db, slow_spec, request: pytest.FixtureRequest) -> Iterato
 def test_score_past_the_pool_budget_is_413_naming_it_and_stores_nothing(budget_client) -> None:
     from sqlalchemy import func, select
 
-    from service.db import get_engine, make_sessionmaker
-    from service.models import Group
+    from service.store.db import get_engine, make_sessionmaker
+    from service.store.models import Group
 
     budget_client, url = budget_client
     items = [{"prompt": "p", "completion": f"req-{i}"} for i in range(4)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from service.models import RewardSpecRow
+from service.store.models import RewardSpecRow
 
 SPEC = {"name": "qa", "components": [{"name": "em", "kind": "verifier.exact_match", "outcome": True}]}
 
@@ -47,7 +47,7 @@ def test_dataset_attachment_checks_existence(client):
 
 def test_the_builtin_defaults_exist_from_the_migration_and_match_the_code(client, session):
     """Migration 0004 made ``default@1`` of both; their bodies are the ones the service would create."""
-    from service.services.specs import DEFAULT_POLICY, DEFAULT_SPEC
+    from service.specs.service import DEFAULT_POLICY, DEFAULT_SPEC
 
     assert client.get("/v1/reward-specs/default").json()["version"] == 1
     assert client.put("/v1/datasets/fresh", json={"reward_spec": "default", "curation_policy": "default@1"}).status_code == 200

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service import stats_cli
-from service.db import get_engine, make_sessionmaker
-from service.models import Group, Prompt, Reward, Trajectory
-from service.services import stats
+from service.cli import stats as stats_cli
+from service.stats import service as stats
+from service.store.db import get_engine, make_sessionmaker
+from service.store.models import Group, Prompt, Reward, Trajectory
 from tests.helpers import make_group
 
 H0 = datetime(2026, 1, 1, 10, 15, tzinfo=UTC)
@@ -325,7 +325,7 @@ def test_cli_over_the_real_pipeline(live_server, scorer, capsys):
     """Ingest over HTTP, score and curate with the real worker, rebuild and print through the CLI."""
     import httpx
 
-    from service.workers.pipeline import drain
+    from service.worker.pipeline import drain
 
     for i, answers in enumerate((["42", "41", "42", "7"], ["42"] * 4)):
         body = make_group(f"cli-{i}", prompt_id=f"cp-{i}", answers=answers)
@@ -353,7 +353,7 @@ def test_upgrade_rebuilds_a_rollup_written_with_old_buckets(make_db):
     """Migration 0007 recomputes the rollup from the stored groups: cells written with the previous
     sketch's buckets (here: stale counts and an old bucket key) are replaced, no manual step needed;
     a downgrade empties the rollup (the older code rebuilds it with its own buckets)."""
-    from service.migrate import downgrade, upgrade
+    from service.store.migrate import downgrade, upgrade
 
     url = make_db()
     factory = make_sessionmaker(get_engine(url))

@@ -1,4 +1,4 @@
-"""The request guard's JSON checks (service.wire_checks) against the stdlib parser as the reference:
+"""The request guard's JSON checks (service.api.wire_checks) against the stdlib parser as the reference:
 the fast path may never accept what the exact path refuses, nor change a document."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.wire_checks import INT64_MAX, INT64_MIN, WireError, check_content_type, parse_json_body
+from service.api.wire_checks import INT64_MAX, INT64_MIN, WireError, check_content_type, parse_json_body
 
 text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
 scalars = st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats(allow_nan=False, allow_infinity=False) | text
@@ -88,7 +88,7 @@ def test_content_types_accepted(value):
 def test_depth_limit_names_the_field_on_both_paths(exact, shape):
     """MAX_DEPTH levels pass; one more is a 422 naming the first container beyond the limit. A NUL
     escape elsewhere sends the body down the exact (stdlib) path, which must apply the same limit."""
-    from service.wire_checks import MAX_DEPTH
+    from service.api.wire_checks import MAX_DEPTH
 
     close = "]" if shape == "[" else "}"
     step = "[0]" if shape == "[" else ".k"

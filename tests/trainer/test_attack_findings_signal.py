@@ -19,7 +19,7 @@ from filters import CurationPolicy, GroupScore, TrajectoryScore, ZeroVariance, c
 from rollout.episodes import _Episode
 from rollout.sampler import Completion
 from service.app import create_app
-from service.schemas import TrajectoryIn
+from service.ingest.schemas import TrajectoryIn
 from tests.helpers import make_group
 from tests.service.delivery_helpers import mark_ready, reset
 from tests.trainer.batches import VOCAB, tiny_model

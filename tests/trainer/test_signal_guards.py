@@ -11,7 +11,7 @@ import torch
 
 from filters import CurationPolicy, GroupScore, TrajectoryScore, ZeroVariance, curate_group, curate_groups
 from filters.rules import overlong_penalties
-from service.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN, GroupIn
+from service.ingest.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN, GroupIn
 from tests.helpers import make_group
 from tests.trainer.batches import make_batch, tiny_config, tiny_model
 from trainer.delivery import unusable

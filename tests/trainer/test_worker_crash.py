@@ -13,8 +13,8 @@ from pathlib import Path
 
 from reward_models.scoring import Scorer
 from service.client import CuratorClient
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group
 from trainer.checkpoint import latest_checkpoint, load_trainer_state
 from trainer.worker import TrainerConfig, run, tiny_model_config

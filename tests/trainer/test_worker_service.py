@@ -7,8 +7,8 @@ import torch
 
 from reward_models.scoring import Scorer
 from service.client import CuratorClient
-from service.db import get_engine, make_sessionmaker
-from service.workers.pipeline import drain
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group
 from trainer.checkpoint import latest_checkpoint, load_trainer_state
 from trainer.worker import TrainerConfig, build_model, run, tiny_model_config

@@ -1,0 +1,1 @@
+"""Who may do what: API keys, roles, the ``allow`` declarations on routes."""

@@ -1,0 +1,1 @@
+"""Curation: the curate stage (scored groups -> per-trajectory action, reason, advantage; group ready or dropped)."""

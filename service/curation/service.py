@@ -1,0 +1,206 @@
+"""Curation stage: scored groups -> per-trajectory action, reason and advantage; group ready or dropped.
+
+Pure decisions come from ``filters.curate_groups``; this module reads their inputs from PostgreSQL and
+writes their results back in bulk: trajectory advantages / actions, group status, a decision-log entry for
+every drop, mask, penalty or resample, refill / resample requests for producers, prompt pass rates.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from filters import curate_groups
+from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
+from service.policy import repository as policy_repo
+from service.specs import service as specs
+from service.stats import service as stats
+from service.store.models import Group
+from service.worker import repository as repo
+
+_PLAIN_METRICS = ("outcome", "total")
+
+
+def _policy_for(session: Session, g: Group, prompts: dict, cache: dict) -> tuple[specs.Versioned, CurationPolicy]:
+    if g.curation_policy_name is not None and g.curation_policy_version is not None:
+        key: Any = (g.curation_policy_name, g.curation_policy_version)
+        if key not in cache:
+            from filters.policy import CurationPolicySpec
+
+            v = specs.resolve_curation_policy(session, f"{key[0]}@{key[1]}")
+            cache[key] = (v, CurationPolicySpec.model_validate(v.body).to_policy())
+        return cache[key]
+    prompt = prompts[g.prompt_id]
+    key = ("effective", prompt.curation_policy, prompt.dataset)
+    if key not in cache:
+        cache[key] = specs.effective_policy(session, prompt.curation_policy, prompt.dataset)
+    return cache[key]
+
+
+def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | None]]) -> GroupScore:
+    max_tokens = g.sampling.get("max_tokens") if isinstance(g.sampling, dict) else None
+    return GroupScore(
+        group_id=g.id,
+        policy_version=g.policy_version,
+        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        trajectories=[
+            TrajectoryScore(
+                index=t.idx,
+                finish_reason=t.finish_reason,
+                total=t.total_reward,
+                components=components.get((g.pk, t.idx), {}),
+                outcome=t.outcome,
+                num_tokens=t.num_tokens,
+                num_turns=t.num_turns,
+            )
+            for t in g.trajectories
+        ],
+    )
+
+
+def _rule(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+class _Writes:
+    """Rows collected over a batch of groups, written with one statement each."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[tuple[int, int, float, str, str]] = []
+        self.groups: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.outcomes: list[tuple[str, float]] = []
+        self.counts: dict[str, int] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.curated: list[tuple[int, datetime]] = []
+
+    def untrainable(self, g: Group, reason: str) -> None:
+        """A group the trainer could not use never reaches the ready queue (dropped, with its decision)."""
+        now = datetime.now(UTC)
+        self.errors.append({"pk": g.pk, "status": "dropped", "drop_reason": "untrainable"})
+        self.decisions.append({"group_pk": g.pk, "idx": None, "policy_name": None, "policy_version": None,
+                               "action": "drop", "rule": "untrainable", "reason": reason})
+        self.curated.append((g.pk, now))
+        self.counts["dropped"] = self.counts.get("dropped", 0) + 1
+
+    def error(self, g: Group, reason: str, policy: specs.Versioned | None = None) -> None:
+        """The group could not be curated: ``curation_error``, with a decision naming the cause."""
+        # curated_at stays unset: the statistics rollup counts only groups that were curated
+        self.errors.append({"pk": g.pk, "status": "curation_error", "drop_reason": "curation_error"})
+        self.decisions.append({"group_pk": g.pk, "idx": None, "policy_name": policy and policy.name,
+                               "policy_version": policy and policy.version, "action": "drop",
+                               "rule": "curation_error", "reason": reason})
+        self.counts["curation_error"] = self.counts.get("curation_error", 0) + 1
+
+    def add(self, g: Group, d: GroupDecision, policy: specs.Versioned, dataset: str) -> None:
+        now = datetime.now(UTC)
+        log = {"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version}
+        for t in d.trajectories:
+            self.trajectories.append((g.pk, t.index, t.advantage, t.action, t.reason))
+            if t.action != "keep":
+                self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": _rule(t.reason), "reason": t.reason})
+        if d.status == "dropped":
+            self.decisions.append({**log, "idx": None, "action": "drop", "rule": _rule(d.drop_reason or "dropped"),
+                                   "reason": d.drop_reason or "dropped"})
+            self.requests.append({"prompt_id": None, "dataset": dataset, "reason": "refill", "n": len(g.trajectories),
+                                  "budget": dict(g.sampling), "priority": 1.0, "source_group_pk": g.pk})
+        if d.resample:
+            budget = {**g.sampling, "max_tokens": d.resample_max_tokens} if d.resample_max_tokens else dict(g.sampling)
+            self.requests.append({"prompt_id": g.prompt_id, "dataset": dataset, "reason": "resample",
+                                  "n": len(d.resample), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
+        if d.outcome_mean is not None:
+            self.outcomes.append((g.prompt_id, d.outcome_mean))
+        self.counts[d.status] = self.counts.get(d.status, 0) + 1
+        self.groups.append({"pk": g.pk, "status": d.status, "drop_reason": d.drop_reason,
+                            "curation_policy_name": policy.name, "curation_policy_version": policy.version,
+                            "metric_std": d.metric_std, "outcome_mean": d.outcome_mean, "curated_at": now,
+                            "ready_at": now if d.status == "ready" else None})
+
+    def flush(self, session: Session) -> None:
+        repo.update_trajectory_decisions(session, self.trajectories)
+        repo.update_groups(session, self.groups)
+        repo.update_groups(session, self.errors)
+        repo.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
+        repo.insert_decisions(session, self.decisions)
+        repo.insert_sampling_requests(session, self.requests)
+        repo.record_outcomes(session, self.outcomes)
+
+
+def _decide(session: Session, policy: CurationPolicy, members: list[Group], current: int | None
+            ) -> list[GroupDecision | str]:
+    """Decisions for ``members`` in one call; when that raises, group by group, so one group that
+    cannot be curated (a metric its spec lacks, bad data) gets its error and the others go on."""
+
+    def components(gs: list[Group]) -> dict:
+        out: dict = {}
+        if policy.zero_variance.metric not in _PLAIN_METRICS:
+            for spec_key in {(g.reward_spec_name, g.reward_spec_version) for g in gs}:
+                out.update(repo.trajectory_components(session, [g.pk for g in gs], spec_key))
+        return out
+
+    try:
+        comps = components(members)
+        return list(curate_groups([_group_score(g, comps) for g in members], policy, current))
+    except Exception:  # noqa: BLE001 - isolate below
+        pass
+    out: list[GroupDecision | str] = []
+    for g in members:
+        try:
+            out.append(curate_groups([_group_score(g, components([g]))], policy, current)[0])
+        except Exception as exc:  # noqa: BLE001 - this group's error, recorded as its decision
+            out.append(f"curation: {type(exc).__name__}: {exc}"[:2000])
+    return out
+
+
+def untrainable_reason(g: Group) -> str | None:
+    """Why the trainer could not use this group, or None: every trajectory needs its token ids and loss
+    mask (behaviour log-probs are optional: a trainer that needs them recomputes or nacks)."""
+    for t in g.trajectories:
+        missing = [name for name in ("token_ids", "loss_mask") if not getattr(t, name)]
+        if missing:
+            return f"untrainable: trajectory {t.idx} has no {' / '.join(missing)}"
+    return None
+
+
+def _resolve(session: Session, groups: list[Group], prompts: dict, writes: _Writes
+             ) -> dict[int, tuple[specs.Versioned, CurationPolicy, list[Group]]]:
+    """Groups by curation policy; a group whose policy cannot be resolved is marked curation_error."""
+    cache: dict = {}
+    by_policy: dict[int, tuple[specs.Versioned, CurationPolicy, list[Group]]] = {}
+    for g in groups:
+        try:
+            v, policy = _policy_for(session, g, prompts, cache)
+        except Exception as exc:  # noqa: BLE001 - a missing / invalid policy is this group's problem
+            writes.error(g, f"curation policy: {exc}"[:2000])
+            continue
+        by_policy.setdefault(id(policy), (v, policy, []))[2].append(g)
+    return by_policy
+
+
+def curate(session: Session, groups: list[Group]) -> dict[str, int]:
+    """Curate ``groups`` (held by the caller, status 'scored'); returns counts by resulting status."""
+    if not groups:
+        return {}
+    prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
+    current = policy_repo.current_version(session)
+    writes = _Writes()
+    trainable = []
+    for g in groups:
+        reason = untrainable_reason(g)
+        if reason is None:
+            trainable.append(g)
+        else:
+            writes.untrainable(g, reason)
+    by_policy = _resolve(session, trainable, prompts, writes)
+    for version, policy, members in by_policy.values():
+        for g, d in zip(members, _decide(session, policy, members, current), strict=True):
+            if isinstance(d, str):
+                writes.error(g, d, version)
+            else:
+                writes.add(g, d, version, prompts[g.prompt_id].dataset)
+    writes.flush(session)
+    stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
+    return writes.counts

@@ -1,0 +1,188 @@
+"""Wire formats of a leased batch: Arrow IPC stream and its JSON twin, both built from the stored bytes.
+
+A batch is held as columns, one entry per trajectory (groups in lease order, trajectories by index).
+Arrow: one row per trajectory; ``token_ids`` list<int32>, ``loss_mask`` list<uint8>, ``logprobs``
+list<float32> are built straight from the concatenated bytea values plus offsets (no per-token Python);
+``batch_id``, ``trainer_id``, ``expires_at`` and ``stats`` travel in the schema metadata.
+JSON (orjson, numpy arrays serialised natively) carries the same numbers: log-probs, advantages and
+rewards are float32 values written as the float64 that equals them, so both formats decode to
+identical Python numbers. A missing array (the producer sent none) is null in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from service.store.arrays import LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("group_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("policy_version", pa.int64()),
+        ("index", pa.int32()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("advantage", pa.float32()),
+        ("total_reward", pa.float32()),
+        ("temperature", pa.float64()),  # the group's sampling.temperature (null when it did not say)
+    ]
+)
+_ARRAYS = (("token_ids", TOKEN_DTYPE), ("loss_mask", MASK_DTYPE), ("logprobs", LOGPROB_DTYPE))
+
+
+@dataclass(frozen=True)
+class BatchColumns:
+    """A leased batch: header fields plus per-trajectory columns, each of length N (trajectories)."""
+
+    batch_id: str
+    trainer_id: str
+    expires_at: str
+    stats: dict[str, Any]
+    group_id: list[str]
+    prompt_id: list[str]
+    policy_version: list[int]
+    index: list[int]
+    token_ids: list[bytes | None]
+    loss_mask: list[bytes | None]
+    logprobs: list[bytes | None]
+    advantage: list[float | None]
+    total_reward: list[float | None]
+    temperature: list[float | None]
+
+    def header(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "trainer_id": self.trainer_id, "expires_at": self.expires_at}
+
+
+def _f32(value: float | None) -> float | None:
+    """A stored float64 rounded to the float32 both formats carry."""
+    return None if value is None else float(np.float32(value))
+
+
+def _array(raw: bytes | None, dtype: np.dtype) -> np.ndarray | None:
+    """bytea (T * itemsize,) -> array (T,); float32 widened to the float64 that equals it (exact JSON)."""
+    if raw is None:
+        return None
+    arr = np.frombuffer(raw, dtype=dtype)
+    return (
+        arr.astype(np.float64)
+        if arr.dtype.kind == "f"
+        else arr.astype(arr.dtype.newbyteorder("="), copy=False)
+    )
+
+
+def encode_json(batch: BatchColumns) -> bytes:
+    """BatchColumns -> ``{"batch_id", "trainer_id", "expires_at", "groups": [...], "stats"}`` as bytes."""
+    groups: list[dict[str, Any]] = []
+    for i, gid in enumerate(batch.group_id):
+        if not groups or groups[-1]["id"] != gid:
+            groups.append(
+                {
+                    "id": gid,
+                    "prompt_id": batch.prompt_id[i],
+                    "policy_version": batch.policy_version[i],
+                    "temperature": batch.temperature[i],
+                    "trajectories": [],
+                }
+            )
+        traj: dict[str, Any] = {"index": batch.index[i]}
+        for name, dtype in _ARRAYS:
+            traj[name] = _array(getattr(batch, name)[i], dtype)
+        traj["advantage"] = _f32(batch.advantage[i])
+        traj["total_reward"] = _f32(batch.total_reward[i])
+        groups[-1]["trajectories"].append(traj)
+    body = {**batch.header(), "groups": groups, "stats": batch.stats}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _list_column(chunks: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.ListArray:
+    """N byte strings -> list array (N,) from offsets (N+1,) and the concatenated values; None -> null."""
+    lengths = np.fromiter(
+        (0 if c is None else len(c) // dtype.itemsize for c in chunks), np.int64, len(chunks)
+    )
+    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.frombuffer(b"".join(c for c in chunks if c is not None), dtype=dtype)
+    values = values.astype(dtype.newbyteorder("="), copy=False)
+    nulls = [c is None for c in chunks]
+    mask = pa.array(nulls, type=pa.bool_()) if any(nulls) else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type), mask=mask)
+
+
+def encode_arrow(batch: BatchColumns) -> bytes:
+    """BatchColumns -> one Arrow IPC stream holding one record batch (N rows), metadata in the schema."""
+    metadata = {**batch.header(), "stats": orjson.dumps(batch.stats).decode()}
+    schema = ARROW_SCHEMA.with_metadata(metadata)
+    columns = [
+        pa.array(batch.group_id, type=pa.string()),
+        pa.array(batch.prompt_id, type=pa.string()),
+        pa.array(batch.policy_version, type=pa.int64()),
+        pa.array(batch.index, type=pa.int32()),
+        *(
+            _list_column(getattr(batch, name), dtype, schema.field(name).type.value_type)
+            for name, dtype in _ARRAYS
+        ),
+        pa.array([_f32(v) for v in batch.advantage], type=pa.float32()),
+        pa.array([_f32(v) for v in batch.total_reward], type=pa.float32()),
+        pa.array(batch.temperature, type=pa.float64()),
+    ]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.record_batch(columns, schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def _split(column: pa.ListArray, as_numpy: bool) -> list[Any]:
+    """list array (N,) -> N python lists (or read-only numpy views); nulls -> None."""
+    values = column.values.to_numpy(zero_copy_only=False)
+    offsets = column.offsets.to_numpy()
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    rows: list[Any] = []
+    for i in range(len(column)):
+        if not valid[i]:
+            rows.append(None)
+            continue
+        part = values[offsets[i] : offsets[i + 1]]
+        rows.append(part if as_numpy else part.tolist())
+    return rows
+
+
+def _rows(record: pa.RecordBatch, as_numpy: bool) -> list[tuple[tuple[str, str, int, float | None], dict[str, Any]]]:
+    """One record batch -> [((group_id, prompt_id, policy_version, temperature), trajectory dict)] in row order."""
+    cols = {name: record.column(name) for name in record.schema.names}
+    keys = ("group_id", "prompt_id", "policy_version", "temperature", "index")
+    plain = {name: cols[name].to_pylist() for name in keys}
+    lists = {name: _split(cols[name], as_numpy) for name, _ in _ARRAYS}
+    scalars = {name: cols[name].to_pylist() for name in ("advantage", "total_reward")}
+    out = []
+    for i in range(record.num_rows):
+        key = (plain["group_id"][i], plain["prompt_id"][i], plain["policy_version"][i], plain["temperature"][i])
+        traj = {"index": plain["index"][i], **{k: v[i] for k, v in lists.items()}}
+        traj.update({k: v[i] for k, v in scalars.items()})
+        out.append((key, traj))
+    return out
+
+
+def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
+    """Arrow IPC stream -> the JSON answer's shape: ``{"batch_id", "trainer_id", "expires_at", "groups", "stats"}``.
+
+    ``as_numpy=True`` gives read-only numpy views (token_ids int32, loss_mask uint8, logprobs float32)
+    instead of lists: no copy, for trainers that go straight to tensors.
+    """
+    reader = pa.ipc.open_stream(data)
+    meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+    groups: list[dict[str, Any]] = []
+    for record in reader:
+        for (gid, pid, version, temperature), traj in _rows(record, as_numpy):
+            if not groups or groups[-1]["id"] != gid:
+                group = {"id": gid, "prompt_id": pid, "policy_version": version, "temperature": temperature}
+                groups.append({**group, "trajectories": []})
+            groups[-1]["trajectories"].append(traj)
+    header = {k: meta[k] for k in ("batch_id", "trainer_id", "expires_at")}
+    return {**header, "groups": groups, "stats": orjson.loads(meta.get("stats", "{}"))}

@@ -1,0 +1,312 @@
+"""Statements about leases and the groups they hold.
+
+Locking order, everywhere: a lease row first, then its groups. Claims lock ready groups with
+``FOR UPDATE SKIP LOCKED`` and reapers lock expired leases the same way, so neither ever waits on the
+other; an ack / nack locks its one lease row (waiting for a reaper that holds it) and then its groups.
+Times come from the database clock (``clock_timestamp()``), so API replicas agree on expiry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Literal, cast
+
+from psycopg.rows import namedtuple_row
+from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
+from sqlalchemy.orm import Session, selectinload
+
+from service.store.models import Decision, Group, Lease, Trajectory
+
+# trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
+DELIVERABLE_ACTIONS = ("keep", "penalize")
+_DELIVERABLE = or_(Trajectory.action.is_(None), Trajectory.action.in_(DELIVERABLE_ACTIONS))
+
+
+def db_now(session: Session) -> datetime:
+    return session.execute(select(func.clock_timestamp())).scalar_one()
+
+
+# -- reaping -------------------------------------------------------------------------------------------
+def lock_expired_leases(session: Session, limit: int = 1000) -> list[str]:
+    """Active leases past their deadline, locked; leases another transaction holds are skipped."""
+    stmt = (
+        select(Lease.id)
+        .where(Lease.status == "active", Lease.expires_at < func.clock_timestamp())
+        .order_by(Lease.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def end_leases(session: Session, lease_ids: Sequence[str], status: str) -> None:
+    if lease_ids:
+        stmt = (
+            update(Lease)
+            .where(Lease.id.in_(lease_ids))
+            .values(status=status, ended_at=func.clock_timestamp())
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(stmt)
+
+
+def end_lease(session: Session, lease_id: str, status: str) -> datetime | None:
+    """One lease -> ``status``; returns its ``ended_at`` (database clock)."""
+    stmt = (
+        update(Lease)
+        .where(Lease.id == lease_id)
+        .values(status=status, ended_at=func.clock_timestamp())
+        .returning(Lease.ended_at)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).scalar_one()
+
+
+def release_groups(session: Session, lease_ids: Sequence[str]) -> int:
+    """Groups still held by these leases go back to 'ready'; returns how many."""
+    if not lease_ids:
+        return 0
+    stmt = (
+        update(Group)
+        .where(Group.lease_id.in_(lease_ids), Group.status == "leased")
+        .values(status="ready", lease_id=None)
+        .execution_options(synchronize_session=False)
+    )
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount or 0
+
+
+# -- claiming ------------------------------------------------------------------------------------------
+def lock_ready_groups(
+    session: Session,
+    *,
+    min_version: int | None,
+    order: Literal["oldest", "freshest"],
+    after: tuple[int, int] | None,
+    limit: int,
+    datasets: frozenset[str] | None = None,
+    need_logprobs: bool = False,
+) -> list[Any]:
+    """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
+
+    ``after`` = (policy_version, pk) of the last row of the previous chunk (keyset pagination);
+    'oldest' is ingest order (pk), which also puts redelivered groups first; 'freshest' is
+    policy_version descending, then pk.
+    """
+    stmt = select(Group.pk, Group.policy_version).where(Group.status == "ready")
+    if min_version is not None:
+        stmt = stmt.where(Group.policy_version >= min_version)
+    if datasets is not None:
+        stmt = stmt.where(Group.dataset.in_(sorted(datasets)))
+    if need_logprobs:
+        bare = select(Trajectory.idx).where(Trajectory.group_pk == Group.pk, Trajectory.logprobs.is_(None))
+        stmt = stmt.where(~bare.exists())
+    if order == "oldest":
+        stmt = stmt.order_by(Group.pk)
+        if after is not None:
+            stmt = stmt.where(Group.pk > after[1])
+    else:
+        stmt = stmt.order_by(Group.policy_version.desc(), Group.pk)
+        if after is not None:
+            version, pk = after
+            stmt = stmt.where(
+                or_(Group.policy_version < version, and_(Group.policy_version == version, Group.pk > pk))
+            )
+    return list(session.execute(stmt.limit(limit).with_for_update(skip_locked=True)).all())
+
+
+def deliverable_sizes(session: Session, group_pks: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """group pk -> (deliverable trajectories, their token ids); groups with none are absent."""
+    if not group_pks:
+        return {}
+    stmt = (
+        select(Trajectory.group_pk, func.count(), func.coalesce(func.sum(Trajectory.seq_len), 0))
+        .where(Trajectory.group_pk.in_(group_pks), _DELIVERABLE)
+        .group_by(Trajectory.group_pk)
+    )
+    return {pk: (int(n), int(tokens)) for pk, n, tokens in session.execute(stmt)}
+
+
+def mark_leased(session: Session, group_pks: Sequence[int], lease_id: str) -> None:
+    stmt = (
+        update(Group)
+        .where(Group.pk.in_(group_pks))
+        .values(status="leased", lease_id=lease_id)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(stmt)
+
+
+def lock_request_id(session: Session, request_id: str) -> None:
+    """Serialise lease requests that share a request_id (transaction-scoped advisory lock)."""
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:rid, 7))"), {"rid": request_id})
+
+
+def insert_lease(session: Session, row: dict[str, Any], lease_seconds: float) -> Any:
+    """Insert a lease expiring ``lease_seconds`` from now (database clock); returns its times."""
+    expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
+    stmt = insert(Lease).values(**row, expires_at=expires).returning(Lease.created_at, Lease.expires_at)
+    return session.execute(stmt).one()
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def get_lease(session: Session, lease_id: str, *, for_update: bool = False) -> Lease | None:
+    stmt = select(Lease).where(Lease.id == lease_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def lease_by_request_id(session: Session, request_id: str) -> Lease | None:
+    return session.execute(select(Lease).where(Lease.request_id == request_id)).scalar_one_or_none()
+
+
+def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
+    if not group_pks:
+        return {}
+    return {pk: gid for pk, gid in session.execute(select(Group.pk, Group.id).where(Group.pk.in_(group_pks)))}
+
+
+_BATCH_ROWS_SQL = """
+SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs,
+       t.advantage, t.total_reward,
+       CASE WHEN jsonb_typeof(g.sampling -> 'temperature') = 'number'
+            THEN (g.sampling ->> 'temperature')::float8 END AS temperature
+  FROM trajectories t JOIN groups g ON g.pk = t.group_pk
+ WHERE t.group_pk = ANY(%(pks)s) AND (t.action IS NULL OR t.action = ANY(%(actions)s))
+ ORDER BY t.group_pk, t.idx
+"""
+
+
+def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    """One row per deliverable trajectory of these groups, with its group's ids; in group-pk, idx order.
+
+    Fetched in PostgreSQL's binary format on the session's own connection (same transaction): bytea
+    arrives as raw bytes instead of hex text, which halves the cost of the largest read of a lease.
+    """
+    driver = session.connection().connection.driver_connection
+    with driver.cursor(binary=True, row_factory=namedtuple_row) as cur:  # type: ignore[union-attr]
+        cur.execute(_BATCH_ROWS_SQL, {"pks": list(group_pks), "actions": list(DELIVERABLE_ACTIONS)})
+        return cur.fetchall()
+
+
+# -- acking --------------------------------------------------------------------------------------------
+def count_held(session: Session, lease_id: str) -> int:
+    """Groups that this lease still holds (lease_id fenced, status 'leased')."""
+    stmt = select(func.count()).where(Group.lease_id == lease_id, Group.status == "leased")
+    return int(session.execute(stmt).scalar_one())
+
+
+def consume_groups(session: Session, lease_id: str, current_version: int) -> int:
+    """Held groups -> 'consumed', with consumed_at and staleness = current version - group version."""
+    stmt = (
+        update(Group)
+        .where(Group.lease_id == lease_id, Group.status == "leased")
+        .values(
+            status="consumed",
+            consumed_at=func.clock_timestamp(),
+            staleness=current_version - Group.policy_version,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return cast(CursorResult[Any], session.execute(stmt)).rowcount or 0
+
+
+# -- heartbeat, trainer refusals, staleness -------------------------------------------------------------
+def extend_lease(session: Session, lease_id: str, lease_seconds: float) -> datetime:
+    """Move an active lease's deadline to ``lease_seconds`` from now (database clock)."""
+    expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
+    stmt = (
+        update(Lease)
+        .where(Lease.id == lease_id, Lease.status == "active")
+        .values(expires_at=expires)
+        .returning(Lease.expires_at)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).scalar_one()
+
+
+def set_reason(session: Session, lease_id: str, reason: str | None) -> None:
+    if reason is not None:
+        session.execute(update(Lease).where(Lease.id == lease_id).values(reason=reason)
+                        .execution_options(synchronize_session=False))
+
+
+def drop_held_groups(session: Session, lease_id: str, reason: str) -> tuple[list[int], list[int]]:
+    """A trainer's ``nack(drop=True)``, re-checked: of the groups still held by this lease, those the
+    service itself finds untrainable (a trajectory without token ids / loss mask) -> 'dropped'
+    ('untrainable'); the others are kept (they go back to the queue with the lease) and get a 'keep'
+    decision recording the refusal. -> (dropped pks, kept pks)."""
+    from service.curation.service import untrainable_reason
+
+    held = (
+        select(Group)
+        .where(Group.lease_id == lease_id, Group.status == "leased")
+        .order_by(Group.pk)
+        .with_for_update(of=Group)
+        .options(selectinload(Group.trajectories))
+    )
+    bad, kept = [], []
+    for g in session.execute(held).scalars():
+        why = untrainable_reason(g)
+        (bad if why else kept).append((g.pk, why))
+    if bad:
+        session.execute(
+            update(Group).where(Group.pk.in_([pk for pk, _ in bad]))
+            .values(status="dropped", drop_reason="untrainable", lease_id=None)
+            .execution_options(synchronize_session=False)
+        )
+    _decisions(session, [(pk, "untrainable", f"{why}; the trainer refused it: {reason}") for pk, why in bad])
+    _decisions(session, [(pk, "nack", f"kept: the trainer asked to drop it ({reason}) but it has token ids and"
+                                      " a loss mask; back to the queue") for pk, _ in kept], action="keep")
+    return [pk for pk, _ in bad], [pk for pk, _ in kept]
+
+
+_STALE_SQL = """
+WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM policy_versions),
+stale AS (
+  SELECT g.pk, coalesce(CAST(:ms AS numeric), (c.body->>'max_staleness')::numeric) AS ms, (SELECT v FROM cur) AS v
+    FROM groups g
+    LEFT JOIN curation_policies c
+      ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
+   WHERE g.status = 'ready'
+     AND (CAST(:ms AS numeric) IS NOT NULL OR jsonb_typeof(c.body->'max_staleness') = 'number')
+     AND (SELECT v FROM cur) - g.policy_version
+         > coalesce(CAST(:ms AS numeric), (c.body->>'max_staleness')::numeric)
+     AND (CAST(:all_datasets AS boolean) OR g.dataset = ANY(CAST(:datasets AS text[])))
+   ORDER BY g.pk LIMIT :n FOR UPDATE OF g SKIP LOCKED)
+UPDATE groups g SET status = 'dropped', drop_reason = 'stale'
+  FROM stale WHERE g.pk = stale.pk
+RETURNING g.pk, g.policy_version, stale.ms, stale.v
+"""
+
+
+def drop_stale_ready(
+    session: Session,
+    limit: int = 1000,
+    *,
+    max_staleness: int | None = None,
+    datasets: frozenset[str] | None = None,
+) -> int:
+    """Ready groups sampled more than ``max_staleness`` versions behind the latest published policy ->
+    'dropped' ('stale'), each with a decision. Returns how many.
+
+    ``max_staleness`` None: each group's curation policy's ``max_staleness`` (groups without one stay).
+    Given (a lease's ``max_staleness``): that limit, over ``datasets`` (None: every dataset) -- the groups
+    such a lease passes over and would otherwise leave 'ready' for ever."""
+    params = {"n": limit, "ms": max_staleness, "all_datasets": datasets is None,
+              "datasets": sorted(datasets or ())}
+    rows = session.execute(text(_STALE_SQL), params).all()
+    source = "curation policy" if max_staleness is None else "lease"
+    _decisions(session, [
+        (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, {source} max_staleness {ms}")
+        for pk, pv, ms, v in rows
+    ])
+    return len(rows)
+
+
+def _decisions(session: Session, rows: list[tuple[int, str, str]], action: str = "drop") -> None:
+    if rows:
+        session.execute(insert(Decision), [
+            {"group_pk": pk, "idx": None, "action": action, "rule": rule, "reason": reason} for pk, rule, reason in rows
+        ])

@@ -1,0 +1,1 @@
+"""Export: stored trajectories as SFT / DPO / KTO / rollout datasets, streamed as JSONL or Parquet."""

@@ -1,0 +1,47 @@
+"""GET /v1/export: stored trajectories as SFT / DPO / KTO / rollout datasets, streamed (JSONL or Parquet)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from service.api.deps import SettingsDep
+from service.api.errors import BadRequest
+from service.api.validation import format_errors
+from service.auth.service import VIEWER, allow
+from service.export import service as export
+from service.export.schemas import ExportFormat, ExportQuery, FileType
+
+router = APIRouter(prefix="/v1", tags=["export"])
+
+
+def export_query(
+    format: ExportFormat,
+    dataset: str | None = None,
+    min_policy_version: Annotated[int | None, Query(ge=0)] = None,
+    max_policy_version: Annotated[int | None, Query(ge=0)] = None,
+    status: Annotated[list[str] | None, Query(description="group statuses (repeat); default: every scored one")] = None,
+    min_reward: float | None = None,
+    correct_threshold: float = 1.0,
+    limit: Annotated[int | None, Query(ge=1)] = None,
+) -> ExportQuery:
+    try:
+        return ExportQuery(format=format, dataset=dataset, min_policy_version=min_policy_version,
+                           max_policy_version=max_policy_version, statuses=status, min_reward=min_reward,
+                           correct_threshold=correct_threshold, limit=limit)
+    except ValidationError as exc:
+        message, items = format_errors(exc.errors(include_url=False))
+        raise BadRequest(message, detail=items) from None
+
+
+@router.get("/export", response_class=StreamingResponse, dependencies=[allow(VIEWER, dataset="dataset")],
+            responses={200: {"content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}}}})
+def get_export(request: Request, q: Annotated[ExportQuery, Depends(export_query)], settings: SettingsDep,
+               filetype: FileType = "jsonl") -> StreamingResponse:
+    chunks = export.stream(request.app.state.sessionmaker, q, filetype, settings.export_batch_rows)
+    name = f"{q.format}.{filetype}"
+    return StreamingResponse(chunks, media_type=export.MEDIA_TYPES[filetype],
+                             headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -1,0 +1,75 @@
+"""Statements about prompts and datasets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.store.models import Dataset, Prompt
+
+_UPDATABLE = ("dataset", "messages", "reference", "metadata", "reward_spec", "curation_policy")
+
+
+def _upsert_statement():  # built once: a cached statement executed with many parameter sets
+    table = Prompt.__table__
+    stmt = insert(table)
+    ex = stmt.excluded
+    changed = func.row(*(table.c[c] for c in _UPDATABLE)).is_distinct_from(func.row(*(ex[c] for c in _UPDATABLE)))
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.id],
+        set_={**{c: ex[c] for c in _UPDATABLE}, "updated_at": func.now()},
+        where=changed,
+    )
+
+
+_UPSERT = _upsert_statement()
+
+
+def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
+    """Insert or update prompts by id; rows that are unchanged are not rewritten. Returns len(rows)."""
+    if rows:
+        session.execute(_UPSERT, rows)
+    return len(rows)
+
+
+def insert_prompts_if_new(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert prompts whose id is new; existing prompts are left exactly as they are."""
+    if rows:
+        session.execute(insert(Prompt.__table__).on_conflict_do_nothing(index_elements=["id"]), rows)
+
+
+def stored_fields(session: Session, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """prompt id -> its updatable fields as stored (the keys of a prompt row)."""
+    cols = [Prompt.__table__.c[c] for c in ("id", *_UPDATABLE)]
+    rows = session.execute(select(*cols).where(Prompt.id.in_(list(set(ids))))).mappings()
+    return {r["id"]: {c: r[c] for c in _UPDATABLE} for r in rows}
+
+
+def prompt_datasets(session: Session, ids: Iterable[str]) -> dict[str, str]:
+    """prompt id -> dataset for the ids that exist."""
+    ids = list(set(ids))
+    if not ids:
+        return {}
+    rows = session.execute(select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)))
+    return {pid: ds for pid, ds in rows}
+
+
+def get_prompt(session: Session, prompt_id: str) -> Prompt | None:
+    return session.get(Prompt, prompt_id)
+
+
+def upsert_dataset(session: Session, name: str, reward_spec: str | None, curation_policy: str | None) -> None:
+    stmt = insert(Dataset).values(name=name, reward_spec=reward_spec, curation_policy=curation_policy)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Dataset.name],
+        set_={"reward_spec": reward_spec, "curation_policy": curation_policy, "updated_at": func.now()},
+    )
+    session.execute(stmt)
+
+
+def get_dataset(session: Session, name: str) -> Dataset | None:
+    return session.get(Dataset, name)

@@ -1,0 +1,116 @@
+"""Statements about groups and trajectories (ingest and read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import Row, exists, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session, selectinload
+
+from service.store.models import Decision, Group, Reward, Trajectory
+
+_INSERT_GROUP = (
+    pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
+)
+
+
+def insert_group_if_new(session: Session, row: dict[str, Any]) -> int | None:
+    """INSERT ... ON CONFLICT (id) DO NOTHING; returns the new pk, or None when the id already exists.
+
+    Under concurrent posts of the same id, PostgreSQL makes the losers wait for the winner's commit,
+    so exactly one row is ever stored.
+    """
+    return session.execute(_INSERT_GROUP, row).scalar_one_or_none()
+
+
+def existing_group(session: Session, group_id: str) -> Row[Any] | None:
+    stmt = select(Group.pk, Group.body_hash, Group.status, Group.n_trajectories).where(Group.id == group_id)
+    return session.execute(stmt).one_or_none()
+
+
+TRAJECTORY_COLUMNS = (
+    "group_pk", "idx", "messages", "final_answer", "token_ids", "loss_mask", "logprobs",
+    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata",
+)
+_COPY_TYPES = ("int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb")
+_COPY_SQL = f"COPY trajectories ({', '.join(TRAJECTORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+
+
+def _json(text: str) -> Jsonb:
+    """Already-serialised JSON for a jsonb column (no second encode)."""
+    return Jsonb(text, dumps=_identity)
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def insert_trajectories(session: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Binary COPY inside the session's transaction: rows are tuples in TRAJECTORY_COLUMNS order,
+    JSONB columns as already-serialised JSON text. Measured several times faster than executemany."""
+    if not rows:
+        return
+    raw = session.connection().connection.driver_connection
+    with raw.cursor() as cur, cur.copy(_COPY_SQL) as copy:
+        copy.set_types(_COPY_TYPES)
+        for row in rows:
+            copy.write_row((*row[:2], _json(row[2]), *row[3:11], _json(row[11])))
+
+
+def load_group(session: Session, group_id: str) -> Group | None:
+    stmt = select(Group).where(Group.id == group_id).options(selectinload(Group.trajectories))
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def rewards_for(session: Session, group_pk: int, spec_name: str, spec_version: int) -> list[Reward]:
+    stmt = (
+        select(Reward)
+        .where(Reward.group_pk == group_pk, Reward.spec_name == spec_name, Reward.spec_version == spec_version)
+        .order_by(Reward.idx, Reward.component)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def decisions_for(session: Session, group_pk: int) -> list[Decision]:
+    stmt = select(Decision).where(Decision.group_pk == group_pk).order_by(Decision.pk)
+    return list(session.execute(stmt).scalars())
+
+
+def list_groups(
+    session: Session,
+    *,
+    dataset: str | None,
+    status: str | None,
+    policy_version: int | None,
+    after_pk: int | None,
+    limit: int,
+    drop_reason: str | None = None,
+    finish_reason: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+) -> list[Group]:
+    """Keyset pagination by pk (stable under concurrent inserts). ``finish_reason`` / ``min_reward`` /
+    ``max_reward``: groups with at least one trajectory that matches all of them."""
+    stmt = select(Group).order_by(Group.pk).limit(limit)
+    if drop_reason is not None:
+        stmt = stmt.where(Group.drop_reason == drop_reason)
+    member = [Trajectory.group_pk == Group.pk]
+    if finish_reason is not None:
+        member.append(Trajectory.finish_reason == finish_reason)
+    if min_reward is not None:
+        member.append(Trajectory.total_reward >= min_reward)
+    if max_reward is not None:
+        member.append(Trajectory.total_reward <= max_reward)
+    if len(member) > 1:
+        stmt = stmt.where(exists().where(*member))
+    if dataset is not None:
+        stmt = stmt.where(Group.dataset == dataset)
+    if status is not None:
+        stmt = stmt.where(Group.status == status)
+    if policy_version is not None:
+        stmt = stmt.where(Group.policy_version == policy_version)
+    if after_pk is not None:
+        stmt = stmt.where(Group.pk > after_pk)
+    return list(session.execute(stmt).scalars())

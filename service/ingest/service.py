@@ -1,0 +1,232 @@
+"""Ingest: prompts and rollout groups, idempotent by the client-supplied group id."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter
+from sqlalchemy.orm import Session
+
+from reward_models.spec import RewardSpec
+from service.api.errors import BadRequest, Conflict, GroupConflict
+from service.api.schemas import Message
+from service.auth.service import OPEN, Principal
+from service.ingest import prompts_repository as prompt_repo
+from service.ingest import repository as group_repo
+from service.ingest.schemas import GroupAck, GroupIn, PromptIn, PromptUpsert, TrajectoryIn
+from service.specs import service as specs
+from service.store import arrays
+
+
+def _prompt_row(prompt_id: str, p: PromptIn) -> dict[str, Any]:
+    return {
+        "id": prompt_id,
+        "dataset": p.dataset,
+        "messages": [m.model_dump(exclude_none=True) for m in p.messages],
+        "reference": p.reference,
+        "metadata": p.metadata,
+        "reward_spec": p.reward_spec,
+        "curation_policy": p.curation_policy,
+    }
+
+
+def check_reference(session: Session, prompts: list[tuple[str, PromptIn]]) -> None:
+    """Each prompt's ``reference`` holds what its reward spec's components need, as each component
+    checks it (``where`` prefixes the field)."""
+    resolved: dict[tuple[str | None, str], tuple[str, RewardSpec | None]] = {}
+    for where, p in prompts:
+        key = (p.reward_spec, p.dataset)
+        if key not in resolved:
+            resolved[key] = specs.scoring_spec(session, *key)
+        spec_name, spec = resolved[key]
+        problem = spec.reference_problem(p.reference) if spec is not None else None
+        if problem is not None:
+            field, message, component = problem
+            raise BadRequest(
+                f"{where}reference.{field}: {message}; needed by reward spec {spec_name!r} (component "
+                f"{component!r}): add it, or attach a spec that does not need it"
+            )
+
+
+def check_refs(session: Session, p: PromptIn, where: str) -> None:
+    """A prompt naming a reward spec or curation policy that does not exist is refused at the door (422
+    naming the field); otherwise every group of it would fail in the worker."""
+    if p.reward_spec is not None:
+        specs.resolve_reward_spec(session, p.reward_spec, f"{where}reward_spec")
+    if p.curation_policy is not None:
+        specs.resolve_curation_policy(session, p.curation_policy, f"{where}curation_policy")
+
+
+def upsert_prompts(session: Session, prompts: list[PromptUpsert]) -> int:
+    seen: dict[str, PromptUpsert] = {}
+    for i, p in enumerate(prompts):
+        if p.id in seen:
+            raise BadRequest(f"prompts[{i}].id: duplicate id {p.id!r} in one request")
+        seen[p.id] = p
+        check_refs(session, p, f"prompts[{i}].")
+    check_reference(session, [(f"prompts[{i}].", p) for i, p in enumerate(prompts)])
+    return prompt_repo.upsert_prompts(session, [_prompt_row(p.id, p) for p in prompts])
+
+
+_MESSAGES = TypeAdapter(list[Message])
+
+
+def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]:
+    """One row in group_repo.TRAJECTORY_COLUMNS order (JSONB as JSON text)."""
+    return (
+        group_pk,
+        idx,
+        _MESSAGES.dump_json(t.messages, exclude_none=True).decode(),
+        t.resolved_final_answer(),
+        arrays.encode(t.token_ids, arrays.TOKEN_DTYPE),
+        arrays.encode(t.loss_mask, arrays.MASK_DTYPE),
+        arrays.encode(t.logprobs, arrays.LOGPROB_DTYPE),
+        len(t.token_ids) if t.token_ids is not None else 0,
+        t.response_tokens(),
+        sum(1 for m in t.messages if m.role == "assistant") or 1,
+        t.finish_reason,
+        orjson.dumps(t.metadata).decode(),
+    )
+
+
+_ARRAYS = frozenset({"token_ids", "loss_mask", "logprobs"})
+
+
+def _canonical(value: Any) -> Any:
+    """Plain data in one spelling: dict keys sorted, integral floats as ints (1.0 == 1), -0.0 as 0."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def body_hash(group: GroupIn) -> str:
+    """The idempotency hash of a group: the same content hashes the same, whatever the key order of
+    free-form objects (``sampling``, ``metadata``, ``reference``) or the spelling of a number."""
+    dump = group.model_dump(mode="json")
+    canonical = {k: _canonical(v) for k, v in dump.items() if k != "trajectories"}
+    # token arrays are typed (ints, floats): only the trajectories' free-form parts need the walk
+    canonical["trajectories"] = [
+        {k: v if k in _ARRAYS else _canonical(v) for k, v in t.items()} for t in dump["trajectories"]
+    ]
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_tokens: int) -> None:
+    if len(group.trajectories) > max_group_size:
+        raise BadRequest(
+            f"{where}trajectories: {len(group.trajectories)} trajectories exceed the limit of {max_group_size}"
+        )
+    for i, t in enumerate(group.trajectories):
+        if t.token_ids is not None and len(t.token_ids) > max_sequence_tokens:
+            raise BadRequest(
+                f"{where}trajectories[{i}].token_ids: {len(t.token_ids)} tokens exceed the limit of {max_sequence_tokens}"
+            )
+
+
+def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool, key: Principal) -> None:
+    """Create the inline prompts that are new; an inline prompt that differs from the stored one is a 409
+    naming the field (changing a prompt or its reference is ``POST /v1/prompts``, an admin's call). A stored
+    prompt outside ``key``'s datasets is a 409 that says only that the id is taken: no field-by-field
+    answer that would let a scoped key test guesses of another dataset's reference."""
+    sent: dict[str, tuple[str, dict[str, Any]]] = {}
+    for i, g in enumerate(groups):
+        if g.prompt is None:
+            continue
+        row = _prompt_row(g.prompt_id, g.prompt)
+        if g.prompt_id in sent and sent[g.prompt_id][1] != row:
+            raise BadRequest(f"groups[{i}].prompt: differs from {sent[g.prompt_id][0]}prompt for the same prompt_id")
+        sent.setdefault(g.prompt_id, (f"groups[{i}]." if batched else "", row))
+    if not sent:
+        return
+    prompt_repo.insert_prompts_if_new(session, [row for _, row in sent.values()])
+    stored = prompt_repo.stored_fields(session, sent)
+    for prompt_id, (where, row) in sent.items():
+        if not key.allows_dataset(stored[prompt_id]["dataset"]):
+            raise Conflict(f"{where}prompt_id: prompt id {prompt_id!r} is already taken", detail={"prompt_id": prompt_id})
+        for field, value in stored[prompt_id].items():
+            if row[field] != value:
+                raise Conflict(
+                    f"{where}prompt.{field}: prompt {prompt_id!r} already exists with a different {field}; "
+                    "an inline prompt only creates a prompt (an admin changes one with POST /v1/prompts)",
+                    detail={"prompt_id": prompt_id, "field": field},
+                )
+
+
+def ingest_groups(
+    session: Session,
+    groups: list[GroupIn],
+    *,
+    max_group_size: int,
+    max_sequence_tokens: int,
+    batched: bool,
+    max_groups: int | None = None,
+    key: Principal = OPEN,
+) -> list[GroupAck]:
+    """Store each group once. Same id + same body: the stored answer; same id + other body: 409.
+    Each group's dataset must be in ``key``'s scope (403); the key's name is recorded as the producer.
+
+    The caller's transaction makes the request all-or-nothing.
+    """
+    if max_groups is not None and len(groups) > max_groups:
+        raise BadRequest(f"groups: {len(groups)} groups exceed the limit of {max_groups} per request")
+    seen: set[str] = set()
+    for i, g in enumerate(groups):
+        where = f"groups[{i}]." if batched else ""
+        if g.id in seen:
+            raise BadRequest(f"{where}id: duplicate group id {g.id!r} in one request")
+        seen.add(g.id)
+        _check_limits(g, where, max_group_size, max_sequence_tokens)
+        if g.prompt is not None:  # before anything is written: a new prompt's dataset must be in scope
+            key.check_dataset(g.prompt.dataset, f"{where}prompt.dataset")
+    for i, g in enumerate(groups):
+        if g.prompt is not None:
+            check_refs(session, g.prompt, f"groups[{i}].prompt." if batched else "prompt.")
+    check_reference(
+        session,
+        [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],
+    )
+    _inline_prompts(session, groups, batched, key)
+    datasets = prompt_repo.prompt_datasets(session, {g.prompt_id for g in groups})
+    acks = []
+    for i, g in enumerate(groups):
+        where = f"groups[{i}]." if batched else ""
+        if g.prompt_id not in datasets or not key.allows_dataset(datasets[g.prompt_id]):
+            # out of the key's scope: the same answer as an unknown id (no dataset named, no existence told)
+            raise BadRequest(
+                f"{where}prompt_id: unknown prompt {g.prompt_id!r}; post it to /v1/prompts first or send 'prompt' inline",
+                status_code=422,
+            )
+        acks.append(_ingest_one(session, g, datasets[g.prompt_id], where, key.name))
+    return acks
+
+
+def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer_key: str | None) -> GroupAck:
+    digest = body_hash(g)
+    row = {
+        "id": g.id,
+        "prompt_id": g.prompt_id,
+        "dataset": dataset,
+        "policy_version": g.policy_version,
+        "sampling": g.sampling,
+        "metadata": g.metadata,
+        "body_hash": digest,
+        "producer_key": producer_key,
+        "n_trajectories": len(g.trajectories),
+        "n_tokens": sum(len(t.token_ids or ()) for t in g.trajectories),
+    }
+    pk = group_repo.insert_group_if_new(session, row)
+    if pk is None:
+        existing = group_repo.existing_group(session, g.id)
+        if existing is None or existing.body_hash != digest:
+            raise GroupConflict(
+                f"{where}id: group {g.id!r} already exists with a different body", detail={"id": g.id}
+            )
+        return GroupAck(id=g.id, status=existing.status, trajectories=existing.n_trajectories, created=False)
+    group_repo.insert_trajectories(session, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
+    return GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True)

@@ -1,0 +1,1 @@
+"""Health, Prometheus metrics, the summary, the dashboard and its static files, the docs page."""

@@ -1,0 +1,128 @@
+"""Prometheus metrics measured in this process (``GET /metrics`` adds the database gauges of
+``service.observability.summary``; a score worker serves these on its own port, ``--metrics-port``).
+
+Names (all prefixed ``grpo_curator_``):
+- ``http_request_duration_seconds{method, route, status}`` histogram: every API request, by route
+  template (``/v1/groups/{group_id}``, never the raw path, so ids do not explode the label set) and
+  method (GET HEAD POST PUT PATCH DELETE OPTIONS, any other token ``other``).
+- ``lease_wait_seconds{result}`` histogram: how long ``POST /v1/batches/lease`` took, ``result`` =
+  ``batch`` (200) or ``empty`` (204 after ``wait_seconds``) or ``error``.
+- ``component_latency_seconds{kind, component}`` histogram and ``component_results_total{kind,
+  component, result}`` counter (``result`` = ``ok`` | ``error``): every reward component run.
+With several uvicorn workers each process has its own histograms; scrape each, or run one worker per
+replica (the database gauges are the same from every replica).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REGISTRY = CollectorRegistry()
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+HTTP_DURATION = Histogram(
+    "grpo_curator_http_request_duration_seconds",
+    "API request duration by method, route template and status",
+    ["method", "route", "status"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+LEASE_WAIT = Histogram(
+    "grpo_curator_lease_wait_seconds",
+    "time a trainer waited in POST /v1/batches/lease, by result (batch | empty | error)",
+    ["result"],
+    buckets=_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+COMPONENT_LATENCY = Histogram(
+    "grpo_curator_component_latency_seconds",
+    "reward component scoring latency per sample",
+    ["kind", "component"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+COMPONENT_RESULTS = Counter(
+    "grpo_curator_component_results",
+    "reward component runs by result (ok | error)",
+    ["kind", "component", "result"],
+    registry=REGISTRY,
+)
+LEASE_ROUTE = "/v1/batches/lease"
+UNMATCHED = "unmatched"  # requests no route matched (404s): one label value, not one per path
+# HTTP accepts any token as a method: anything else is labelled "other", so clients cannot grow the series
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
+
+
+_CONVERTOR = re.compile(r"\{(\w+):\w+\}")
+
+
+def route_label(scope: Scope) -> str:
+    """The ``route`` label: the matched route's template without path convertors
+    (``/v1/groups/{group_id:path}`` -> ``/v1/groups/{group_id}``), or ``unmatched``."""
+    path = getattr(scope.get("route"), "path", None)
+    return _CONVERTOR.sub(r"{\1}", path) if path else UNMATCHED
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label: one of ``METHODS`` or ``other``."""
+    return method if method in METHODS else OTHER_METHOD
+
+
+def _lease_result(status: int) -> str:
+    return "batch" if status == 200 else "empty" if status == 204 else "error"
+
+
+class RequestMetricsMiddleware:
+    """Times every HTTP request; the route template is read from the scope after routing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = route_label(scope)
+            HTTP_DURATION.labels(method_label(scope["method"]), route, str(status)).observe(elapsed)
+            if route == LEASE_ROUTE:
+                LEASE_WAIT.labels(_lease_result(status)).observe(elapsed)
+
+
+def observe_components(kinds: Mapping[str, str], results: Iterable[Mapping[str, object]]) -> None:
+    """Record component runs: ``kinds`` {component name: kind}; ``results`` per sample {name: result}
+    where a result has ``latency_ms`` and ``error`` (``reward_models.base.ComponentResult``)."""
+    for per_sample in results:
+        for name, result in per_sample.items():
+            kind = kinds.get(name, "unknown")
+            COMPONENT_LATENCY.labels(kind, name).observe(float(getattr(result, "latency_ms", 0.0)) / 1000.0)
+            failed = getattr(result, "error", None) is not None
+            COMPONENT_RESULTS.labels(kind, name, "error" if failed else "ok").inc()
+
+
+def process_text() -> bytes:
+    """This process's metrics in the Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve this process's metrics on ``port`` (a score worker has no API of its own)."""
+    start_http_server(port, addr=addr, registry=REGISTRY)

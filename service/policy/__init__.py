@@ -1,0 +1,1 @@
+"""Policy versions: the trainer publishes each version; producers, curation and delivery read the current one."""

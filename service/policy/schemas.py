@@ -1,0 +1,26 @@
+"""API schemas of policy versions (DESIGN.md "API v1": /v1/policy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.api.schemas import INT4_MAX, FreeJson
+
+
+class PolicyIn(FreeJson):
+    """``POST /v1/policy``: the trainer's new version and its step metrics."""
+
+    version: int = Field(ge=0, le=INT4_MAX)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class PolicyOut(BaseModel):
+    version: int
+    metrics: dict[str, Any]
+    created_at: str | None
+
+
+class PolicyHistory(BaseModel):
+    versions: list[PolicyOut]

@@ -1,1 +1,0 @@
-"""All SQL statements live here, one module per domain. Repositories may flush, never commit."""

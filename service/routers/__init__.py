@@ -1,1 +1,0 @@
-"""HTTP routes: thin, each calls one service function."""

@@ -1,0 +1,1 @@
+"""What producers should sample next: sampling requests, refill and curriculum."""

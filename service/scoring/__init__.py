@@ -1,0 +1,1 @@
+"""Scoring: the worker's score stage, synchronous ``POST /v1/score``, OpenRLHF's remote reward route, rescore / recurate."""

@@ -1,0 +1,59 @@
+"""Statements that send stored groups back through scoring or curation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Text, any_, bindparam, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+
+from service.store.models import Group, Trajectory
+
+_CLEARED_TRAJECTORY = {"advantage": None, "action": None, "reason": None}
+
+
+def _array(name: str, values: list[Any], item: Any) -> Any:
+    """One array parameter (``= ANY(:name)``), not one bind parameter per value: PostgreSQL takes
+    at most 65,535 parameters per statement."""
+    return bindparam(name, list(values), type_=ARRAY(item))
+
+
+def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, group_ids: list[str] | None,
+              policy_version: int | None) -> Any:
+    stmt = stmt.where(Group.status.in_(statuses))
+    if dataset is not None:
+        stmt = stmt.where(Group.dataset == dataset)
+    if group_ids is not None:
+        stmt = stmt.where(Group.id == any_(_array("group_ids", group_ids, Text)))
+    if policy_version is not None:
+        stmt = stmt.where(Group.policy_version == policy_version)
+    return stmt
+
+
+MAX_GROUPS_PER_CALL = 10_000
+
+
+def lock_matching(session: Session, limit: int = MAX_GROUPS_PER_CALL, **filters: Any) -> list[int]:
+    """Lock up to ``limit`` matching groups, in pk order, skipping any a worker or lease holds right now
+    (never waiting on them, and never more rows than one call can handle) -> their pks."""
+    stmt = _filtered(select(Group.pk), **filters).order_by(Group.pk).limit(limit)
+    return list(session.execute(stmt.with_for_update(skip_locked=True)).scalars())
+
+
+def contributed_outcomes(session: Session, pks: list[int]) -> list[tuple[str, float]]:
+    """(prompt_id, outcome_mean) of the curated groups among ``pks`` (what they added to pass rates)."""
+    if not pks:
+        return []
+    stmt = select(Group.prompt_id, Group.outcome_mean).where(
+        Group.pk.in_(pks), Group.curated_at.is_not(None), Group.outcome_mean.is_not(None))
+    return [(pid, float(m)) for pid, m in session.execute(stmt)]
+
+
+def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scores: bool) -> None:
+    """Set ``values`` on the groups; reset their trajectories' decisions (and scores)."""
+    if pks:
+        session.execute(update(Group).where(Group.pk == any_(_array("pks", pks, BigInteger))).values(**values))
+        cleared = {**_CLEARED_TRAJECTORY, **({"total_reward": None, "outcome": None} if clear_scores else {})}
+        in_groups = Trajectory.group_pk == any_(_array("pks", pks, BigInteger))
+        session.execute(update(Trajectory).where(in_groups).values(**cleared))

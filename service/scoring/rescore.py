@@ -1,0 +1,48 @@
+"""Re-scoring under a new reward-spec version and re-curation under a new policy version, without new
+rollouts. Earlier rewards stay stored under their spec version and earlier decisions stay in the log.
+
+One call takes at most ``MAX_GROUPS_PER_CALL`` groups and skips groups that are locked at that moment
+(being curated or leased): call again until it answers ``groups: 0``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.scoring import repository as repo
+from service.specs import service as specs
+from service.stats import service as stats
+from service.worker import repository as pipeline_repo
+
+# leased and consumed groups belong to a trainer: they are never pulled back
+RESCORABLE = ("received", "scored", "ready", "dropped", "reward_error")
+RECURATABLE = ("scored", "ready", "dropped")
+
+
+def _requeue(session: Session, values: dict[str, Any], clear_scores: bool, **filters: Any) -> list[int]:
+    """Lock the matching groups, take them out of the statistics, then send them back."""
+    pks = repo.lock_matching(session, **filters)
+    stats.retract_groups(session, pks)
+    pipeline_repo.retract_outcomes(session, repo.contributed_outcomes(session, pks))  # no double counting
+    # clearing the claim fences off a worker still scoring the old request: its write is refused
+    repo.requeue(session, pks, {**values, "claimed_by": None, "claimed_until": None, "outcome_mean": None},
+                 clear_scores)
+    return pks
+
+
+def rescore(session: Session, reward_spec: str, **filters: Any) -> dict[str, Any]:
+    v = specs.resolve_reward_spec(session, reward_spec)
+    values = {"status": "received", "reward_spec_name": v.name, "reward_spec_version": v.version,
+              "score_attempts": 0, "score_error": None, "retry_at": None, "drop_reason": None,
+              "curated_at": None, "ready_at": None}
+    pks = _requeue(session, values, clear_scores=True, statuses=RESCORABLE, **filters)
+    return {"groups": len(pks), "reward_spec": f"{v.name}@{v.version}"}
+
+
+def recurate(session: Session, curation_policy: str, **filters: Any) -> dict[str, Any]:
+    v = specs.resolve_curation_policy(session, curation_policy)
+    values = {"status": "scored", "curation_policy_name": v.name, "curation_policy_version": v.version,
+              "drop_reason": None, "curated_at": None, "ready_at": None}
+    pks = _requeue(session, values, clear_scores=False, statuses=RECURATABLE, **filters)
+    return {"groups": len(pks), "curation_policy": f"{v.name}@{v.version}"}

@@ -1,0 +1,140 @@
+"""Synchronous scoring (``POST /v1/score``): the worker's components, pool and deadlines, answered inline.
+
+``total`` is None whenever any component errored (``reward_models.spec.combine``): never a silent 0.
+With ``store`` the items are also recorded as groups (one per distinct prompt + reference), which the
+worker scores and curates like any other group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy.orm import Session
+
+from reward_models.base import PromptInfo, Sample
+from reward_models.scoring import PoolBudget, PoolBudgetExceeded, Scorer
+from reward_models.spec import RewardSpec, ScoredSample
+from service.api.errors import BadRequest, ServiceError
+from service.api.schemas import Message
+from service.ingest import service as ingest
+from service.ingest.schemas import GroupIn
+from service.scoring.schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
+from service.settings import Settings
+from service.specs import service as specs
+
+
+class TooManyItems(ServiceError):
+    """More items than one request may carry, or more pool time than one request may take."""
+
+    status_code = 413
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreLimits:
+    """What one scoring request may take: items, items per stored group, and its share of the shared
+    process pool (``pool_budget_s`` of wall time, ``pool_max_in_flight`` tasks at a time)."""
+
+    max_items: int = 512
+    max_group_size: int = 1024
+    pool_budget_s: float = 120.0
+    pool_max_in_flight: int = 2
+
+    def budget(self) -> PoolBudget:
+        return PoolBudget(self.pool_budget_s, self.pool_max_in_flight)
+
+    @classmethod
+    def of(cls, settings: Settings) -> ScoreLimits:
+        in_flight = settings.score_pool_max_in_flight or 2 * settings.worker_processes
+        return cls(settings.max_score_items, settings.max_group_size, settings.score_pool_budget_s, in_flight)
+
+
+def _messages(value: str | list[Message], role: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    return [m.model_dump(exclude_none=True) for m in value]
+
+
+def _final_answer(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m["role"] == "assistant":
+            return m["content"] if isinstance(m.get("content"), str) else ""
+    return ""
+
+
+def to_sample(item: ScoreItem) -> tuple[Sample, PromptInfo]:
+    """A wire item -> what components see (``max_tokens`` travels in the sample's metadata)."""
+    completion = _messages(item.completion, "assistant")
+    metadata = dict(item.metadata)
+    if item.max_tokens is not None:
+        metadata.setdefault("max_tokens", item.max_tokens)
+    sample = Sample(
+        messages=completion,
+        final_answer=_final_answer(completion),
+        finish_reason=item.finish_reason,
+        num_tokens=item.num_tokens or 0,
+        num_turns=sum(1 for m in completion if m["role"] == "assistant") or 1,
+        metadata=metadata,
+    )
+    prompt = PromptInfo(messages=_messages(item.prompt, "user"), reference=item.reference,
+                        metadata={}, dataset=item.dataset)
+    return sample, prompt
+
+
+def result_of(scored: ScoredSample) -> ScoreResult:
+    rewards = {name: ComponentScore(value=r.value, error=r.error, details=r.details)
+               for name, r in scored.components.items()}
+    return ScoreResult(total=scored.total, outcome=scored.outcome, rewards=rewards)
+
+
+def score_items(session: Session, scorer: Scorer, body: ScoreIn, limits: ScoreLimits) -> ScoreOut:
+    if len(body.items) > limits.max_items:
+        raise TooManyItems(f"items: {len(body.items)} items exceed the limit of {limits.max_items} per request",
+                           detail={"max_items": limits.max_items})
+    version = specs.resolve_reward_spec(session, body.reward_spec)
+    spec = RewardSpec.model_validate(version.body)
+    try:
+        scored = scorer.score(spec, [to_sample(item) for item in body.items], limits.budget())
+    except PoolBudgetExceeded as exc:
+        raise TooManyItems(f"items: the request needed more of the shared process pool than one request may "
+                           f"take ({exc}; score_pool_budget_s); send fewer items per request",
+                           detail={"max_items": limits.max_items, "pool_budget_s": limits.pool_budget_s}) from None
+    stored = _store(session, body, version, limits.max_group_size) if body.store else None
+    return ScoreOut(spec_name=version.name, spec_version=version.version,
+                    results=[result_of(s) for s in scored], stored_groups=stored)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int) -> list[str]:
+    """Items grouped by (dataset, prompt, reference, max_tokens) -> idempotent groups scored by the named
+    spec; the group id hashes everything stored (sampling included), so a different budget is a new group."""
+    by_prompt: dict[tuple[str, int | None], list[ScoreItem]] = {}
+    for item in body.items:
+        key = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
+        by_prompt.setdefault((key, item.max_tokens), []).append(item)
+    largest = max(len(items) for items in by_prompt.values())
+    if largest > max_group_size:
+        raise BadRequest(f"items: {largest} items share one prompt; with store, a group holds at most {max_group_size}")
+    groups = []
+    for (key, max_tokens), items in by_prompt.items():
+        first = items[0]
+        trajectories = [{"messages": _messages(i.completion, "assistant"), "finish_reason": i.finish_reason,
+                         "num_tokens": i.num_tokens, "metadata": i.metadata,
+                         "final_answer": _final_answer(_messages(i.completion, "assistant"))} for i in items]
+        prompt = {"dataset": first.dataset, "messages": _messages(first.prompt, "user"),
+                  "reference": first.reference, "reward_spec": f"{version.name}@{version.version}"}
+        sampling = {"max_tokens": max_tokens} if max_tokens else {}
+        group_id = "score-" + _digest([key, body.policy_version, sampling, trajectories])
+        groups.append(GroupIn.model_validate({
+            "id": group_id, "prompt_id": f"score-{key}", "policy_version": body.policy_version,
+            "prompt": prompt, "trajectories": trajectories, "sampling": sampling,
+        }))
+    # no token ids are stored, so the sequence limit never applies; the group-size limit does
+    acks = ingest.ingest_groups(session, groups, max_group_size=max_group_size, max_sequence_tokens=2**31,
+                                batched=True)
+    return [a.id for a in acks]

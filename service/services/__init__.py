@@ -1,1 +1,0 @@
-"""Service functions: the logic behind each route. They flush, never commit."""

@@ -1,0 +1,1 @@
+"""Reward specs, curation policies (both versioned, append-only) and dataset attachments."""

@@ -1,0 +1,1 @@
+"""Reward statistics: the pre-aggregated rollup, its sketches, ``GET /v1/stats``."""

@@ -1,0 +1,136 @@
+"""Statements of the reward-statistics rollup (table ``stats_cells``) and the facts it is built from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import delete, select, text, tuple_
+from sqlalchemy.orm import Session
+
+from service.store.models import Group, StatsCell
+
+# one row per trajectory of a curated group, with its components under the spec version its group was
+# scored with (two arrays). The hour bucket is taken in UTC and returned as epoch seconds (cheap to decode).
+_FACTS = text(
+    "SELECT g.pk, t.idx, g.dataset, g.policy_version,"
+    " CAST(extract(epoch FROM date_trunc('hour', g.created_at, 'UTC')) AS bigint) AS bucket,"
+    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome, t.action, t.reason, c.names, c.vals"
+    " FROM groups g JOIN trajectories t ON t.group_pk = g.pk"
+    " LEFT JOIN LATERAL (SELECT array_agg(r.component ORDER BY r.component) AS names,"
+    "  array_agg(r.value ORDER BY r.component) AS vals FROM rewards r"
+    "  WHERE r.group_pk = t.group_pk AND r.idx = t.idx"
+    "  AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version) AS c ON true"
+    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
+    " ORDER BY g.pk, t.idx"
+)
+
+# add counters key by key; keys that sum to 0 (up to float rounding) disappear. Rows are sorted so that two writers lock the
+# cells they share in the same order (no deadlock).
+_UPSERT = text(
+    "INSERT INTO stats_cells AS c (dim, key, dataset, bucket, counters)"
+    " SELECT * FROM unnest(CAST(:dims AS text[]), CAST(:keys AS text[]), CAST(:datasets AS text[]),"
+    " CAST(:buckets AS timestamptz[]), CAST(CAST(:counters AS text[]) AS jsonb[])) ORDER BY 1, 2, 3, 4"
+    " ON CONFLICT (dim, key, dataset, bucket) DO UPDATE SET updated_at = now(),"
+    " version = nextval('stats_cells_version_seq'), counters = ("
+    "  SELECT coalesce(jsonb_object_agg(k, s), '{}'::jsonb) FROM ("
+    "   SELECT k, sum(v) AS s FROM ("
+    "    SELECT e.key, e.value::float8 FROM jsonb_each_text(c.counters) AS e"
+    "    UNION ALL SELECT e.key, e.value::float8 FROM jsonb_each_text(excluded.counters) AS e) AS u(k, v)"
+    "   GROUP BY k HAVING abs(sum(v)) > 1e-12) AS merged)"
+)
+
+
+def trajectory_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    """(group_pk, idx, dataset, policy_version, hour as epoch seconds, finish_reason, num_tokens, total,
+    outcome, action, reason, component names | None, component values | None) for every trajectory of
+    the curated groups among ``group_pks`` (a value is None where the component failed)."""
+    return list(session.execute(_FACTS, {"pks": list(group_pks)})) if group_pks else []
+
+
+def add_to_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:
+    """Add ``counters`` to each cell (created when missing)."""
+    if not cells:
+        return
+    keys = sorted(cells)
+    session.execute(
+        _UPSERT,
+        {
+            "dims": [k[0] for k in keys],
+            "keys": [k[1] for k in keys],
+            "datasets": [k[2] for k in keys],
+            "buckets": [k[3] for k in keys],
+            "counters": [orjson.dumps(cells[k]).decode() for k in keys],
+        },
+    )
+
+
+def lock_cells(session: Session) -> None:
+    """Block every other writer of the rollup until this transaction ends (a rebuild)."""
+    session.execute(text("LOCK TABLE stats_cells IN EXCLUSIVE MODE"))
+
+
+def delete_cells(session: Session) -> None:
+    session.execute(delete(StatsCell))
+
+
+def curated_group_pks(session: Session, after_pk: int, limit: int) -> list[int]:
+    """The next ``limit`` curated group pks above ``after_pk``, ascending (for a rebuild in chunks)."""
+    stmt = (
+        select(Group.pk)
+        .where(Group.pk > after_pk, Group.curated_at.is_not(None))
+        .order_by(Group.pk)
+        .limit(limit)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def _scope(
+    stmt: Any, dim: str, dataset: str | None, since: datetime | None, all_time: datetime, per_dataset: bool
+) -> Any:
+    """The cells of ``dim`` a query reads. With ``since``: the hourly cells from that hour on (of
+    ``dataset`` if given). Without: the all-time cells (bucket ``all_time``) of ``dataset``, else of every
+    dataset (``per_dataset``), else the all-datasets cells (dataset '')."""
+    stmt = stmt.where(StatsCell.dim == dim)
+    if since is not None:
+        stmt = stmt.where(StatsCell.bucket >= since)
+        return stmt if dataset is None else stmt.where(StatsCell.dataset == dataset)
+    stmt = stmt.where(StatsCell.bucket == all_time)
+    if dataset is None and per_dataset:
+        return stmt.where(StatsCell.dataset != "")
+    return stmt.where(StatsCell.dataset == (dataset or ""))
+
+
+def read_cells(
+    session: Session,
+    dim: str,
+    dataset: str | None,
+    since: datetime | None,
+    all_time: datetime,
+    per_dataset: bool,
+) -> list[Any]:
+    """(key, dataset, counters) of the cells a query reads (see ``_scope``)."""
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.counters)
+    return list(session.execute(_scope(stmt, dim, dataset, since, all_time, per_dataset)))
+
+
+def cell_versions(
+    session: Session, dim: str, dataset: str | None, all_time: datetime, per_dataset: bool
+) -> list[Any]:
+    """(key, dataset, version) of the all-time cells a query reads; the counters stay in the table."""
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version)
+    return list(session.execute(_scope(stmt, dim, dataset, None, all_time, per_dataset)))
+
+
+def cells_at(session: Session, dim: str, cells: Sequence[tuple[str, str]], bucket: datetime) -> list[Any]:
+    """(key, dataset, version, counters) of the named cells of ``dim`` in ``bucket``."""
+    if not cells:
+        return []
+    stmt = select(StatsCell.key, StatsCell.dataset, StatsCell.version, StatsCell.counters).where(
+        StatsCell.dim == dim,
+        StatsCell.bucket == bucket,
+        tuple_(StatsCell.key, StatsCell.dataset).in_(list(cells)),
+    )
+    return list(session.execute(stmt))

@@ -1,0 +1,1 @@
+"""Shared storage plumbing: engine and sessions, ORM models, array encoding, the embedded PostgreSQL, migrations, scratch databases."""

@@ -1,0 +1,109 @@
+"""Engine, sessions and the embedded PostgreSQL.
+
+The request-scoped session dependency owns the transaction: it commits when the route returns and rolls
+back when it raises, so a rejected request stores nothing. Workers open one ``with SessionLocal.begin():``
+per unit of work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.settings import Settings, get_settings
+from service.store.embedded import lock_down, start_server
+from service.worker.processes import prune_dead_handles
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_embedded: dict[str, object] = {}
+_engines: dict[str, Engine] = {}
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    """Normalise ``postgres://`` / ``postgresql://`` URLs to the psycopg 3 driver."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise ValueError(f"DATABASE_URL: expected a postgresql:// URL, got {url.split(':', 1)[0]}://...")
+
+
+def start_embedded(data_dir: Path) -> str:
+    """Start (or attach to) the embedded PostgreSQL in ``data_dir``; returns its URL.
+
+    The data directory survives restarts; the server is stopped when the last process using it exits.
+    """
+    with warnings.catch_warnings():  # platformdirs warns once about XDG_RUNTIME_DIR; not the user's concern
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver  # noqa: F401  # imported here so its warning is silenced; service/embedded.py uses it
+
+    key = str(data_dir.resolve())
+    with _lock:
+        if key not in _embedded:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
+            _embedded[key] = start_server(data_dir)  # locked down before it first listens (service/embedded.py)
+            # atexit runs last-registered first: drop killed co-users before pgserver counts the users left
+            atexit.register(prune_dead_handles, data_dir)
+            lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
+        server = _embedded[key]
+    return server.get_uri()  # type: ignore[attr-defined]
+
+
+def resolve_database_url(settings: Settings | None = None) -> str:
+    settings = settings or get_settings()
+    if settings.database_url:
+        return to_sqlalchemy_url(settings.database_url)
+    return to_sqlalchemy_url(start_embedded(settings.embedded_dir))
+
+
+def _json_dumps(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+def get_engine(url: str | None = None) -> Engine:
+    settings = get_settings()
+    url = url or resolve_database_url(settings)
+    with _lock:
+        if url not in _engines:
+            _engines[url] = create_engine(
+                url,
+                pool_size=settings.db_pool_size,
+                max_overflow=settings.db_max_overflow,
+                pool_pre_ping=True,
+                json_serializer=_json_dumps,
+                json_deserializer=orjson.loads,
+            )
+        return _engines[url]
+
+
+def dispose_engine(url: str) -> None:
+    """Close the pooled connections of ``url``'s engine and forget it (a database that is done with)."""
+    with _lock:
+        engine = _engines.pop(url, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """Commit on success, roll back on error; used by the request dependency."""
+    with factory() as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

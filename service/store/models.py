@@ -1,0 +1,279 @@
+"""ORM models (SQLAlchemy 2). The schema itself is created only by Alembic migrations.
+
+Lifecycle of a group: received -> scored -> ready | dropped -> leased -> consumed; ``reward_error`` when a
+component kept failing (or its spec could not be resolved); ``curation_error`` when curation raised for it.
+Token ids / loss masks / log-probs are raw little-endian bytea (see service.store.arrays).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    reward_spec: Mapped[str | None] = mapped_column(Text)  # "name" (latest) or "name@version"
+    curation_policy: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    dataset: Mapped[str] = mapped_column(Text, index=True)
+    messages: Mapped[list[Any]] = mapped_column(JSONB)
+    reference: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
+    reward_spec: Mapped[str | None] = mapped_column(Text)
+    curation_policy: Mapped[str | None] = mapped_column(Text)
+    # running difficulty: mean outcome over recent groups, and how many groups were seen
+    pass_rate: Mapped[float | None] = mapped_column(Float)
+    n_groups: Mapped[int] = mapped_column(Integer, server_default="0")
+    recent_outcomes: Mapped[list[Any]] = mapped_column(JSONB, server_default="[]")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class RewardSpecRow(Base):
+    __tablename__ = "reward_specs"
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    body_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now()
+
+
+class CurationPolicyRow(Base):
+    __tablename__ = "curation_policies"
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    body_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now()
+
+
+class Group(Base):
+    __tablename__ = "groups"
+    __table_args__ = (
+        Index("ix_groups_status_pk", "status", "pk"),
+        Index("ix_groups_dataset_pk", "dataset", "pk"),
+        Index("ix_groups_policy_version", "policy_version"),
+    )
+    pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    id: Mapped[str] = mapped_column(Text, unique=True)
+    prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.id"), index=True)
+    dataset: Mapped[str] = mapped_column(Text)
+    policy_version: Mapped[int] = mapped_column(Integer)
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
+    body_hash: Mapped[str] = mapped_column(String(64))
+    producer_key: Mapped[str | None] = mapped_column(Text)  # the API key's name that posted it (audit)
+    status: Mapped[str] = mapped_column(String(16), server_default="received")
+    drop_reason: Mapped[str | None] = mapped_column(Text)
+    n_trajectories: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(BigInteger)
+    # what scored / curated it
+    reward_spec_name: Mapped[str | None] = mapped_column(Text)
+    reward_spec_version: Mapped[int | None] = mapped_column(Integer)
+    curation_policy_name: Mapped[str | None] = mapped_column(Text)
+    curation_policy_version: Mapped[int | None] = mapped_column(Integer)
+    score_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    score_error: Mapped[str | None] = mapped_column(Text)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # backoff after a failed attempt
+    # a score worker's claim (migration 0005): a token unique to the claim, and until when it holds
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    metric_std: Mapped[float | None] = mapped_column(Float)
+    outcome_mean: Mapped[float | None] = mapped_column(Float)
+    # delivery
+    lease_id: Mapped[str | None] = mapped_column(Text, index=True)
+    consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    staleness: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+    scored_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    curated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    trajectories: Mapped[list[Trajectory]] = relationship(
+        back_populates="group", lazy="raise", order_by="Trajectory.idx"
+    )
+
+
+class Trajectory(Base):
+    __tablename__ = "trajectories"
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.pk", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    messages: Mapped[list[Any]] = mapped_column(JSONB)
+    final_answer: Mapped[str] = mapped_column(Text)
+    token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    loss_mask: Mapped[bytes | None] = mapped_column(LargeBinary)
+    logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    num_tokens: Mapped[int] = mapped_column(Integer)  # model-generated tokens
+    num_turns: Mapped[int] = mapped_column(SmallInteger)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
+    total_reward: Mapped[float | None] = mapped_column(Float)
+    outcome: Mapped[float | None] = mapped_column(Float)
+    advantage: Mapped[float | None] = mapped_column(Float)
+    action: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+    group: Mapped[Group] = relationship(back_populates="trajectories", lazy="raise")
+
+
+class Reward(Base):
+    __tablename__ = "rewards"
+    __table_args__ = (
+        UniqueConstraint("group_pk", "idx", "spec_name", "spec_version", "component", name="uq_rewards_key"),
+    )
+    pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.pk", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(SmallInteger)
+    spec_name: Mapped[str] = mapped_column(Text)
+    spec_version: Mapped[int] = mapped_column(Integer)
+    component: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    value: Mapped[float | None] = mapped_column(Float)
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = _now()
+
+
+class Decision(Base):
+    __tablename__ = "decisions"
+    pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.pk", ondelete="CASCADE"), index=True)
+    idx: Mapped[int | None] = mapped_column(SmallInteger)  # None: about the whole group
+    policy_name: Mapped[str | None] = mapped_column(Text)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(16))
+    rule: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+    # the reaper's scan: only active leases, so acked history never slows it down (migration 0002)
+    __table_args__ = (
+        Index("ix_leases_active_expires_at", "expires_at", postgresql_where=text("status = 'active'")),
+    )
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    trainer_id: Mapped[str] = mapped_column(Text)
+    api_key: Mapped[str | None] = mapped_column(Text)  # the name of the key that took it; only it (or admin) acks
+    request_id: Mapped[str | None] = mapped_column(Text, unique=True)
+    status: Mapped[str] = mapped_column(String(16), server_default="active")  # active|acked|nacked|expired
+    group_pks: Mapped[list[Any]] = mapped_column(JSONB)
+    n_groups: Mapped[int] = mapped_column(Integer)
+    n_trajectories: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(BigInteger)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str | None] = mapped_column(Text)  # why a trainer nacked it
+
+
+class PolicyState(Base):
+    __tablename__ = "policy_versions"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    publisher_key: Mapped[str | None] = mapped_column(Text)  # the API key's name that published it (audit)
+    created_at: Mapped[datetime] = _now()
+
+
+class ApiKey(Base):
+    """An API key: the token is ``gck_<id>_<secret>``; only sha256(secret) is stored (service.auth)."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    datasets: Mapped[list[Any] | None] = mapped_column(JSONB)  # None: every dataset
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SamplingRequest(Base):
+    __tablename__ = "sampling_requests"
+    __table_args__ = (Index("ix_sampling_requests_status_priority", "status", "priority"),)
+    pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    # None: "any prompt of the dataset" (a refill), resolved by the curriculum when a producer takes it
+    prompt_id: Mapped[str | None] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    dataset: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)  # refill | resample
+    n: Mapped[int] = mapped_column(Integer)
+    budget: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    priority: Mapped[float] = mapped_column(Float, server_default="1.0")
+    source_group_pk: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), server_default="open")  # open|taken|done
+    taken_by: Mapped[str | None] = mapped_column(Text)
+    taken_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+
+
+class StatsCell(Base):
+    """Pre-aggregated reward statistics (service.stats.service), maintained as groups are curated.
+
+    One row per (dim, key, dataset, bucket): dim 'policy_version' (key = the version), 'finish_reason'
+    (key = the reason) or 'all' (key ''); bucket the hour of the groups' created_at, or 1970-01-01 for the
+    all-time cells; dataset '' (all-time cells only) for every dataset together. ``counters`` is a flat map
+    of additive counters (sums, sums of squares, counts, sparse histogram buckets): cells merge by adding.
+    """
+
+    __tablename__ = "stats_cells"
+    dim: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    dataset: Mapped[str] = mapped_column(Text, primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    counters: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # a new value from a sequence at every write: (cell, version) names one content, across rebuilds too
+    version: Mapped[int] = mapped_column(
+        BigInteger, server_default=text("nextval('stats_cells_version_seq')")
+    )
+    updated_at: Mapped[datetime] = _now()

@@ -1,0 +1,77 @@
+"""``grpo-curator score-worker``: a score / curate worker process, and the in-process worker thread."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from reward_models.sandbox_backend import describe_backend
+from reward_models.sandbox_settings import get_sandbox_settings
+from reward_models.scoring import Scorer
+from service.observability.metrics import serve_metrics
+from service.settings import Settings, get_settings
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import PipelineConfig, run_forever
+
+log = logging.getLogger(__name__)
+
+
+class WorkerThread:
+    """The worker inside the API process (the embedded default needs no other process)."""
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        self.settings = settings
+        self.factory = make_sessionmaker(get_engine(url))
+        self.stop = threading.Event()
+        self.scorer: Scorer | None = None
+        self.thread = threading.Thread(target=self._run, name="score-worker", daemon=True)
+
+    def _run(self) -> None:
+        s = self.settings
+        log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
+        self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb,
+                             judge_endpoints=s.judge_endpoints)
+        try:
+            run_forever(self.factory, self.scorer, self.stop, PipelineConfig.from_settings(s),
+                        poll_seconds=s.worker_poll_seconds)
+        finally:
+            self.scorer.close()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = get_settings()
+    parser = argparse.ArgumentParser(prog="grpo-curator score-worker", description=__doc__)
+    parser.add_argument("--processes", type=int, default=settings.worker_processes, help="verifier processes")
+    parser.add_argument("--batch", type=int, default=settings.worker_batch_groups, help="groups per transaction")
+    parser.add_argument("--timeout", type=float, default=settings.component_timeout_s, help="seconds per component")
+    parser.add_argument("--memory-mb", type=int, default=settings.component_memory_mb)
+    parser.add_argument("--metrics-port", type=int, default=settings.worker_metrics_port,
+                        help="serve Prometheus metrics (component latency / errors) on this port")
+    args = parser.parse_args(argv)
+    if args.metrics_port:
+        serve_metrics(args.metrics_port)
+    from service.store.db import resolve_database_url
+    from service.store.migrate import upgrade
+
+    url = resolve_database_url(settings)
+    upgrade(url)
+    log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
+    factory = make_sessionmaker(get_engine(url))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("score-worker: %d verifier processes, batches of %d groups", args.processes, args.batch)
+    with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb,
+                judge_endpoints=settings.judge_endpoints) as scorer:
+        cfg = PipelineConfig.from_settings(settings, batch=args.batch)
+        run_forever(factory, scorer, stop, cfg, poll_seconds=settings.worker_poll_seconds)
+    return 0
