@@ -32,7 +32,7 @@ from service.auth import keys
 from tests.conftest import start_server, stop_server
 from tests.helpers import make_group
 from tests.reward_models.helpers import make_prompt, make_sample
-from tests.service.delivery_helpers import mark_ready
+from tests.service.delivery.helpers import mark_ready
 
 # ---------------------------------------------------------------------------------------------------
 # 1. lost wake-ups: a budget that skips a group is treated as "nothing is ready"

@@ -182,7 +182,7 @@ def test_trainer_view_draws_extreme_but_valid_metric_values_without_errors(live_
     import httpx
     import pytest
 
-    from tests.service.cdp import Browser, find_chromium
+    from tests.service.observability.cdp import Browser, find_chromium
 
     chromium = find_chromium()
     if chromium is None:

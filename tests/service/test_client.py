@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from service.client import CuratorClient, CuratorError
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.service.delivery_helpers import expire_now, group_ids, reset, seed_ready
+from tests.service.delivery.helpers import expire_now, group_ids, reset, seed_ready
 
 
 class FakeLossyNetwork(httpx.BaseTransport):

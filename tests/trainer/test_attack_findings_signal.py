@@ -21,7 +21,7 @@ from rollout.sampler import Completion
 from service.app import create_app
 from service.ingest.schemas import TrajectoryIn
 from tests.helpers import make_group
-from tests.service.delivery_helpers import mark_ready, reset
+from tests.service.delivery.helpers import mark_ready, reset
 from tests.trainer.batches import VOCAB, tiny_model
 from trainer.loss import LossConfig, policy_loss
 from trainer.packing import pack_batch
@@ -189,7 +189,7 @@ def test_groups_the_default_staleness_never_leases_do_not_stall_the_producer(liv
     trainer's and the producer's own functions."""
     from rollout.producer import backlog
     from service.client import CuratorClient
-    from tests.service.delivery_helpers import seed_ready
+    from tests.service.delivery.helpers import seed_ready
     from trainer.parallel import DistContext
     from trainer.worker import TrainerConfig
     from trainer.worker import lease as trainer_lease

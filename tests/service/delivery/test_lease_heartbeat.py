@@ -16,7 +16,7 @@ from service.delivery.service import drop_stale, reap_expired
 from service.store.db import make_sessionmaker
 from service.worker.pipeline import drain
 from tests.helpers import make_group
-from tests.service.delivery_helpers import expire_now, reset, seed_ready
+from tests.service.delivery.helpers import expire_now, reset, seed_ready
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from service.auth import repository as key_repo
 from service.auth.service import ANY, SERVICE, Access, Role, check_routes, declared_routes, split_token
 from service.store.models import ApiKey, Group, Lease, PolicyState
 from tests.helpers import make_group
-from tests.service.delivery_helpers import seed_ready
+from tests.service.delivery.helpers import seed_ready
 
 ROLES = [Role.producer, Role.trainer, Role.viewer, Role.admin]
 DENIED = (401, 403)

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import start_server, stop_server
 from tests.helpers import make_group
-from tests.service.delivery_helpers import mark_ready
+from tests.service.delivery.helpers import mark_ready
 
 N_POLLS = 300
 CAP = 120

@@ -16,7 +16,7 @@ from service.store.db import get_engine, make_sessionmaker
 from service.worker.pipeline import drain
 from service.worker.processes import processes_mentioning
 from tests.helpers import make_group
-from tests.service.cdp import Browser, find_chromium
+from tests.service.observability.cdp import Browser, find_chromium
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")

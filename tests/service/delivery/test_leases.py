@@ -24,7 +24,7 @@ from service.delivery.schemas import ARROW_MEDIA_TYPE, BatchOut
 from service.delivery.service import reap_expired
 from service.store.db import make_sessionmaker
 from tests.helpers import make_group, make_trajectory
-from tests.service.delivery_helpers import expire_now, group_ids, mark_ready, reset, seed_ready, set_actions
+from tests.service.delivery.helpers import expire_now, group_ids, mark_ready, reset, seed_ready, set_actions
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +412,7 @@ def test_min_groups_waits_for_a_full_batch_then_returns_partial(fresh_db):
     from sqlalchemy import create_engine
 
     from service.app import create_app
-    from tests.service.delivery_helpers import seed_ready
+    from tests.service.delivery.helpers import seed_ready
 
     engine = create_engine(fresh_db)
     with TestClient(create_app(database_url=fresh_db)) as c:

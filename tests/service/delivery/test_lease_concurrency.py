@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient
 from tests.conftest import ROOT, start_server, stop_server
-from tests.service.delivery_helpers import group_ids, marker, producer, seed_ready, trainer
+from tests.service.delivery.helpers import group_ids, marker, producer, seed_ready, trainer
 
 N_PER_PRODUCER = 1050
 
@@ -109,7 +109,7 @@ def test_a_killed_trainer_s_groups_come_back_after_expiry(live_server):
     with httpx.Client(base_url=live_server.url, timeout=30) as http:
         ids = seed_ready(http, engine, 4, prefix="kill")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "tests.service.delivery_helpers", "hold", live_server.url, "doomed"]
+    cmd = [sys.executable, "-m", "tests.service.delivery.helpers", "hold", live_server.url, "doomed"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         held = json.loads(proc.stdout.readline())  # type: ignore[union-attr]

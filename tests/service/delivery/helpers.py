@@ -4,7 +4,7 @@
 trajectory of the received groups a deterministic total reward and advantage, action 'keep', and moves
 the groups to 'ready' with one SQL UPDATE. Everything else goes through the real API.
 
-Run as ``python -m tests.service.delivery_helpers hold URL TRAINER`` it leases a batch, prints it as one
+Run as ``python -m tests.service.delivery.helpers hold URL TRAINER`` it leases a batch, prints it as one
 JSON line and sleeps: the kill -9 test kills it there.
 """
 
