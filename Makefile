@@ -4,6 +4,8 @@
 #   PY               the Python that creates the virtualenv (default python3)
 #   VENV             where the virtualenv lives (default .venv)
 #   TORCH_SPEC       the torch requirement installed for tests / the trainer (default torch==2.13.0)
+#   TEST_WORKERS     pytest-xdist processes for `make test` (default 2, CI's cores; each worker has its own
+#                    databases on the one PostgreSQL; `auto` = one per core)
 #   TORCH_INDEX_URL  the package index torch comes from (default: pip's configured index). On Linux the
 #                    default PyPI build of torch is the multi-GB CUDA one; for CPU only, point this at
 #                    PyTorch's CPU index: `make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu`
@@ -13,6 +15,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
+TEST_WORKERS ?= 2
 TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: install install-dev serve test lint demo bench clean
@@ -40,8 +43,10 @@ install-dev: $(VENV)/.installed-dev
 serve: install
 	@$(BIN)/grpo-curator serve
 
+# in parallel (pytest-xdist), one test file per worker at a time (module fixtures are built once);
+# --durations names the slowest tests, so a slow new one shows up in CI's log
 test: install-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: install-dev
 	$(BIN)/ruff check service reward_models filters trainer rollout migrations tests bench

@@ -97,3 +97,28 @@ def restart_forkserver() -> None:
         except ProcessLookupError:
             pass
     server._stop()  # stdlib's own hook for tests (reaps it, forgets its socket); the next worker restarts it
+
+
+def bearer(token: str) -> dict[str, str]:
+    """The Authorization header for an API key."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def register_spec(client: Any, spec: dict[str, Any]) -> None:
+    """POST a reward spec; it must be stored (201)."""
+    r = client.post("/v1/reward-specs", json=spec)
+    assert r.status_code == 201, r.text
+
+
+def assert_client_error(r: Any, field: str, statuses: tuple[int, ...] = (400, 422)) -> None:
+    """A 4xx in the service's error format that names ``field`` (no 5xx, no traceback)."""
+    assert r.status_code in statuses, (r.status_code, r.text[:500])
+    body = r.json()
+    assert set(body) == {"error", "detail"}, body
+    assert field in body["error"], body
+
+
+def weighted_spec(name: str, weights: list[float]) -> dict[str, Any]:
+    """A reward spec of verifier.math components with these weights (the first is the outcome)."""
+    comps = [{"name": f"c{i}", "kind": "verifier.math", "weight": w, "outcome": i == 0} for i, w in enumerate(weights)]
+    return {"name": name, "components": comps}

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from service.cli.main import LATER, build_parser
+from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
 
@@ -40,3 +41,19 @@ def test_worker_can_start_bubblewrap_sandboxes_as_a_non_root_user():
     assert "cap_add" not in worker and not worker.get("privileged", False)
     dockerfile = (Path(__file__).resolve().parents[1] / "Dockerfile").read_text()
     assert "bubblewrap" in dockerfile and "\nUSER curator\n" in dockerfile
+
+
+# Attack: the Grafana 'consumed per minute' panel plotted the ready queue's net change, not consumption.
+def test_grafana_consumption_panel_measures_consumption():
+    """deploy/grafana: the panel "Ready groups consumed per minute" is -60 * deriv(ready queue depth) --
+    the net change of the ready queue, not consumption: with producers keeping the queue level it reads 0
+    while the trainer consumes hundreds of groups a minute (and it goes negative when producers run
+    ahead). Consumption is the growth of grpo_curator_groups{status="consumed"}."""
+    import json
+
+    board = json.loads((ROOT / "deploy" / "grafana" / "grpo-curator.json").read_text())
+    panels = [p for p in board["panels"] if "consum" in p.get("title", "").lower()]
+    assert panels, "no consumption panel"
+    for panel in panels:
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        assert 'status="consumed"' in exprs, f"{panel['title']}: {exprs}"

@@ -88,3 +88,17 @@ def test_the_index_lists_every_page():
     index = (DOCS / "README.md").read_text()
     for page in DOCS.glob("*.md"):
         assert page.name == "README.md" or f"]({page.name})" in index
+
+
+# Attack: the README showed `serve --host 0.0.0.0` (refused without a key) and said nothing about keys.
+def test_readme_has_the_security_section_and_no_open_non_loopback_serve() -> None:
+    """Issue item 7: a short security section in the README (roles, creating keys, what is open without
+    keys, the sandbox's threat model). README.md is untouched: no section, no word of keys, and it still
+    shows `serve --host 0.0.0.0`, which now exits 2 unless a key exists."""
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert "keys create" in readme and "security" in readme.lower(), "README has no security section"
+    for line in readme.splitlines():
+        if "--host 0.0.0.0" in line:
+            assert "key" in line.lower() or "insecure" in line, f"README shows a serve that now refuses: {line}"

@@ -7,7 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filters import CurationPolicy, GroupScore, TrajectoryScore, ZeroVariance, curate_group, curate_groups
 from filters.overlong import overlong_buffer_tokens, soft_overlong_penalties, soft_overlong_penalty
+from rollout.episodes import _Episode
+from rollout.sampler import Completion
+from service.ingest.schemas import TrajectoryIn
 
 
 @pytest.mark.parametrize(
@@ -59,3 +63,39 @@ def test_vectorised_matches_scalar(cases: list[tuple[int, int, int]]) -> None:
     expected = [soft_overlong_penalty(*c) for c in cases]
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert ((got <= 0) & (got >= -1)).all()
+
+
+# -- 4. soft_overlong judges a multi-turn episode's total by a per-turn budget ------------------------
+
+
+def _two_turn_episode(turn_tokens: int) -> dict:
+    """What rollout.episodes.multi_turn builds for: turn 1 calls a tool (stop), the tool answers, turn 2
+    answers (stop); each turn sampled with the per-turn budget."""
+    ep = _Episode([1, 5, 6])
+    first = Completion([10] * (turn_tokens - 1) + [2], [-0.1] * turn_tokens, "stop")
+    ep.model_turn(first, "<call>calc(1+1)</call>", None, 0)
+    ep.observation([7, 7], "2", 0)
+    second = Completion([11] * (turn_tokens - 1) + [2], [-0.1] * turn_tokens, "stop")
+    ep.model_turn(second, "b", None, 1)
+    return ep.done("stop")
+
+
+# Attack: soft_overlong compared a multi-turn episode's total tokens with the per-turn budget and punished tool use.
+def test_soft_overlong_does_not_punish_a_multi_turn_episode_whose_turns_all_fit():
+    """The producer samples every turn of a multi-turn episode with `max_tokens` and posts that per-turn
+    budget as the group's sampling.max_tokens; the service's num_tokens is the episode's loss-mask sum
+    over all turns. With soft_overlong, an episode of two 10-token turns under a 16-token per-turn budget
+    (no turn came near its budget) counts as 20 > 16 tokens and gets the full -1, the same as a response
+    cut off by the budget -- so the shaping teaches the policy to stop calling tools."""
+    budget, turn = 16, 10
+    episodes = [_two_turn_episode(turn), _two_turn_episode(turn)]
+    trajs = [
+        TrajectoryScore(i, "stop", float(i), {}, float(i), TrajectoryIn(**e).response_tokens())
+        for i, e in enumerate(episodes)
+    ]
+    assert [t.num_tokens for t in trajs] == [2 * turn, 2 * turn]
+    group = GroupScore("mt", 0, trajs, max_tokens=budget)
+    policy = CurationPolicy(zero_variance=ZeroVariance(action="keep"), min_group_size=1, soft_overlong=True)
+    for decision in (curate_group(group, policy, None), curate_groups([group], policy, None)[0]):
+        used = [d.reward_used for d in decision.trajectories]
+        assert used == [t.total for t in trajs], f"every turn fit its budget, yet reward_used = {used}"

@@ -114,3 +114,24 @@ def test_trl_reward_funcs_named_weighted_and_none_on_error(service: LiveServer) 
     assert pinned[0](prompts, completions, None, gold=["42"] * 3) == [1.0, 1.0, 1.0]
     with pytest.raises(KeyError, match="gold"):
         pinned[0](prompts, completions, None, answer=["42"] * 3)
+
+
+# --- 5. TRL adapter: functions and weights from one spec version, scoring by another -----------------------
+# Attack: the TRL adapter took its functions and weights from one spec version and scored with another.
+
+def test_trl_reward_funcs_keep_scoring_with_the_version_their_weights_came_from(service: LiveServer) -> None:
+    from integrations import trl
+
+    v1 = {"name": "drift", "components": [
+        {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "params": {"extract_pattern": "(\\d+)"}},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.5, "params": {"required_tags": ["answer"]}}]}
+    assert httpx.post(f"{service.url}/v1/reward-specs", json=v1).status_code == 201
+    funcs, weights = trl.reward_funcs("drift", url=service.url)
+    assert [f.__name__ for f in funcs] == ["correct", "fmt"] and weights == [1.0, 0.5]
+    # mid-run, someone publishes version 2 of the spec (a component renamed)
+    v2 = {**v1, "components": [v1["components"][0], {**v1["components"][1], "name": "format"}]}
+    assert httpx.post(f"{service.url}/v1/reward-specs", json=v2).status_code == 201
+    prompts, completions = ["What is 6*7?"], ["<answer>42</answer>"]
+    # today: the unpinned name resolves to v2 at scoring time -> KeyError 'fmt' inside TRL's reward loop
+    # (and with the same names but new weights/params, TRL would mix v2 values with v1 weights silently)
+    assert [f(prompts=prompts, completions=completions, answer=["42"]) for f in funcs] == [[1.0], [1.0]]

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
 
 from rollout.producer import RolloutConfig, Spool, build_group, run
 from rollout.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
+from service.auth import keys
 from service.client import CuratorClient
 from service.worker.processes import processes_mentioning
 from tests.conftest import ROOT
@@ -121,3 +124,72 @@ def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
     assert "auth on" in logs["service.log"]  # the demo made its own keys: every process authenticated
     assert not [name for name, text in logs.items() if "gck_" in text] and "gck_" not in r.stdout + r.stderr
     assert processes_mentioning(str(out)) == []  # service, workers and the embedded PostgreSQL all stopped
+
+
+# Attack: the producer's backlog check called a route that refuses scoped keys: a scoped producer died with a 403.
+def test_the_shipped_producer_runs_with_a_dataset_scoped_key(live_server) -> None:
+    """Issue: producer keys may be scoped to datasets, and the producer passes its key through. The
+    rollout producer's backlog check (max_backlog) calls GET /v1/summary, which refuses every scoped key,
+    so a producer configured with a scoped key and max_backlog dies with a 403 on its first poll."""
+    from rollout.producer import backlog
+    from service.client import CuratorClient
+
+    keys.provision(live_server.db_url, {"atk-rollout-a": "producer"})  # a key exists: auth on
+    from sqlalchemy import create_engine
+
+    engine = create_engine(live_server.db_url)
+    try:
+        with Session(engine) as s, s.begin():
+            token = keys.create_key(s, "atk-rollout-scoped", "producer", ["ds-a"])
+    finally:
+        engine.dispose()
+    with CuratorClient(live_server.url, api_key=token) as curator:
+        # the producer passes its dataset (rollout/producer.py run(): backlog(client, cfg.dataset));
+        # a scoped key reading the counts of every dataset stays refused (design: docs/security.md)
+        assert backlog(curator, "ds-a") == 0
+        from service.client import CuratorError
+
+        with pytest.raises(CuratorError) as err:
+            backlog(curator)
+        assert err.value.status_code == 403
+
+
+# -- 5. the new default max_staleness strands stale groups in 'ready', and the producer waits on them ---
+# Attack: groups too stale for the default max_staleness stayed 'ready' and counted as backlog: producer and trainer deadlocked.
+
+
+def test_groups_the_default_staleness_never_leases_do_not_stall_the_producer(live_server, tmp_path):
+    """TrainerConfig.max_staleness now defaults to 2 x save_every when checkpoints are written. The service
+    applies it only as a lease filter: groups older than that stay 'ready' for ever -- no trainer with
+    the default will take them, nothing drops them -- and the producer's back-pressure (`backlog`, used
+    with `max_backlog`) counts 'ready' groups, so once `max_backlog` of them pile up the producer pauses
+    for good and the trainer gets 204s for good: a deadlock. Real uvicorn server, real client, the
+    trainer's and the producer's own functions."""
+    from rollout.producer import backlog
+    from service.client import CuratorClient
+    from tests.service.delivery.helpers import seed_ready
+    from trainer.parallel import DistContext
+    from trainer.worker import TrainerConfig
+    from trainer.worker import lease as trainer_lease
+
+    cfg = TrainerConfig(
+        model_config={"model_type": "qwen2"},
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        save_every=10,
+        wait_seconds=0.0,
+        max_groups=8,
+    )
+    assert cfg.max_staleness == 20  # "auto"
+    engine = create_engine(live_server.db_url)
+    try:
+        with CuratorClient(live_server.url) as client:
+            seed_ready(client._http, engine, 4, prefix="old", policy_version=3)
+            client.publish_policy(30, {})  # the trainer moved on (say the producer was down for a while)
+            ctx = DistContext(rank=0, world_size=1, device=torch.device("cpu"))
+            assert trainer_lease(client, cfg, ctx) is None  # too stale for the default: right
+            # ... but a producer with max_backlog=4 now waits for ever on groups nobody will lease
+            assert backlog(client) == 0, (
+                "stale groups no trainer will lease still count as the producer's backlog"
+            )
+    finally:
+        engine.dispose()

@@ -399,3 +399,42 @@ def test_beta_without_reference_raises():
         policy_loss(
             torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), LossConfig(beta=0.1)
         )
+
+
+# -- 3. GSPO with its defaults is not GSPO's objective ------------------------------------------------
+# Attack: ratio_level="sequence" kept token-mean aggregation (each sequence weighed by its length): not GSPO's objective.
+
+
+def test_sequence_ratio_with_default_config_is_the_gspo_objective():
+    """GSPO (Zheng et al. 2025, eq. 5): J = 1/G sum_i min(s_i A_i, clip(s_i, 1-eps_l, 1+eps_h) A_i) with
+    s_i = exp(mean_t(log pi - log pi_old)) -- every sequence weighs the same. `ratio_level="sequence"`
+    gets GSPO's clip ranges by default but keeps agg="token-mean", which weighs each sequence by its
+    length (the loss module says the gradient "equals sequence-level GSPO under any of the
+    aggregations"). Reference: GSPO written out in float64, gradients compared."""
+    torch.manual_seed(0)
+    lengths = [2, 6, 4]
+    b, t = len(lengths), max(lengths)
+    mask = torch.zeros(b, t, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    logp0 = torch.randn(b, t, dtype=torch.float64) * 0.3 - 1.0
+    old = logp0 + torch.randn(b, t, dtype=torch.float64) * 1e-4  # inside and outside the 3e-4 clip
+    adv = torch.tensor([1.0, -0.5, 0.7], dtype=torch.float64)
+
+    cfg = LossConfig(ratio_level="sequence", tis_cap=None)
+    low, high = cfg.clip
+    assert (low, high) == (3e-4, 4e-4)
+    lp = logp0.clone().requires_grad_()
+    loss, _ = policy_loss(lp, old, adv, mask, cfg)
+    loss.backward()
+
+    ref_lp = logp0.clone().requires_grad_()
+    terms = []
+    for i, n in enumerate(lengths):
+        s = torch.exp((ref_lp[i, :n] - old[i, :n]).mean())
+        terms.append(-torch.minimum(s * adv[i], s.clamp(1 - low, 1 + high) * adv[i]))
+    ref = torch.stack(terms).mean()
+    ref.backward()
+
+    assert float(loss) == pytest.approx(float(ref), rel=1e-9)
+    torch.testing.assert_close(lp.grad, ref_lp.grad, rtol=1e-9, atol=1e-12)

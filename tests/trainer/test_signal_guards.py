@@ -4,16 +4,23 @@ pi_old in eval mode, soft_overlong on multi-turn members. Real tiny Qwen2, real 
 from __future__ import annotations
 
 import copy
+import json
+import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine
 
 from filters import CurationPolicy, GroupScore, TrajectoryScore, ZeroVariance, curate_group, curate_groups
 from filters.rules import overlong_penalties
+from service.app import create_app
 from service.ingest.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN, GroupIn
 from tests.helpers import make_group
-from tests.trainer.batches import make_batch, tiny_config, tiny_model
+from tests.service.delivery.helpers import mark_ready, reset
+from tests.trainer.batches import VOCAB, make_batch, tiny_config, tiny_model
 from trainer.delivery import unusable
 from trainer.packing import pack_batch
 from trainer.policy import PolicyLogprobs, frozen_logprobs
@@ -109,3 +116,81 @@ def test_soft_overlong_shapes_single_turn_members_only(turns, num_tokens):
         expected = 0.0 if num_tokens <= budget - 3 else (budget - 3 - num_tokens) / 3  # buffer 0.2 x 16 -> 3
         assert pen[0] == pytest.approx(expected)
         assert ref == pytest.approx([expected, 1.0 + expected])
+
+
+# -- service fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def signal_url(make_db) -> str:
+    return make_db()
+
+
+@pytest.fixture
+def db(signal_url: str) -> Iterator[Engine]:
+    engine = create_engine(signal_url)
+    reset(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def api(signal_url: str, db: Engine) -> Iterator[TestClient]:
+    with TestClient(create_app(database_url=signal_url)) as c:
+        yield c
+
+
+def _trainable_group(gid: str, temperature: object) -> dict:
+    """A group whose token ids fit the tiny model's vocabulary, with the given sampling.temperature."""
+    group = make_group(gid, n=4)
+    for i, t in enumerate(group["trajectories"]):
+        t["token_ids"] = [1 + (7 * i + 3 * k) % (VOCAB - 1) for k in range(len(t["token_ids"]))]
+    group["sampling"] = {"temperature": temperature, "max_tokens": 16}
+    return group
+
+
+# -- 1. a tiny temperature passes ingest and then breaks the trainer ----------------------------------
+# Attack: a tiny temperature ingest accepted became 0 / inf in fp32: a poison batch, or non-finite weights.
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+def test_a_temperature_accepted_at_ingest_trains_to_finite_weights(api, db, temperature):
+    """Ingest accepts any finite temperature > 0. The trainer turns it into fp32 per-position temperatures:
+    1e-300 underflows to 0 (token_logprobs raises: the leased batch can never be trained, a poison batch
+    that comes back after every lease expiry); 1e-40 is an fp32 subnormal whose inverse is inf, so the
+    log-probs are NaN and one optimizer step writes NaN into every weight. Either ingest must refuse
+    such a temperature (422) or the trainer must train the batch to finite weights."""
+    r = api.post("/v1/groups", json=_trainable_group("tiny-temp", temperature))
+    if r.status_code == 422:
+        return  # refused at ingest: fixed
+    assert r.status_code == 201, r.text
+    mark_ready(db)
+    lease = api.post("/v1/batches/lease", json={"trainer_id": "t0", "max_groups": 10})
+    assert lease.status_code == 200, lease.text
+    batch = lease.json()
+    assert batch["groups"][0]["temperature"] == temperature
+
+    model = tiny_model()
+    policy = PolicyLogprobs(model, chunk_tokens=64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics = train_step(policy, opt, pack_batch(batch, 4096), StepConfig(autocast=False))
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters()), (
+        "NaN / inf written into the weights"
+    )
+
+
+# -- 2. a huge integer temperature passes the new validator and crashes ingest ------------------------
+# Attack: sampling.temperature = 10**400 (a JSON integer) passed the finite check and crashed -> 500.
+
+
+def test_a_huge_integer_temperature_is_refused_not_a_server_error(signal_url, db):
+    """sampling.temperature = 10**400 (a JSON integer) passes the new `0 < temp < inf` check (a Python
+    int compares fine with inf); storing it then fails in orjson ("Integer exceeds 64-bit range") and
+    the request ends in 500 Internal Server Error. Were it stored, the lease query's ::float8 cast would
+    refuse it too. A hostile or buggy producer must get a 422 naming sampling.temperature."""
+    bad = _trainable_group("huge-temp", 1)
+    body = json.dumps(bad).replace('"temperature": 1,', '"temperature": 1' + "0" * 400 + ",")
+    with TestClient(create_app(database_url=signal_url), raise_server_exceptions=False) as api:
+        r = api.post("/v1/groups", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "temperature" in r.text, (r.status_code, r.text[:300])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.store.models import Group, Prompt, RewardSpecRow, Trajectory
-from tests.helpers import make_group
+from tests.helpers import assert_client_error, make_group
 
 BIG = 2**70
 
@@ -299,3 +300,153 @@ class TestIdenticalRepost:
         policy = {"name": "same-p", "max_staleness": 4}
         codes = [client.post("/v1/curation-policies", json=policy).status_code for _ in range(2)]
         assert codes == [201, 200]
+
+
+JSON = {"content-type": "application/json"}
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Deep nesting that the JSON parsers accept (~1000 levels) crashed later code (pydantic's serializer
+#    at ~255 levels, the JSONB encoder) -> 500. Now: more than MAX_DEPTH levels is a 422 naming the field.
+# ---------------------------------------------------------------------------------------------------
+# Attack: bodies nested ~1000 levels deep (accepted by the JSON parsers) crashed the serializer / JSONB encoder -> 500.
+
+
+class TestDeepNesting:
+    def test_deep_group_metadata_is_a_4xx_not_500(self, lenient_client, session):
+        head = make_group("deep-1")
+        raw = '{"id": "deep-1", "prompt_id": "p-1", "policy_version": 0, "prompt": %s, "trajectories": %s,' \
+              ' "metadata": {"d": %s}}'
+        body = raw % (json.dumps(head["prompt"]), json.dumps(head["trajectories"]), _nested(300))
+        r = lenient_client.post("/v1/groups", content=body, headers=JSON)
+        assert_client_error(r, "metadata.d[0]", statuses=(422,))
+        assert stored(session) == (0, 0, 0)
+
+    def test_deep_prompt_reference_is_a_4xx_not_500(self, lenient_client, session):
+        body = '{"prompts": [{"id": "pp", "dataset": "toy", "reference": {"answer": "1", "d": ' + _nested(600) + "}}]}"
+        r = lenient_client.post("/v1/prompts", content=body, headers=JSON)
+        assert_client_error(r, "prompts[0].reference.d", statuses=(422,))
+        assert stored(session) == (0, 0, 0)
+
+    def test_deep_policy_metrics_is_a_4xx_not_500(self, lenient_client):
+        body = '{"version": 1, "metrics": {"d": ' + _nested(600) + "}}"
+        assert_client_error(lenient_client.post("/v1/policy", content=body, headers=JSON), "metrics.d", statuses=(422,))
+
+    @pytest.mark.parametrize("duplicate", [False, True], ids=["fast-path", "exact-path"])
+    def test_the_depth_limit_edge(self, lenient_client, session, duplicate):
+        """The document root is level 1: metadata (2) + {"d": (3) ... holds MAX_DEPTH - 3 more arrays."""
+        from service.api.wire_checks import MAX_DEPTH
+
+        def post(extra: int):
+            g = make_group("edge-1")
+            g["metadata"] = {"d": json.loads(_nested(extra))}
+            text = json.dumps(g)
+            if duplicate:  # a repeated key sends the body down the stdlib parser's path
+                text = text.replace('"metadata": {', '"metadata": {"k": 1, "k": 2, ', 1)
+            return lenient_client.post("/v1/groups", content=text, headers=JSON)
+
+        deepest = post(MAX_DEPTH - 2)  # the innermost array is at level MAX_DEPTH
+        if duplicate:
+            assert deepest.status_code == 400 and "metadata.k" in deepest.json()["error"], deepest.text
+        else:
+            assert deepest.status_code == 201, deepest.text
+        r = post(MAX_DEPTH - 1)
+        assert_client_error(r, "metadata.d" + "[0]" * (MAX_DEPTH - 2) + ":", statuses=(422,))
+        assert f"more than {MAX_DEPTH} levels" in r.json()["error"]
+
+    def test_beyond_the_parsers_is_a_400(self, lenient_client):
+        r = lenient_client.post("/v1/policy", content='{"version": 1, "metrics": ' + _nested(5000) + "}", headers=JSON)
+        assert_client_error(r, "body", statuses=(400,))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Query parameters: ``cursor`` (str.isdigit() accepted '²'; 20 digits overflowed bigint) and
+#    ``since`` (a datetime near year 1 / 9999 with an offset overflowed in astimezone) -> 500.
+# ---------------------------------------------------------------------------------------------------
+# Attack: a cursor of '²' or 20 digits, or a since near year 1 / 9999, overflowed -> 500.
+
+
+class TestQueryParams:
+    @pytest.mark.parametrize(
+        "cursor", ["%C2%B2", "99999999999999999999", "%D9%A1" * 25, "9223372036854775808", "-1", "+1", " 1", "1.0"]
+    )
+    def test_bad_cursor_is_a_422(self, lenient_client, cursor):
+        r = lenient_client.get(f"/v1/groups?cursor={cursor}")
+        assert_client_error(r, "query.cursor", statuses=(422,))
+
+    @pytest.mark.parametrize("cursor", ["0", "9223372036854775807", "0000000000000000001"])
+    def test_cursors_in_range_are_answered(self, lenient_client, cursor):
+        r = lenient_client.get(f"/v1/groups?cursor={cursor}")
+        assert r.status_code == 200, r.text
+
+    @pytest.mark.parametrize("since", ["0001-01-01T00:00:00%2B01:00", "9999-12-31T23:59:59-01:00"])
+    def test_since_at_the_edge_of_datetime_is_a_422(self, lenient_client, since):
+        r = lenient_client.get(f"/v1/stats?since={since}")
+        assert_client_error(r, "query.since", statuses=(422,))
+
+    @pytest.mark.parametrize("since", ["0001-01-01T00:00:00", "0001-01-01T01:00:00%2B01:00", "9999-12-31T23:59:59"])
+    def test_since_just_inside_the_edge_is_answered(self, lenient_client, since):
+        assert lenient_client.get(f"/v1/stats?since={since}").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. The reference check only tested ``is None``: an empty answer ([] or "") passed ingest and the group
+#    ended as reward_error after its attempts. Now each component kind checks its own reference values.
+# ---------------------------------------------------------------------------------------------------
+
+BAD_ANSWERS = {
+    "empty-list": [], "empty-string": "", "blank": "  \n", "list-with-blank": ["4", " "],
+    "bool": True, "object": {"x": 1}, "nested-list": [["4"]], "null-item": ["4", None],
+}
+
+
+# Attack: an empty reference answer ([] or '') passed ingest and the group ended as reward_error.
+class TestReferenceValues:
+    @pytest.mark.parametrize("answer", BAD_ANSWERS.values(), ids=BAD_ANSWERS.keys())
+    def test_bad_answer_is_refused_at_group_ingest(self, lenient_client, session, answer):
+        r = lenient_client.post("/v1/groups", json=make_group("ref-1", reference={"answer": answer}))
+        assert_client_error(r, "prompt.reference.answer", statuses=(422,))
+        assert "verifier" in r.json()["error"] or "component" in r.json()["error"]
+        assert stored(session) == (0, 0, 0)
+
+    @pytest.mark.parametrize("answer", BAD_ANSWERS.values(), ids=BAD_ANSWERS.keys())
+    def test_bad_answer_is_refused_at_prompt_ingest(self, lenient_client, session, answer):
+        body = {"prompts": [{"id": "pp", "dataset": "toy", "reference": {"answer": answer}}]}
+        assert_client_error(lenient_client.post("/v1/prompts", json=body), "prompts[0].reference.answer", statuses=(422,))
+        assert stored(session) == (0, 0, 0)
+
+    @pytest.mark.parametrize("answer", ["42", 42, 0, -1.5, ["41", 42], "\\frac{1}{2}"])
+    def test_usable_answers_are_accepted(self, lenient_client, answer):
+        body = {"prompts": [{"id": "pp", "dataset": "toy", "reference": {"answer": answer}}]}
+        assert lenient_client.post("/v1/prompts", json=body).status_code == 200
+
+    @pytest.mark.parametrize("tests", ["", "   ", 3, ["assert True"]])
+    def test_code_tests_must_be_python_source(self, lenient_client, session, tests):
+        spec = {"name": "code", "components": [{"name": "c", "kind": "verifier.code"}]}
+        assert lenient_client.post("/v1/reward-specs", json=spec).status_code == 201
+        assert lenient_client.put("/v1/datasets/py", json={"reward_spec": "code"}).status_code == 200
+        body = {"prompts": [{"id": "pp", "dataset": "py", "reference": {"tests": tests}}]}
+        assert_client_error(lenient_client.post("/v1/prompts", json=body), "prompts[0].reference.tests", statuses=(422,))
+        body["prompts"][0]["reference"]["tests"] = "assert True"
+        assert lenient_client.post("/v1/prompts", json=body).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Strict types: a JSON boolean was coerced into the int literal of ``loss_mask``.
+# ---------------------------------------------------------------------------------------------------
+# Attack: a JSON boolean was coerced into the 0 / 1 integers of loss_mask.
+
+
+@pytest.mark.parametrize("mask", [True, False, 2, -1, 1.0], ids=["true", "false", "two", "minus-one", "float"])
+def test_loss_mask_takes_only_integers_0_and_1(lenient_client, session, mask):
+    g = make_group("lm-1")
+    n = len(g["trajectories"][0]["token_ids"])
+    g["trajectories"][0]["loss_mask"] = [1] * (n - 1) + [mask]
+    assert_client_error(lenient_client.post("/v1/groups", json=g), "trajectories[0].loss_mask", statuses=(422,))
+    assert stored(session) == (0, 0, 0)
+    g["trajectories"][0]["loss_mask"] = [0, 1] * (n // 2) + [1] * (n % 2)
+    assert lenient_client.post("/v1/groups", json=g).status_code == 201

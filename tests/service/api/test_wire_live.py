@@ -160,3 +160,23 @@ class TestDatabaseDown:
         finally:
             proxy.up = True
         assert err.value.status_code == 503
+
+
+# Attack: a statement PostgreSQL refuses (too many parameters) was reported as 'database unavailable' (503).
+def test_only_connection_failures_count_as_unavailable(engine):
+    """Real exceptions: a statement PostgreSQL refuses (too many parameters) is not "unavailable";
+    a connection refused is."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
+
+    from service.api.errors import _is_db_unavailable
+    from tests.conftest import free_port
+
+    params = {f"p{i}": i for i in range(70_000)}
+    sql = text("SELECT 1 WHERE 1 IN (" + ", ".join(f":p{i}" for i in range(70_000)) + ")")
+    with pytest.raises(DBAPIError) as too_many, engine.connect() as conn:
+        conn.execute(sql, params)
+    assert not _is_db_unavailable(too_many.value), too_many.value
+    with pytest.raises(DBAPIError) as refused:
+        create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x").connect()
+    assert _is_db_unavailable(refused.value), refused.value

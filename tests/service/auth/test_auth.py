@@ -17,7 +17,7 @@ from service.auth import keys
 from service.auth import repository as key_repo
 from service.auth.service import ANY, SERVICE, Access, Role, check_routes, declared_routes, split_token
 from service.store.models import ApiKey, Group, Lease, PolicyState
-from tests.helpers import make_group
+from tests.helpers import bearer, make_group
 from tests.service.delivery.helpers import seed_ready
 
 ROLES = [Role.producer, Role.trainer, Role.viewer, Role.admin]
@@ -341,3 +341,52 @@ def test_scoped_viewer_reads_only_its_datasets(client: TestClient, session: Sess
     assert r.status_code == 404 and "ds-b" not in r.text
     assert client.get("/v1/summary?dataset=ds-a", headers=h).json()["groups"] == {"received": 1}  # its own only
     assert sum(client.get("/v1/summary", headers=admin).json()["groups"].values()) == 2
+
+
+# Attack: FastAPI's own /openapi.json and /redoc were open with auth on (not APIRoutes, so unchecked).
+@pytest.mark.parametrize(("path", "want"), [("/openapi.json", 401), ("/redoc", 404), ("/docs", 200)])
+def test_with_auth_on_only_healthz_is_open(client: TestClient, admin, path: str, want: int) -> None:
+    """Issue: once a key exists, every route except /healthz requires a key. FastAPI's own routes
+    (the full API schema and the docs UI) were not APIRoutes, so check_routes never saw them.
+    Fixed: /openapi.json is a declared route (any key); /redoc does not exist; /docs stays a public HTML
+    shell by design (docs/security.md) that holds no schema and fetches /openapi.json with the stored key."""
+    assert client.get("/v1/stats").status_code == 401  # auth is on
+    r = client.get(path)
+    assert r.status_code == want, (r.status_code, r.text[:200])
+    if path == "/docs":
+        assert "/v1/groups" not in r.text and "GroupIn" not in r.text  # the shell only, no schema
+    if path == "/openapi.json":
+        doc = client.get(path, headers=admin).json()
+        assert "/v1/groups" in doc["paths"]
+
+
+# Attack: a dataset-scoped key probing ids learned which groups / prompts / datasets exist elsewhere.
+def test_a_scoped_key_cannot_enumerate_other_datasets(client: TestClient, session: Session, admin) -> None:
+    """A key scoped to ds-a probing ids learns which groups / prompts exist in other datasets and the
+    names of those datasets: an out-of-scope id is a 403 naming its dataset, an unknown one a 404/422."""
+    viewer = bearer(keys.create_key(session, "atk-viewer-a", "viewer", ["ds-a"]))
+    producer = bearer(keys.create_key(session, "atk-producer-a", "producer", ["ds-a"]))
+    session.commit()
+    from tests.helpers import make_group
+
+    secret = make_group("secret-g", prompt_id="secret-p", dataset="secret-project-x")
+    assert client.post("/v1/groups", json=secret, headers=admin).status_code == 201
+    hidden = client.get("/v1/groups/secret-g", headers=viewer)
+    unknown = client.get("/v1/groups/no-such-group", headers=viewer)
+    assert "secret-project-x" not in hidden.text, hidden.text
+    assert hidden.status_code == unknown.status_code, (hidden.status_code, unknown.status_code)
+    probe = make_group("probe-1", prompt_id="secret-p", inline_prompt=False)
+    ghost = make_group("probe-2", prompt_id="no-such-prompt", inline_prompt=False)
+    hidden = client.post("/v1/groups", json=probe, headers=producer)
+    unknown = client.post("/v1/groups", json=ghost, headers=producer)
+    assert "secret-project-x" not in hidden.text, hidden.text
+    assert hidden.status_code == unknown.status_code, (hidden.status_code, unknown.status_code)
+    # an inline prompt reusing the id: no field-by-field answer (an oracle on the stored reference)
+    answers = []
+    for i, guess in enumerate(["42", "41"]):  # the right and a wrong guess of the reference answer
+        g = make_group(f"probe-{3 + i}", prompt_id="secret-p", dataset="ds-a", reference={"answer": guess})
+        r = client.post("/v1/groups", json=g, headers=producer)
+        assert r.status_code == 409 and "secret-project-x" not in r.text and "reference" not in r.text, r.text
+        answers.append(r.json()["error"])
+    assert answers[0] == answers[1]
+    assert client.get("/v1/groups/probe-3", headers=admin).status_code == 404  # nothing stored

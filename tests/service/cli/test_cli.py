@@ -109,3 +109,28 @@ def test_stats_prints_no_request_logs(live_server):
     proc = _cli("stats", "--log-level", "info", env={"GRPO_CURATOR_URL": live_server.url})
     assert proc.returncode == 0, proc.stderr
     assert "HTTP Request" not in proc.stderr + proc.stdout and "reward statistics" in proc.stdout
+
+
+# Attack: `--log-level warn` passed the CLI's check, then uvicorn raised KeyError after the database was migrated.
+def test_serve_with_a_log_level_python_accepts_serves_or_says_so_clearly(fresh_db):
+    """`--log-level warn` (or fatal) passes the CLI's check (Python's logging knows WARN / FATAL), then
+    uvicorn -- which knows only critical/error/warning/info/debug/trace -- raises KeyError: the user gets
+    "error: KeyError: 'warn'", after the database was already migrated."""
+    import socket
+
+    env = {**os.environ, "DATABASE_URL": fresh_db, "GRPO_CURATOR_EMBEDDED_WORKER": "false"}
+    for level in ("warn", "fatal"):
+        with socket.socket() as busy:  # a port in use (port 1 is free to bind for root): serve then fails
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = str(busy.getsockname()[1])
+            proc = subprocess.run([sys.executable, "-m", "service.cli", "--log-level", level, "serve", "--port", port],
+                                  env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert "KeyError" not in proc.stderr, proc.stderr
+        # either it is rejected up front with the accepted levels named, or it runs (the busy port then fails)
+        assert "warning" in proc.stderr or "--log-level" in proc.stderr or "address already in use" in proc.stderr, \
+            proc.stderr
+    bogus = subprocess.run([sys.executable, "-m", "service.cli", "--log-level", "notset", "serve"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert bogus.returncode == 1 and bogus.stderr.strip().splitlines() == [bogus.stderr.strip()], bogus.stderr
+    assert "--log-level" in bogus.stderr and "warning" in bogus.stderr, bogus.stderr

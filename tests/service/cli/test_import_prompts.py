@@ -99,3 +99,46 @@ def test_nothing_taken_and_missing_file(run, tmp_path: Path) -> None:
     path.write_text('{"dataset": "x"}\n')
     assert run("prompts", str(path), "--format", "jsonl")[0] == 2
     assert run("prompts", str(tmp_path / "none.parquet"), "--format", "verl")[0] == 1
+
+
+# --- 7. import: a verl row whose ground truth is null -----------------------------------------------------
+# Attack: a verl row with a null ground truth was imported with reference {answer: None}.
+
+def test_import_verl_row_with_null_ground_truth_is_rejected(client, session, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sqlalchemy import select
+
+    from service.cli import import_prompts as import_cli
+    from service.store.models import Prompt
+
+    class Borrowed:
+        def __enter__(self):
+            return client
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(import_cli, "http_client", lambda url, key: Borrowed())
+    schema = pa.schema([
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+    ])
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": "q-missing"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": None}},   # a null cell: the label is missing
+            {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "q-ok"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "7"}}]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    assert import_cli.main(["prompts", str(path), "--format", "verl"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    stored = {p.messages[0]["content"]: p.reference for p in session.scalars(select(Prompt)).all()}
+    # today: taken=2 and the prompt is stored with reference {"answer": None}; a row with reward_model=None
+    # is rejected as "reward_model.ground_truth: missing", a null ground truth should be too
+    assert (summary["taken"], summary["rejected"]) == (1, 1), summary
+    assert summary["reasons"] == {"reward_model.ground_truth": 1}
+    assert "q-missing" not in stored, stored

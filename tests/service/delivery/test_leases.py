@@ -18,11 +18,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
+from reward_models.scoring import Scorer
 from service.app import create_app
 from service.client import decode_arrow
 from service.delivery.schemas import ARROW_MEDIA_TYPE, BatchOut
 from service.delivery.service import reap_expired
 from service.store.db import make_sessionmaker
+from service.worker.pipeline import drain
 from tests.helpers import make_group, make_trajectory
 from tests.service.delivery.helpers import expire_now, group_ids, mark_ready, reset, seed_ready, set_actions
 
@@ -430,3 +432,49 @@ def test_min_groups_waits_for_a_full_batch_then_returns_partial(fresh_db):
         bad = c.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 2, "min_groups": 3})
         assert bad.status_code == 422 and "min_groups" in bad.json()["error"]
     engine.dispose()
+
+
+# -- 3. a trainer can destroy good data with nack(drop=True) --------------------------------------------
+# Attack: nack(drop=True) dropped trainable groups for good on the trainer's word alone.
+def test_nack_drop_does_not_destroy_trainable_groups(fresh_api):
+    """``nack`` with ``drop`` drops the groups permanently on the trainer's word alone; the service never
+    checks they really are untrainable. One trainer with a stricter need (old_from_batch without
+    producer logprobs) or a bug discards groups every other trainer could use."""
+    g = make_group("good-1", prompt_id="gp1", answers=["42", "41", "42", "0"])
+    assert fresh_api.post("/v1/groups", json=g).status_code in (200, 201)
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        assert drain(fresh_api.factory, scorer).ready == 1
+    batch = fresh_api.post("/v1/batches/lease", json={"trainer_id": "rogue", "max_groups": 4}).json()
+    r = fresh_api.post(f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "I don't like it", "drop": True})
+    assert r.status_code in (200, 409, 422)
+    # the group has token ids, loss mask and logprobs: it must stay deliverable to other trainers
+    assert fresh_api.get("/v1/groups/good-1").json()["status"] == "ready"
+
+
+# Attack: the nack-drop fix had to drop only the groups the service itself finds untrainable.
+def test_nack_drop_drops_only_groups_the_service_finds_untrainable(fresh_api):
+    """A batch of a trainable group and one whose token ids vanished after curation (stored by hand): the
+    trainer's drop removes only the really untrainable one; the other goes back to ready, and both get a
+    decision naming the trainer's reason."""
+    from sqlalchemy import select, text
+
+    from service.store.models import Decision, Group
+
+    for gid in ("keep-1", "bad-1"):
+        assert fresh_api.post("/v1/groups", json=make_group(gid, prompt_id=f"p-{gid}",
+                                                     answers=["42", "41", "42", "0"])).status_code in (200, 201)
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        assert drain(fresh_api.factory, scorer).ready == 2
+    with fresh_api.factory.begin() as s:
+        s.execute(text("UPDATE trajectories SET token_ids = NULL WHERE idx = 1 AND group_pk ="
+                       " (SELECT pk FROM groups WHERE id = 'bad-1')"))
+    batch = fresh_api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 4}).json()
+    assert len(batch["groups"]) == 2
+    r = fresh_api.post(f"/v1/batches/{batch['batch_id']}/nack", json={"reason": "cannot use", "drop": True})
+    assert r.status_code == 200, r.text
+    assert fresh_api.get("/v1/groups/keep-1").json()["status"] == "ready"
+    assert fresh_api.get("/v1/groups/bad-1").json()["status"] == "dropped"
+    with fresh_api.factory() as s:
+        rows = dict(s.execute(select(Group.id, Decision.action).join(Group, Group.pk == Decision.group_pk)
+                              .where(Decision.rule.in_(("nack", "untrainable")))).all())
+    assert rows == {"keep-1": "keep", "bad-1": "drop"}

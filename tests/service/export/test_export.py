@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from reward_models.scoring import Scorer
 from service.store.db import get_engine, make_sessionmaker
 from service.worker.pipeline import drain
-from tests.helpers import make_group, tool_episode
+from tests.helpers import make_group, register_spec, tool_episode
 
 SPEC = {"name": "exp", "components": [
     {"name": "correct", "kind": "verifier.math", "outcome": True},
@@ -229,3 +229,31 @@ class _Borrowed:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+# --- 4. DPO export: pairs from groups that are not mixed -----------------------------------------------------
+# Attack: DPO export made pairs from groups that are not mixed (no correct-vs-wrong contrast).
+
+def test_dpo_pairs_come_only_from_mixed_groups(app_client) -> None:
+    c, url = app_client
+    register_spec(c, {"name": "dpo", "components": [
+        {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "params": {"extract_pattern": "(\\d+)"}},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.5, "params": {"required_tags": ["answer"]}}]})
+    assert c.put("/v1/datasets/toy", json={"reward_spec": "dpo"}).status_code == 200
+
+    def traj(text: str) -> dict:
+        return {"messages": [{"role": "assistant", "content": text}], "finish_reason": "stop", "num_tokens": 5}
+
+    # every answer is wrong; one is merely better formatted, so the totals differ (0.5 vs 0.0)
+    g = make_group("g-all-wrong", prompt_id="p-1", n=2)
+    g["trajectories"] = [traj("<answer>41</answer>"), traj("7")]
+    assert c.post("/v1/groups", json={"groups": [g]}).status_code == 201
+    with Scorer(processes=1, timeout_s=10) as scorer:
+        drain(make_sessionmaker(get_engine(url)), scorer, timeout_s=60)
+    scored = c.get("/v1/groups/g-all-wrong").json()
+    assert [t["outcome"] for t in scored["trajectories"]] == [0.0, 0.0]
+    r = c.get("/v1/export", params={"format": "dpo", "filetype": "jsonl"})
+    assert r.status_code == 200, r.text
+    rows = [json.loads(line) for line in r.content.splitlines()]
+    # today: one pair whose "chosen" is the wrong answer 41 (a DPO dataset that teaches a wrong answer)
+    assert rows == [], rows

@@ -229,3 +229,18 @@ def test_one_request_with_two_versions_of_an_inline_prompt_is_refused(client, se
     r = client.post("/v1/groups", json={"groups": groups})
     assert r.status_code == 422 and r.json()["error"].startswith("groups[1].prompt: differs from groups[0].prompt")
     assert session.get(Prompt, "tw") is None
+
+
+# -- 1. idempotency hash: a big integer in free-form JSON -> 500 -----------------------------------------
+# Attack: an integer beyond 64 bits in free-form metadata crashed the idempotency hash (orjson) -> 500.
+def test_big_integer_in_metadata_is_not_a_server_error(api):
+    """The canonical hash serialises with orjson, which refuses integers beyond 64 bits (TypeError): a
+    group whose metadata holds one (a 128-bit seed, a snowflake id) answered 500, now on every retry."""
+    g = make_group("bigint-1", prompt_id="bp1", metadata={"seed": 2**70})
+    r = api.post("/v1/groups", json=g)
+    assert r.status_code < 500, r.text
+    assert r.status_code == 422 and "metadata" in r.json()["error"], r.text  # refused at the door, named
+    assert api.get("/v1/groups/bigint-1").status_code == 404  # nothing of it stored
+    if r.status_code in (200, 201):  # accepted: an identical retry is a duplicate, not a conflict
+        again = api.post("/v1/groups", json=g)
+        assert again.status_code in (200, 201), again.text

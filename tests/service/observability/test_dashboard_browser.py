@@ -136,3 +136,32 @@ def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, li
     browser.wait_for("document.querySelector('form.filters') && document.body.innerText")
     assert len(browser.dialogs) == 1  # kept: not asked again
     assert all("401" in e for e in browser.errors), browser.errors  # only the first, unauthenticated call
+
+
+# Attack: metrics of +-1.7e308 (finite doubles) overflowed the chart's y range: NaN coordinates, an empty chart.
+def test_trainer_view_draws_extreme_but_valid_metric_values_without_errors(live_server, tmp_path):
+    """Metrics are free-form JSON numbers. A diverging run that publishes loss 1.7e308 then -1.7e308 (both
+    finite doubles) makes the y range overflow to Infinity; every tick and dot gets NaN coordinates and
+    Chromium logs 'Error: <circle> attribute cy: Expected length, "NaN"' -- the chart is empty."""
+    import httpx
+    import pytest
+
+    from tests.service.observability.cdp import Browser, find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed")
+    for version, loss in ((1, 1.7e308), (2, -1.7e308), (3, 0.5)):
+        r = httpx.post(live_server.url + "/v1/policy", json={"version": version, "metrics": {"loss": loss}})
+        assert r.status_code == 201, r.text
+    browser = Browser(chromium, tmp_path / "profile")
+    try:
+        browser.goto(live_server.url + "/dashboard#trainer")
+        browser.wait_for("document.querySelectorAll('.chart').length >= 5")
+        import time
+
+        time.sleep(1)
+        browser.screenshot(tmp_path / "trainer-extreme.png")
+        assert browser.errors == [], browser.errors[:3]
+    finally:
+        browser.close()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import httpx
 import pytest
@@ -133,3 +134,22 @@ def test_grafana_dashboard_queries_only_metrics_the_service_exposes(api):
     }
     assert queried and queried <= exposed, queried - exposed
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def _label_values(text: str, metric: str, label: str) -> set[str]:
+    pattern = re.compile(rf'^{metric}\{{[^}}]*\b{label}="([^"]*)"', re.M)
+    return set(pattern.findall(text))
+
+
+# Attack: made-up HTTP methods each became a new metrics label value (unbounded cardinality).
+def test_metrics_method_label_is_bounded_under_arbitrary_http_methods(client):
+    """Any client can make up HTTP methods (h11 accepts any token); every one becomes a new label value
+    of grpo_curator_http_request_duration_seconds (x ~15 buckets x every route and status): the series
+    count grows without bound -- the same cardinality blow-up the route template was meant to prevent."""
+    for i in range(40):
+        method = f"X{uuid.uuid4().hex[:10].upper()}"
+        client.request(method, "/v1/groups")  # 405 on a real route
+        client.request(method, f"/no/such/{i}")  # 404
+    text = client.get("/metrics").text
+    methods = _label_values(text, "grpo_curator_http_request_duration_seconds_count", "method")
+    assert len(methods) <= 10, f"{len(methods)} method label values, e.g. {sorted(methods)[:5]}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
+
 from tests.helpers import make_group
 
 
@@ -22,3 +24,13 @@ def test_dashboard_is_served(client):
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
     assert "/v1/stats?by=policy_version" in js.text
     assert client.get("/dashboard/static/..%2Fapp.py").status_code == 404
+
+
+# Attack: with auth on the dashboard's data fetches sent no Authorization header (every call a 401).
+def test_dashboard_sends_a_key_when_auth_is_on(client: TestClient, admin) -> None:
+    """Issue: the dashboard asks for a key once and keeps it in the browser. With auth on, its page is
+    served (public) but every data call is a plain fetch(path) with no Authorization header -> 401."""
+    html = client.get("/dashboard").text
+    assert "/dashboard/static/dashboard.js" in html  # the page's script, served (public) with the shell
+    script = client.get("/dashboard/static/dashboard.js").text
+    assert "Authorization" in script and "Bearer" in script, "the dashboard's fetch() never sends a key"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from service.scoring.openrlhf import split_response
 from service.store.models import Group
+from tests.helpers import register_spec, restart_forkserver
 
 SPEC = {
     "name": "sync-math",
@@ -244,7 +248,6 @@ def test_path_key_middleware_sets_the_bearer_header() -> None:
 
 
 def test_score_shares_the_in_process_workers_scorer(fresh_db: str) -> None:
-    from fastapi.testclient import TestClient
 
     from service.app import create_app
 
@@ -260,3 +263,109 @@ def test_score_shares_the_in_process_workers_scorer(fresh_db: str) -> None:
         assert r.status_code == 200 and r.json()["results"][0]["total"] == 1.5
         assert app.state.scorer is None  # no second pool was started
         assert ("rule.format", '{"required_tags":["answer"]}') in worker.scorer._components
+
+
+# --- 1. external.reported: a finite but huge reported value overflows the weighted total ------------------
+# Attack: a finite but huge external.reported value overflowed the weighted total: a 500 or a silent null.
+
+def test_score_reported_value_overflowing_the_total_is_a_named_error_not_a_500_or_a_silent_null(app_client) -> None:
+    c, _ = app_client
+    register_spec(c, {"name": "env1", "components": [
+        {"name": "env", "kind": "external.reported", "weight": 2.0, "outcome": True}]})
+    register_spec(c, {"name": "env2", "components": [
+        {"name": "env", "kind": "external.reported", "outcome": True},
+        {"name": "env_b", "kind": "external.reported", "params": {"key": "r2"}}]})
+    # every component value is finite (external.reported validated it); only the weighted sum overflows
+    one = c.post("/v1/score", json={"reward_spec": "env1", "items": [
+        {"prompt": "p", "completion": "c", "metadata": {"reward": 1e308}}]})
+    two = c.post("/v1/score", json={"reward_spec": "env2", "items": [
+        {"prompt": "p", "completion": "c", "metadata": {"reward": 1e308, "r2": 1e308}}]})
+    # two components: math.fsum raises OverflowError inside Scorer.score -> the whole batch is a 500
+    assert two.status_code == 200, two.text
+    assert two.json()["results"][0]["total"] is None
+    # one component: total is inf in Python, serialised as null with no component error: a silent null
+    res = one.json()["results"][0]
+    assert res["total"] is None
+    errors = [comp["error"] for comp in res["rewards"].values() if comp["error"]]
+    assert errors, f"total is null but no error explains it: {res}"
+
+
+# --- 2. OpenRLHF route: the response is cut at the LAST copy of the prompt ---------------------------------
+# Attack: the OpenRLHF route cut the response at the LAST copy of the prompt, so a response repeating it was scored in part.
+
+def test_openrlhf_response_that_repeats_the_prompt_is_scored_whole(app_client) -> None:
+    c, _ = app_client
+    register_spec(c, {"name": "lenq", "components": [
+        {"name": "correct", "kind": "verifier.exact_match", "outcome": True},
+        {"name": "len", "kind": "rule.length", "params": {"target": 20, "limit": 100, "unit": "chars"}}]})
+    prompt = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
+    # a policy writes 1000 chars of junk (and a wrong answer), then echoes the prompt, then the answer
+    response = "41 " + "blah " * 200 + prompt + "42<|im_end|>"
+    r = c.post("/compat/openrlhf/lenq/get_reward",
+               json={"query": [prompt + response], "prompts": [prompt], "labels": ["42"]})
+    assert r.status_code == 200, r.text
+    logs = r.json()["extra_logs"]
+    # today only "42" (the text after the echoed prompt) is scored: no length penalty, exact match 1.0
+    assert logs["len"] == [-1.0], logs
+    assert r.json()["rewards"][0] < 1.0
+
+
+# --- 3. python.function: verl-style functions that return numpy numbers ------------------------------------
+# Attack: a python.function returning numpy numbers (as verl's do) was an error instead of a score.
+
+def test_python_function_accepts_numpy_numbers_like_verl_does(app_client, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    c, _ = app_client
+    path = tmp_path / "user_reward.py"
+    path.write_text(
+        "import numpy as np\n"
+        "def f32(data_source, solution_str, ground_truth, extra_info=None):\n    return np.float32(1.0)\n"
+        "def i64(data_source, solution_str, ground_truth, extra_info=None):\n    return np.int64(1)\n"
+        "def dct(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': np.float32(0.5), 'acc': np.float32(1.0)}\n")
+    # the pool is started lazily by the first cpu_heavy score, after this, so its processes see it
+    monkeypatch.setenv("GRPO_CURATOR_PYTHON_FUNCTIONS", json.dumps(
+        {"f32": f"{path}:f32", "i64": f"{path}:i64", "dct": f"{path}:dct"}))
+    restart_forkserver()  # pool workers inherit the forkserver's environment: a new one sees this allowlist
+    register_spec(c, {"name": "np", "components": [
+        {"name": "a", "kind": "python.function", "params": {"name": "f32"}},
+        {"name": "b", "kind": "python.function", "params": {"name": "i64"}},
+        {"name": "c", "kind": "python.function", "params": {"name": "dct"}}]})
+    r = c.post("/v1/score", json={"reward_spec": "np", "items": [
+        {"prompt": "p", "completion": "c", "reference": {"answer": "1"}}]})
+    assert r.status_code == 200, r.text
+    res = r.json()["results"][0]
+    # today: "compute_score(): expected a number, got float32" / "got int64" -> total null
+    assert {k: v["value"] for k, v in res["rewards"].items()} == {"a": 1.0, "b": 1.0, "c": 0.5}, res
+    assert res["total"] == 2.5
+    assert res["rewards"]["c"]["details"] == {"acc": 1.0}  # numpy numbers in the details dict too
+
+
+# --- 6. /v1/score store: the group id ignores the sampling budget -------------------------------------------
+# Attack: /v1/score store: the group id ignored the sampling budget, so the same completion with another max_tokens was a 409.
+
+def test_score_store_same_completion_with_another_max_tokens_is_not_a_409(app_client) -> None:
+    c, _ = app_client
+    register_spec(c, {"name": "st", "components": [
+        {"name": "len", "kind": "rule.length", "params": {"target": 1, "limit": 10, "unit": "chars"}}]})
+    item = {"prompt": "p", "completion": "c", "max_tokens": 100}
+    first = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [item]})
+    assert first.status_code == 200, first.text
+    # a second run of the same prompt with a larger budget happens to produce the same text: today the
+    # content-hash group id (which leaves out ``sampling``) collides -> 409 and the scores are thrown away
+    second = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [{**item, "max_tokens": 200}]})
+    assert second.status_code == 200, second.text
+    assert first.json()["stored_groups"] != second.json()["stored_groups"]
+    # one request, two budgets: two groups, each with its own items' budget (not the first item's)
+    mixed = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [
+        {**item, "completion": "a", "max_tokens": 100}, {**item, "completion": "b", "max_tokens": 300},
+        {**item, "completion": "c", "max_tokens": 100}]})
+    assert mixed.status_code == 200, mixed.text
+    budgets = {}
+    for gid in mixed.json()["stored_groups"]:
+        g = c.get(f"/v1/groups/{gid}").json()
+        budgets[g["sampling"].get("max_tokens")] = sorted(t["messages"][-1]["content"] for t in g["trajectories"])
+    assert budgets == {100: ["a", "c"], 300: ["b"]}
+    # the same request again is idempotent (same ids, nothing new)
+    again = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [{**item, "max_tokens": 200}]})
+    assert again.status_code == 200 and again.json()["stored_groups"] == second.json()["stored_groups"]

@@ -192,3 +192,25 @@ class TestRescoreAndRecurate:
     def test_unknown_spec_is_422_naming_the_field(self, api):
         r = api.post("/v1/rescore", json={"reward_spec": "nope"})
         assert r.status_code == 422 and "reward_spec" in r.json()["error"]
+
+
+# -- 2. one curation policy with a large max_staleness breaks the stale-drop pass for everybody ---------
+# Attack: one policy's huge max_staleness overflowed the int4 cast and broke the stale-drop pass for everybody.
+def test_large_max_staleness_does_not_break_the_maintenance_pass(api):
+    """``max_staleness`` is an unbounded int in the policy, but the stale-drop SQL casts it to int4: one
+    policy with max_staleness 10**10 makes every maintenance pass raise (DataError), so stale groups of
+    every other policy stay 'ready' forever and run_once raises on every pass."""
+    for name, ms in (("lenient", 10**10), ("tight", 0)):
+        r = api.post("/v1/curation-policies", json={"name": name, "max_staleness": ms})
+        assert r.status_code == 201, r.text
+    for gid, pol in (("len-1", "lenient"), ("tight-1", "tight")):
+        g = make_group(gid, prompt_id=f"p-{gid}", answers=["42", "41", "42", "0"])
+        g["prompt"]["curation_policy"] = pol
+        assert api.post("/v1/groups", json=g).status_code in (200, 201)
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        assert drain(api.factory, scorer).ready == 2
+        for v in (1, 2):
+            assert api.post("/v1/policy", json={"version": v, "metrics": {}}).status_code in (200, 201)
+        run_once(api.factory, scorer)  # raised DataError: integer out of range
+    assert api.get("/v1/groups/tight-1").json()["status"] == "dropped"
+    assert api.get("/v1/groups/len-1").json()["status"] == "ready"

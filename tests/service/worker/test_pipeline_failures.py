@@ -4,6 +4,11 @@ others, a claim that expired cannot be written back, retries outlast an outage, 
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,10 +17,12 @@ from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
 from service.scoring import stage as scoring
+from service.store.db import get_engine, make_sessionmaker
 from service.store.models import Decision, Group, Reward
 from service.worker import repository as repo
 from service.worker.pipeline import PipelineConfig, drain, run_once
-from tests.helpers import make_group
+from tests.conftest import ROOT
+from tests.helpers import make_group, register_spec
 from tests.reward_models.conftest import FakeOpenAIServer
 
 
@@ -262,3 +269,144 @@ def test_concurrent_outcome_updates_in_opposite_orders_never_deadlock(api):
     assert errors == []
     with api.factory() as s:
         assert s.execute(text("SELECT array_agg(n_groups ORDER BY id) FROM prompts")).scalar_one() == [50, 50, 50]
+
+
+def _judge_env_spec(api, name: str, judge, timeout_s: float) -> dict[str, str]:
+    """Store a judge spec naming the deployment endpoint 'fake' -> the env that configures it for a worker
+    (judge URLs are deployment settings: GRPO_CURATOR_JUDGE_ENDPOINTS)."""
+    from reward_models.spec import RewardSpec
+    from service.specs import service as specs
+
+    spec = RewardSpec.model_validate({"name": name, "components": [
+        {"name": "judge", "kind": "judge.llm", "weight": 1.0, "outcome": True,
+         "params": {"endpoint": "fake", "model": "fake", "cache_size": 0}}]})
+    with api.factory.begin() as s:
+        specs.create_reward_spec(s, spec)
+    endpoint = {"url": judge.base_url, "max_retries": 0, "timeout_s": timeout_s}
+    return {"GRPO_CURATOR_JUDGE_ENDPOINTS": json.dumps({"fake": endpoint})}
+
+
+# -- 6. a group that kills its worker takes the good groups of its claim down with it -------------------
+# Attack: a group whose scoring kills the worker used up the attempts of every good group in its claim.
+def test_worker_killing_group_does_not_take_its_claim_neighbours_down(api, fresh_db):
+    """Attempts are counted at claim time for the whole claimed batch. A group whose scoring kills the
+    worker (here: the judge hangs on it and the worker is SIGKILLed, as the OOM killer would) is claimed
+    again together with the same good neighbours (ORDER BY pk) each time, so after max_attempts kills the
+    good groups end 'reward_error' ('did not finish') with it, although nothing is wrong with them."""
+    from tests.reward_models.conftest import FakeOpenAIServer
+
+    judge = FakeOpenAIServer()
+    hit = threading.Event()
+
+    def behave(body: dict):
+        if "POISON" in json.dumps(body):
+            hit.set()
+            return ("sleep", 30, "Score: 5")
+        return ("answer", "Score: 7" if "fine 1" in json.dumps(body) else "Score: 3")  # variance: not dropped
+
+    judge.default = behave
+    threading.Thread(target=judge.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    judge_env = _judge_env_spec(api, "judged", judge, 60)
+    ids = ["poison", "good-a", "good-b", "good-c"]  # the poison first: the lowest pk
+    for gid in ids:
+        answers = ["POISON 1", "POISON 2"] if gid == "poison" else ["fine 1", "fine 2"]
+        g = make_group(gid, prompt_id=f"wk-{gid}", answers=answers)
+        g["prompt"]["reward_spec"] = "judged"
+        assert api.post("/v1/groups", json=g).status_code in (200, 201)
+
+    env = {**os.environ, **judge_env, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
+           "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "3", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "2",
+           "GRPO_CURATOR_SCORE_BACKOFF_BASE_S": "0.1", "GRPO_CURATOR_SCORE_BACKOFF_MAX_S": "0.5",
+           "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2"}
+    cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8"]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    def status(gid: str) -> str:
+        return api.get(f"/v1/groups/{gid}").json()["status"]
+
+    proc, kills = start(), 0
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and any(status(g) == "received" for g in ids):
+            if hit.wait(0.2):  # the worker is scoring the poison: it dies
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                kills += 1
+                hit.clear()
+                proc = start()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        judge.shutdown()
+        judge.server_close()
+    assert kills >= 1
+    assert status("poison") == "reward_error"
+    assert {g: status(g) for g in ids[1:]} == {g: "ready" for g in ids[1:]}
+
+
+# -- 7. scoring slower than the claim: two workers steal each other's claims until the attempts run out --
+# Attack: scoring slower than the claim: two workers stole each other's claims until the attempts ran out.
+def test_scoring_slower_than_the_claim_still_finishes_with_two_workers(api, fresh_db):
+    """A claim is never renewed while its worker scores. When one batch takes longer than
+    ``score_claim_seconds`` (a slow or rate-limited judge), the second worker re-claims it (an attempt),
+    the first worker's write is fenced off, the first re-claims it back (another attempt)... every write
+    is refused and the groups end 'reward_error' ('did not finish') although the judge answers every call."""
+    from tests.reward_models.conftest import FakeOpenAIServer
+
+    judge = FakeOpenAIServer()
+    judge.default = lambda body: ("sleep", 3.0, "Score: 7" if "a 1" in json.dumps(body) else "Score: 3")
+    threading.Thread(target=judge.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    judge_env = _judge_env_spec(api, "slow", judge, 30)
+    ids = [f"slow-{i}" for i in range(2)]
+    for gid in ids:
+        g = make_group(gid, prompt_id=f"sp-{gid}", answers=["a 1", "a 2"])
+        g["prompt"]["reward_spec"] = "slow"
+        assert api.post("/v1/groups", json=g).status_code in (200, 201)
+
+    env = {**os.environ, **judge_env, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
+           "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "4", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "1.5",
+           "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.1"}
+    cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8"]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for _ in range(2)]
+
+    def status(gid: str) -> str:
+        return api.get(f"/v1/groups/{gid}").json()["status"]
+
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and any(status(g) == "received" for g in ids):
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        judge.shutdown()
+        judge.server_close()
+    final = {g: api.get(f"/v1/groups/{g}").json() for g in ids}
+    assert {g: v["status"] for g, v in final.items()} == {g: "ready" for g in ids}, \
+        [(v.get("score_error"), [d["reason"] for d in v.get("decisions", [])]) for v in final.values()]
+
+
+# Attack: a reported 1e308 stored total=inf and every curate pass raised: nothing curated.
+def test_worker_one_reported_huge_value_does_not_stall_curation_of_other_groups(app_client) -> None:
+    c, url = app_client
+    register_spec(c, {"name": "envw", "components": [
+        {"name": "env", "kind": "external.reported", "weight": 2.0, "outcome": True}]})
+    assert c.put("/v1/datasets/toy", json={"reward_spec": "envw"}).status_code == 200
+    poison, normal = make_group("g-poison", prompt_id="p-1", n=3), make_group("g-normal", prompt_id="p-2", n=3)
+    for t, v in zip(poison["trajectories"], [1e308, 0.0, 0.5], strict=True):
+        t.setdefault("metadata", {})["reward"] = v  # an environment (or a policy gaming it) reports 1e308
+    for t, v in zip(normal["trajectories"], [1.0, 0.0, 0.5], strict=True):
+        t.setdefault("metadata", {})["reward"] = v
+    assert c.post("/v1/groups", json={"groups": [poison, normal]}).status_code == 201
+    factory = make_sessionmaker(get_engine(url))
+    with Scorer(processes=1, timeout_s=10) as scorer:
+        # today: the score pass stores total=inf, then every curate pass raises
+        # "ValueError: total inf is not finite" (run_forever logs it and retries forever): nothing curates
+        drain(factory, scorer, timeout_s=60)
+    assert c.get("/v1/groups/g-normal").json()["status"] in ("ready", "dropped")
+    assert c.get("/v1/groups/g-poison").json()["status"] != "scored"
