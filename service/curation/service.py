@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from filters import curate_groups
 from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
-from service.policy import repository as policy_repo
+from service.curation import repository as curate_repo
+from service.policy import service as policy_service
 from service.specs import service as specs
 from service.stats import service as stats
 from service.store.models import Group
@@ -120,13 +121,13 @@ class _Writes:
                             "ready_at": now if d.status == "ready" else None})
 
     def flush(self, session: Session) -> None:
-        repo.update_trajectory_decisions(session, self.trajectories)
+        curate_repo.update_trajectory_decisions(session, self.trajectories)
         repo.update_groups(session, self.groups)
         repo.update_groups(session, self.errors)
         repo.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
         repo.insert_decisions(session, self.decisions)
-        repo.insert_sampling_requests(session, self.requests)
-        repo.record_outcomes(session, self.outcomes)
+        curate_repo.insert_sampling_requests(session, self.requests)
+        curate_repo.record_outcomes(session, self.outcomes)
 
 
 def _decide(session: Session, policy: CurationPolicy, members: list[Group], current: int | None
@@ -138,7 +139,7 @@ def _decide(session: Session, policy: CurationPolicy, members: list[Group], curr
         out: dict = {}
         if policy.zero_variance.metric not in _PLAIN_METRICS:
             for spec_key in {(g.reward_spec_name, g.reward_spec_version) for g in gs}:
-                out.update(repo.trajectory_components(session, [g.pk for g in gs], spec_key))
+                out.update(curate_repo.trajectory_components(session, [g.pk for g in gs], spec_key))
         return out
 
     try:
@@ -185,7 +186,7 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
     if not groups:
         return {}
     prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
-    current = policy_repo.current_version(session)
+    current = policy_service.current_version(session)
     writes = _Writes()
     trainable = []
     for g in groups:
@@ -204,3 +205,9 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
     writes.flush(session)
     stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
     return writes.counts
+
+
+def forget_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
+    """Take (prompt id, outcome) contributions back out of the prompts' outcome history (rescore and
+    recurate send their groups through again; nothing is counted twice)."""
+    curate_repo.retract_outcomes(session, rows)

@@ -1,4 +1,4 @@
-"""Statements about prompts and datasets."""
+"""Statements about prompts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.store.models import Dataset, Prompt
+from service.store.models import Prompt
 
 _UPDATABLE = ("dataset", "messages", "reference", "metadata", "reward_spec", "curation_policy")
 
@@ -60,16 +60,3 @@ def prompt_datasets(session: Session, ids: Iterable[str]) -> dict[str, str]:
 
 def get_prompt(session: Session, prompt_id: str) -> Prompt | None:
     return session.get(Prompt, prompt_id)
-
-
-def upsert_dataset(session: Session, name: str, reward_spec: str | None, curation_policy: str | None) -> None:
-    stmt = insert(Dataset).values(name=name, reward_spec=reward_spec, curation_policy=curation_policy)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Dataset.name],
-        set_={"reward_spec": reward_spec, "curation_policy": curation_policy, "updated_at": func.now()},
-    )
-    session.execute(stmt)
-
-
-def get_dataset(session: Session, name: str) -> Dataset | None:
-    return session.get(Dataset, name)

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy.orm import Session
 
 from service.observability import repository as repo
-from service.policy import repository as policy_repo
+from service.policy import service as policy_service
 
 
 def summary(session: Session, dataset: str | None = None) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def summary(session: Session, dataset: str | None = None) -> dict[str, Any]:
         "drop_reasons": repo.drop_reasons(session, dataset),
         "active_leases": repo.active_leases(session, dataset),
         "open_sampling_requests": repo.open_sampling_requests(session, dataset),
-        "policy_version": policy_repo.current_version(session),
+        "policy_version": policy_service.current_version(session),
     }
 
 

@@ -34,9 +34,8 @@ from filters.policy import CurationPolicySpec
 from filters.types import CurriculumConfig
 from service.api.errors import NotFound
 from service.sampling import repository as repo
-from service.specs import repository as spec_repo
 from service.specs import service as specs
-from service.store.models import CurationPolicyRow, Prompt, SamplingRequest
+from service.store.models import Prompt, SamplingRequest
 
 DEFAULT_LEASE_SECONDS = 600.0
 
@@ -67,8 +66,7 @@ def _curriculum_of(
             except NotFound:
                 body = None
         if body is None:
-            row = spec_repo.latest(session, CurationPolicyRow, "default")
-            body = row.body if row is not None else specs.DEFAULT_POLICY.model_dump(mode="json")
+            body = specs.default_policy_body(session)
         cache[ref] = CurationPolicySpec.model_validate(body).to_policy().curriculum
     return cache[ref]
 

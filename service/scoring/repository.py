@@ -1,14 +1,15 @@
-"""Statements that send stored groups back through scoring or curation."""
+"""Statements of scoring: the score stage's loads and bulk writes (rewards, trajectory scores), and the
+statements that send stored groups back through scoring or curation (rescore / recurate)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, any_, bindparam, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session
+from sqlalchemy import BigInteger, Text, any_, bindparam, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Group, Trajectory
+from service.store.models import Group, Reward, Trajectory
 
 _CLEARED_TRAJECTORY = {"advantage": None, "action": None, "reason": None}
 
@@ -57,3 +58,49 @@ def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scor
         cleared = {**_CLEARED_TRAJECTORY, **({"total_reward": None, "outcome": None} if clear_scores else {})}
         in_groups = Trajectory.group_pk == any_(_array("pks", pks, BigInteger))
         session.execute(update(Trajectory).where(in_groups).values(**cleared))
+
+
+def load_groups(session: Session, pks: list[int]) -> list[Group]:
+    """Groups (with trajectories) by pk, in pk order, without locks."""
+    stmt = select(Group).where(Group.pk.in_(pks)).order_by(Group.pk).options(selectinload(Group.trajectories))
+    return list(session.execute(stmt).scalars())
+
+
+def lock_claimed(session: Session, pks: list[int], token: str) -> set[int]:
+    """Of ``pks``, the groups still claimed by ``token`` and still 'received', locked for the write. A claim
+    that expired and was taken by another worker has another token: its late results are refused."""
+    stmt = (
+        select(Group.pk)
+        .where(Group.pk.in_(pks), Group.claimed_by == token, Group.status == "received")
+        .order_by(Group.pk)
+        .with_for_update()
+    )
+    return set(session.execute(stmt).scalars())
+
+
+_UPSERT_REWARD = insert(Reward.__table__)
+_UPSERT_REWARD = _UPSERT_REWARD.on_conflict_do_update(
+    constraint="uq_rewards_key",
+    set_={c: _UPSERT_REWARD.excluded[c] for c in ("kind", "value", "details", "error", "latency_ms", "created_at")},
+)
+
+
+def upsert_rewards(session: Session, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(_UPSERT_REWARD, rows)
+
+
+def update_trajectory_scores(session: Session, rows: list[tuple[int, int, float | None, float | None]]) -> None:
+    """rows: (group_pk, idx, total_reward, outcome)."""
+    if not rows:
+        return
+    pks, idxs, totals, outcomes = map(list, zip(*rows, strict=True))
+    session.execute(
+        text(
+            "UPDATE trajectories t SET total_reward = v.total, outcome = v.outcome"
+            " FROM unnest(CAST(:pks AS bigint[]), CAST(:idxs AS int[]), CAST(:totals AS float8[]),"
+            " CAST(:outcomes AS float8[])) AS v(pk, idx, total, outcome)"
+            " WHERE t.group_pk = v.pk AND t.idx = v.idx"
+        ),
+        {"pks": pks, "idxs": idxs, "totals": totals, "outcomes": outcomes},
+    )

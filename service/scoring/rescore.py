@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.curation import service as curation
 from service.scoring import repository as repo
 from service.specs import service as specs
 from service.stats import service as stats
-from service.worker import repository as pipeline_repo
 
 # leased and consumed groups belong to a trainer: they are never pulled back
 RESCORABLE = ("received", "scored", "ready", "dropped", "reward_error")
@@ -24,7 +24,7 @@ def _requeue(session: Session, values: dict[str, Any], clear_scores: bool, **fil
     """Lock the matching groups, take them out of the statistics, then send them back."""
     pks = repo.lock_matching(session, **filters)
     stats.retract_groups(session, pks)
-    pipeline_repo.retract_outcomes(session, repo.contributed_outcomes(session, pks))  # no double counting
+    curation.forget_outcomes(session, repo.contributed_outcomes(session, pks))  # no double counting
     # clearing the claim fences off a worker still scoring the old request: its write is refused
     repo.requeue(session, pks, {**values, "claimed_by": None, "claimed_until": None, "outcome_mean": None},
                  clear_scores)

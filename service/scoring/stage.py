@@ -25,6 +25,7 @@ from reward_models.base import PromptInfo, Sample
 from reward_models.scoring import Scorer
 from reward_models.spec import RewardSpec, ScoredSample
 from service.observability import metrics
+from service.scoring import repository as score_repo
 from service.specs import service as specs
 from service.store.models import Group, Prompt, Trajectory
 from service.worker import repository as repo
@@ -97,7 +98,7 @@ def _spec_for(session: Session, g: Group, prompt: Prompt, cache: dict) -> Resolv
 
 def prepare(session: Session, token: str, pks: list[int]) -> Job:
     """Read the claimed groups and resolve each one's spec; a group whose spec fails gets its error."""
-    groups = repo.load_groups(session, pks)
+    groups = score_repo.load_groups(session, pks)
     job = Job(token, groups, repo.prompts_by_id(session, {g.prompt_id for g in groups}))
     cache: dict = {}
     for g in groups:
@@ -207,8 +208,8 @@ class _Writes:
         self.outcome.scored.append(g)
 
     def flush(self, session: Session) -> ScoreOutcome:
-        repo.upsert_rewards(session, self.rewards)
-        repo.update_trajectory_scores(session, self.scores)
+        score_repo.upsert_rewards(session, self.rewards)
+        score_repo.update_trajectory_scores(session, self.scores)
         repo.update_groups(session, self.groups)
         repo.insert_decisions(session, self.decisions)
         return self.outcome
@@ -216,7 +217,7 @@ class _Writes:
 
 def write(session: Session, job: Job, max_attempts: int, backoff: Backoff) -> ScoreOutcome:
     """Store the job's results for the groups still claimed by it (the others are counted ``fenced``)."""
-    held = repo.lock_claimed(session, [g.pk for g in job.groups], job.token)
+    held = score_repo.lock_claimed(session, [g.pk for g in job.groups], job.token)
     writes = _Writes(max_attempts, backoff)
     for g in job.groups:
         if g.pk not in held:

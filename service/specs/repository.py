@@ -1,13 +1,14 @@
-"""Statements about versioned reward specs and curation policies (both append-only tables)."""
+"""Statements about versioned reward specs and curation policies (both append-only tables) and datasets."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.store.models import CurationPolicyRow, RewardSpecRow
+from service.store.models import CurationPolicyRow, Dataset, RewardSpecRow
 
 VersionedRow = type[RewardSpecRow] | type[CurationPolicyRow]
 
@@ -34,3 +35,16 @@ def add_version(session: Session, model: VersionedRow, name: str, body: dict[str
 def list_names(session: Session, model: VersionedRow) -> list[tuple[str, int]]:
     stmt = select(model.name, func.max(model.version)).group_by(model.name).order_by(model.name)
     return [(n, v) for n, v in session.execute(stmt)]
+
+
+def upsert_dataset(session: Session, name: str, reward_spec: str | None, curation_policy: str | None) -> None:
+    stmt = insert(Dataset).values(name=name, reward_spec=reward_spec, curation_policy=curation_policy)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Dataset.name],
+        set_={"reward_spec": reward_spec, "curation_policy": curation_policy, "updated_at": func.now()},
+    )
+    session.execute(stmt)
+
+
+def get_dataset(session: Session, name: str) -> Dataset | None:
+    return session.get(Dataset, name)

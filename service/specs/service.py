@@ -19,7 +19,6 @@ from filters.types import CurationPolicy
 from reward_models.spec import RewardSpec
 from service.api.errors import BadRequest, NotFound
 from service.api.schemas import INT4_MAX
-from service.ingest import prompts_repository as prompt_repo
 from service.specs import repository as spec_repo
 from service.store.models import CurationPolicyRow, RewardSpecRow
 
@@ -104,12 +103,12 @@ def set_dataset(session: Session, name: str, reward_spec: str | None, curation_p
         resolve_reward_spec(session, reward_spec)
     if curation_policy is not None:
         resolve_curation_policy(session, curation_policy)
-    prompt_repo.upsert_dataset(session, name, reward_spec, curation_policy)
+    spec_repo.upsert_dataset(session, name, reward_spec, curation_policy)
     return {"name": name, "reward_spec": reward_spec, "curation_policy": curation_policy}
 
 
 def get_dataset(session: Session, name: str) -> dict[str, Any]:
-    row = prompt_repo.get_dataset(session, name)
+    row = spec_repo.get_dataset(session, name)
     if row is None:
         raise NotFound(f"name: no dataset {name!r} has been configured")
     return {"name": row.name, "reward_spec": row.reward_spec, "curation_policy": row.curation_policy}
@@ -145,7 +144,7 @@ def scoring_spec(session: Session, prompt_ref: str | None, dataset: str) -> tupl
 
 
 def _dataset_field(session: Session, dataset: str, field: str) -> str | None:
-    row = prompt_repo.get_dataset(session, dataset)
+    row = spec_repo.get_dataset(session, dataset)
     return None if row is None else getattr(row, field)
 
 
@@ -159,3 +158,9 @@ def ensure_default_policy(session: Session) -> Versioned:
     if current is not None:
         return Versioned(current.name, current.version, current.body)
     return create_curation_policy(session, DEFAULT_POLICY)
+
+
+def default_policy_body(session: Session) -> dict[str, Any]:
+    """The latest stored ``default`` curation policy's body, else the built-in default's."""
+    row = spec_repo.latest(session, CurationPolicyRow, "default")
+    return row.body if row is not None else DEFAULT_POLICY.model_dump(mode="json")

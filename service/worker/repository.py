@@ -1,4 +1,6 @@
-"""Statements of the score / curate worker: claiming work with SKIP LOCKED and bulk writes (unnest)."""
+"""Statements of the score / curate worker: claiming work with SKIP LOCKED, and the few writes both stages
+make (group status, decisions, the prompts they read). Each stage's own statements are in its domain's
+``repository.py`` (``service.scoring``, ``service.curation``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from sqlalchemy import bindparam, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Decision, Group, Prompt, Reward, SamplingRequest
+from service.store.models import Decision, Group, Prompt
 
 
 def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
@@ -87,70 +89,20 @@ def fail_exhausted(session: Session, max_attempts: int, limit: int = 1000) -> li
     return [(pk, n) for pk, n in rows]
 
 
-def load_groups(session: Session, pks: list[int]) -> list[Group]:
-    """Groups (with trajectories) by pk, in pk order, without locks."""
-    stmt = select(Group).where(Group.pk.in_(pks)).order_by(Group.pk).options(selectinload(Group.trajectories))
-    return list(session.execute(stmt).scalars())
 
 
-def lock_claimed(session: Session, pks: list[int], token: str) -> set[int]:
-    """Of ``pks``, the groups still claimed by ``token`` and still 'received', locked for the write. A claim
-    that expired and was taken by another worker has another token: its late results are refused."""
-    stmt = (
-        select(Group.pk)
-        .where(Group.pk.in_(pks), Group.claimed_by == token, Group.status == "received")
-        .order_by(Group.pk)
-        .with_for_update()
-    )
-    return set(session.execute(stmt).scalars())
 
 
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
     return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
 
 
-_UPSERT_REWARD = insert(Reward.__table__)
-_UPSERT_REWARD = _UPSERT_REWARD.on_conflict_do_update(
-    constraint="uq_rewards_key",
-    set_={c: _UPSERT_REWARD.excluded[c] for c in ("kind", "value", "details", "error", "latency_ms", "created_at")},
-)
 
 
-def upsert_rewards(session: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(_UPSERT_REWARD, rows)
 
 
-def update_trajectory_scores(session: Session, rows: list[tuple[int, int, float | None, float | None]]) -> None:
-    """rows: (group_pk, idx, total_reward, outcome)."""
-    if not rows:
-        return
-    pks, idxs, totals, outcomes = map(list, zip(*rows, strict=True))
-    session.execute(
-        text(
-            "UPDATE trajectories t SET total_reward = v.total, outcome = v.outcome"
-            " FROM unnest(CAST(:pks AS bigint[]), CAST(:idxs AS int[]), CAST(:totals AS float8[]),"
-            " CAST(:outcomes AS float8[])) AS v(pk, idx, total, outcome)"
-            " WHERE t.group_pk = v.pk AND t.idx = v.idx"
-        ),
-        {"pks": pks, "idxs": idxs, "totals": totals, "outcomes": outcomes},
-    )
 
 
-def update_trajectory_decisions(session: Session, rows: list[tuple[int, int, float, str, str]]) -> None:
-    """rows: (group_pk, idx, advantage, action, reason)."""
-    if not rows:
-        return
-    pks, idxs, advs, actions, reasons = map(list, zip(*rows, strict=True))
-    session.execute(
-        text(
-            "UPDATE trajectories t SET advantage = v.adv, action = v.action, reason = v.reason"
-            " FROM unnest(CAST(:pks AS bigint[]), CAST(:idxs AS int[]), CAST(:advs AS float8[]),"
-            " CAST(:actions AS text[]), CAST(:reasons AS text[])) AS v(pk, idx, adv, action, reason)"
-            " WHERE t.group_pk = v.pk AND t.idx = v.idx"
-        ),
-        {"pks": pks, "idxs": idxs, "advs": advs, "actions": actions, "reasons": reasons},
-    )
 
 
 def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
@@ -171,68 +123,10 @@ def insert_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
         session.execute(insert(Decision.__table__), rows)
 
 
-def insert_sampling_requests(session: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(insert(SamplingRequest.__table__), rows)
 
 
-def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: int = 16) -> None:
-    """Append each group's outcome mean to its prompt's recent outcomes; pass_rate = their mean."""
-    if not rows:
-        return
-    rows = sorted(rows)
-    ids, means = map(list, zip(*rows, strict=True))
-    # lock the prompt rows in one global order first: two workers never wait on each other in a cycle
-    session.execute(
-        select(Prompt.id).where(Prompt.id.in_(set(ids))).order_by(Prompt.id).with_for_update()
-    ).all()
-    last = (
-        "(SELECT x, ord FROM jsonb_array_elements(p.recent_outcomes || v.ms) WITH ORDINALITY AS e(x, ord)"
-        " ORDER BY ord DESC LIMIT :keep) AS last"
-    )
-    session.execute(
-        text(
-            "UPDATE prompts p SET n_groups = p.n_groups + v.n,"
-            f" recent_outcomes = (SELECT jsonb_agg(x ORDER BY ord) FROM {last}),"
-            f" pass_rate = (SELECT avg(x::float8) FROM {last})"
-            " FROM (SELECT id, count(*) AS n, jsonb_agg(m) AS ms FROM unnest(CAST(:ids AS text[]),"
-            " CAST(:means AS float8[])) AS u(id, m) GROUP BY id) AS v"
-            " WHERE p.id = v.id"
-        ),
-        {"ids": ids, "means": means, "keep": keep_last},
-    )
 
 
-def retract_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
-    """Undo ``record_outcomes`` for these groups (a rescore / recurate will record them again): each
-    group's outcome leaves its prompt's recent outcomes (the newest equal entry) and n_groups."""
-    if not rows:
-        return
-    by_prompt: dict[str, list[float]] = {}
-    for pid, mean in rows:
-        by_prompt.setdefault(pid, []).append(mean)
-    stmt = select(Prompt).where(Prompt.id.in_(by_prompt)).order_by(Prompt.id).with_for_update()
-    for p in session.execute(stmt).scalars():
-        recent = [float(x) for x in p.recent_outcomes]
-        for mean in by_prompt[p.id]:
-            hits = [i for i, x in enumerate(recent) if abs(x - mean) < 1e-12]
-            if hits:
-                del recent[hits[-1]]
-        p.recent_outcomes = recent
-        p.n_groups = max(0, p.n_groups - len(by_prompt[p.id]))
-        p.pass_rate = sum(recent) / len(recent) if recent else None
-    session.flush()
 
 
-def trajectory_components(
-    session: Session, group_pks: list[int], spec: tuple[str, int]
-) -> dict[tuple[int, int], dict[str, float | None]]:
-    """(group_pk, idx) -> component -> value, for one spec version."""
-    stmt = select(Reward.group_pk, Reward.idx, Reward.component, Reward.value).where(
-        Reward.group_pk.in_(group_pks), Reward.spec_name == spec[0], Reward.spec_version == spec[1]
-    )
-    out: dict[tuple[int, int], dict[str, float | None]] = {}
-    for pk, idx, comp, value in session.execute(stmt):
-        out.setdefault((pk, idx), {})[comp] = value
-    return out
 

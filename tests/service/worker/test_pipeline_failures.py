@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from reward_models.scoring import Scorer
+from service.curation import repository as curate_repo
 from service.scoring import stage as scoring
 from service.store.db import get_engine, make_sessionmaker
 from service.store.models import Decision, Group, Reward
@@ -257,7 +258,7 @@ def test_concurrent_outcome_updates_in_opposite_orders_never_deadlock(api):
             barrier.wait()
             try:
                 with api.factory.begin() as s:
-                    repo.record_outcomes(s, rows)
+                    curate_repo.record_outcomes(s, rows)
             except Exception as exc:  # a deadlock aborts one transaction
                 errors.append(exc)
 
