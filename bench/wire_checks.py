@@ -15,8 +15,8 @@ from collections.abc import Callable
 import orjson
 from pydantic import TypeAdapter
 
-from service.api.deps import _validate
 from service.api.wire_checks import parse_json_body
+from service.ingest.body import _validate
 from service.ingest.schemas import GroupsIn
 from tests.helpers import make_group
 

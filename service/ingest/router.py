@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from filters.types import FinishReason
-from service.api.deps import GroupBody, SessionDep, SettingsDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.schemas import GROUP_STATUSES, NameQuery, PathId, PolicyVersionQuery, VersionQuery
 from service.auth.service import ADMIN, PRODUCER, SERVICE, VIEWER, KeyDep, allow
 from service.ingest import groups as group_service
 from service.ingest import service as ingest
+from service.ingest.body import GroupBody
 from service.ingest.schemas import (
     GroupAck,
     GroupIn,
