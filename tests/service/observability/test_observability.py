@@ -34,3 +34,4 @@ def test_dashboard_sends_a_key_when_auth_is_on(client: TestClient, admin) -> Non
     assert "/dashboard/static/dashboard.js" in html  # the page's script, served (public) with the shell
     script = client.get("/dashboard/static/dashboard.js").text
     assert "Authorization" in script and "Bearer" in script, "the dashboard's fetch() never sends a key"
+    # the key flow in a real browser, with auth on: tests/service/observability/test_dashboard_browser.py
