@@ -65,9 +65,10 @@ class Outcome:
 class _Session:
     """The program's side of one task; remembers the first fatal problem."""
 
-    def __init__(self, channel: Channel) -> None:
-        self.channel, self.calls = channel, 0
+    def __init__(self, channel: Channel, timeout_s: float = 0.0) -> None:
+        self.channel, self.calls, self.timeout_s = channel, 0, timeout_s
         self.fatal: Outcome | None = None
+        self.listed_after = 0.0  # seconds of the task the program took to list its functions
 
     def abort(self, verdict: Verdict, reason: str) -> CandidateAborted:
         if self.fatal is None:
@@ -112,10 +113,12 @@ def _names(listed: Any) -> list[str]:
 def _tests_stopped(session: _Session, exc: Exception) -> Outcome:
     """The tests' sandbox went quiet or away without a verdict."""
     timeout = isinstance(exc, ChannelTimeout)
-    if session.calls == 0:  # nothing of the program is in the tests yet: the reference's own fault
-        if timeout:
+    if session.calls == 0:  # nothing of the program is in the tests yet: the reference's own fault...
+        if not timeout:
+            raise ReferenceProblem(f"the tests stopped before calling the program ({exc})")
+        if session.listed_after <= session.timeout_s / 2:  # ...when they had the time to reach a call
             raise ReferenceProblem("the tests ran past the time limit before calling the program")
-        raise ReferenceProblem(f"the tests stopped before calling the program ({exc})")
+        return Outcome("timeout", "the time limit passed: the program took most of it before the tests ran")
     if timeout:
         return Outcome("timeout", "the time limit passed while the tests worked on the program's results")
     return Outcome("failed", f"the tests stopped without a verdict after the program's results ({exc})")
@@ -191,7 +194,7 @@ def run_function_tests(
         channel = sandbox.task("fn", limits)
         tests_channel = harness.task("harness", _harness_limits(limits))
         tests_channel.deadline = channel.deadline  # one clock for the task, both sides
-        session = _Session(channel)
+        session = _Session(channel, limits.timeout_s)
         setup = {"tests": tests, "prompt": prompt, "entry_point": entry_point}
         try:
             outcome = _start(session, tests_channel, source, setup)
@@ -214,6 +217,7 @@ def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outco
         return session.fatal  # type: ignore[return-value]
     if not ("defined" in first and isinstance(first["defined"], list)):
         return Outcome("failed", f"the program raised before the tests: {str(first.get('error', '?'))[:2000]}")
+    session.listed_after = session.timeout_s - session.channel.remaining()
     try:
         tests.send({"defined": _names(first["defined"]), "own": _names(first.get("own"))})
     except (ChannelTimeout, ChannelBroken) as exc:

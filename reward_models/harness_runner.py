@@ -30,7 +30,7 @@ import traceback
 import types
 
 if __name__ != "__main__":  # imported on the host; in the sandbox the codec's source comes first
-    from reward_models.plaindata import PlainDataError, from_plain, to_plain
+    from reward_models.plaindata import PlainDataError, TooDeep, from_plain, to_plain
 
 _FRAME = struct.Struct(">I")
 MAX_CALL_BYTES = 16 * 2**20  # the supervisor's frame limit
@@ -106,13 +106,23 @@ class Session:
                 "kwargs": [[key, to_plain(value)] for key, value in kwargs.items()],
             }
             body = json.dumps(message, separators=(",", ":")).encode()
-        except (PlainDataError, ValueError, RecursionError) as exc:
+        except TooDeep as exc:
+            raise self._too_big(f"nested deeper than allowed ({exc})") from None
+        except (PlainDataError, ValueError, RecursionError) as exc:  # a type: the tests' own doing
             raise ReferenceProblem(f"the tests pass an argument that is not plain data: {exc}") from None
         if len(body) > MAX_CALL_BYTES:
-            raise ReferenceProblem(f"the tests pass {len(body)} bytes of arguments (limit {MAX_CALL_BYTES})")
+            raise self._too_big(f"{len(body)} bytes (limit {MAX_CALL_BYTES})")
         self.calls += 1
         self.sock.sendall(_FRAME.pack(len(body) + 1) + b"C" + body)
         return self._result(name, _recv(self.sock))
+
+    def _too_big(self, what):
+        """Arguments too deep or too big to cross: the reference's fault while nothing of the program
+        has reached the tests, the program's once its results have (the tests may be passing them
+        back, wrapped or doubled)."""
+        if self.calls == 0:
+            return ReferenceProblem(f"the tests pass arguments that cannot cross: {what}")
+        return self.abort(f"the tests could not pass the program's results back to it: {what}")
 
     def _result(self, name, raw):
         try:

@@ -98,3 +98,19 @@ def test_tests_that_exit_the_harness_after_a_call_are_a_fail() -> None:
     assert score("def f():\n    return 1\n", {"tests": tests}).value == 0.0
     passed = score("def f():\n    return 2\n", {"tests": "assert f() == 2\n"})
     assert passed.value == 1.0, passed.details
+
+
+def test_results_the_tests_pass_back_wrapped_or_doubled_are_a_fail_not_an_error() -> None:
+    wrapped = score(DEEP, {"tests": "v = f()\nassert depth([v]) == 65\n"})  # 65 deep on the way back
+    assert wrapped.error is None and wrapped.value == 0.0, (wrapped.error, wrapped.details)
+    big = "def f():\n    return 'x' * (9 << 20)\ndef size(s):\n    return len(s)\n"
+    doubled = score(big, {"tests": "s = f()\nassert size(s + s) == 18 << 20\n"}, timeout_s=10.0)
+    assert doubled.error is None and doubled.value == 0.0, (doubled.error, doubled.details)
+    assert "could not pass the program's results back" in doubled.details["reason"]
+
+
+def test_a_program_that_spends_the_time_before_the_tests_reach_it_is_a_fail() -> None:
+    answer = "import time\ntime.sleep(1.6)\ndef f():\n    return 1\n"
+    result = score(answer, {"tests": "import time\ntime.sleep(0.6)\nassert f() == 1\n"})
+    assert result.error is None, result.error
+    assert result.value == 0.0 and result.details["verdict"] == "timeout", result.details
