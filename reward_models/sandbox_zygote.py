@@ -59,7 +59,7 @@ def recv_frame(sock):
 
 def count_tasks(uid):
     total = 0
-    for pid in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/status") as fh:
                 fields = dict(line.split(":", 1) for line in fh if ":" in line)
