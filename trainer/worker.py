@@ -94,6 +94,8 @@ class TrainerConfig:
     temperature: float = 1.0  # for groups whose sampling.temperature is not given
     loss: LossConfig = field(default_factory=LossConfig)
     old_from_batch: bool = False  # recompute pi_old with the trainer's weights (see trainer.step.StepConfig)
+    ppo_epochs: int = 1  # passes over each batch with pi_old fixed (see trainer.step.StepConfig)
+    mini_batches: int = 1  # optimizer steps per pass (the batch's micro-batches split in this many)
     gradient_checkpointing: bool = False
     parallel: ParallelMode = "ddp"
     device: str = "auto"
@@ -354,7 +356,8 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
     state = replace(state, policy_version=next_version(client, state.policy_version))
     ref = build_reference(cfg, ctx)
     tracked = trackers.from_env(asdict(cfg)) if ctx.is_main else trackers.Trackers([])  # W&B / MLflow / TB
-    step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
+    step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch,
+                          ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
     history: list[dict[str, float]] = []
     ledger = Ledger(state.pending, state.trained)  # what the checkpoint holds that the service may not know
     idle = 0
