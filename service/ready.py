@@ -209,3 +209,27 @@ class ReadyHub:
                     self._thread = None
                     return idle_since
         return idle_since
+
+
+async def check_database(conninfo: str, timeout_s: float) -> tuple[str | None, str | None]:
+    """(schema revision, None) when the database answers within ``timeout_s``, else (None, what failed). A
+    connection of its own (never the pool's, so a saturated pool does not hide a reachable database and a
+    probe never waits for a pooled connection), closed at once."""
+
+    async def probe() -> str | None:
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True,
+                                                     connect_timeout=max(1, round(timeout_s)))
+        try:
+            ms = max(1, int(timeout_s * 1000))
+            await conn.execute(f"SET statement_timeout = {ms}")
+            row = await (await conn.execute("SELECT version_num FROM alembic_version")).fetchone()
+            return row[0] if row else None
+        finally:
+            await conn.close()
+
+    try:
+        return await asyncio.wait_for(probe(), timeout_s), None
+    except TimeoutError:
+        return None, f"no answer within {timeout_s:g} s"
+    except psycopg.Error as exc:
+        return None, f"unavailable ({type(exc).__name__})"
