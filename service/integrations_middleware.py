@@ -6,8 +6,8 @@ treats it like any other request. (A key in a URL can reach access logs; prefer 
 
 The key never travels further than this middleware: the request's scope is rewritten in place (uvicorn's
 access log formats the same scope, so it logs the rewritten path), and any other path under
-``/compat/openrlhf/key/`` (no spec segment, an empty key) has its key segment replaced by ``***`` before
-routing, so a 404 / 405 body or a log line names ``/compat/openrlhf/key/***/...``, never the key.
+``/compat/openrlhf/key/`` (no spec segment, an empty key) has its key segment replaced by ``redacted`` before
+routing, so a 404 / 405 body or a log line names ``/compat/openrlhf/key/redacted/...``, never the key.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PREFIX = "/compat/openrlhf/key/"
-MASK = "***"
+MASK = "redacted"  # no character the access log would percent-encode
 
 
 def rewrite(raw_path: str) -> tuple[str, str] | None:
@@ -32,7 +32,7 @@ def rewrite(raw_path: str) -> tuple[str, str] | None:
 
 
 def masked(raw_path: str) -> str:
-    """A path under PREFIX that ``rewrite`` refused, with its key segment replaced by ``***``."""
+    """A path under PREFIX that ``rewrite`` refused, with its key segment replaced by ``redacted``."""
     _, sep, rest = raw_path[len(PREFIX):].partition("/")
     return PREFIX + MASK + sep + rest
 

@@ -244,9 +244,9 @@ def test_path_key_middleware_sets_the_bearer_header() -> None:
                                               "headers": list(headers)}, None, None))
         assert seen["path"] == other and (b"authorization", b"Bearer forged") in seen["headers"]
     # a path under the key prefix that is not a reward route: routed with its key segment masked
-    for shape, masked in (("/compat/openrlhf/key/k", "/compat/openrlhf/key/***"),
-                          ("/compat/openrlhf/key/k/", "/compat/openrlhf/key/***/"),
-                          ("/compat/openrlhf/%6Bey/k", "/compat/openrlhf/key/***")):
+    for shape, masked in (("/compat/openrlhf/key/k", "/compat/openrlhf/key/redacted"),
+                          ("/compat/openrlhf/key/k/", "/compat/openrlhf/key/redacted/"),
+                          ("/compat/openrlhf/%6Bey/k", "/compat/openrlhf/key/redacted")):
         seen.clear()
         asyncio.run(PathKeyMiddleware(inner)({"type": "http", "path": shape, "raw_path": shape.encode(),
                                               "headers": list(headers)}, None, None))
