@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
 
 import service.routers
 from service import openapi
@@ -39,20 +37,9 @@ def _routers() -> list:
     return found
 
 
-def _schema_revision(app: FastAPI) -> str | None:
-    """The database's migration revision at start-up; None (logged) when it cannot be read."""
-    try:
-        with app.state.engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
-    except sa_exc.SQLAlchemyError as exc:
-        log.warning("start-up: could not read the schema revision: %s", type(exc).__name__)
-        return None
-
-
 def _lifespan(start_worker: bool, url: str):
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.schema_revision = _schema_revision(app)  # what /healthz reports (it touches no database)
         worker = None
         if start_worker:
             from service.workers.main import WorkerThread
@@ -94,8 +81,7 @@ def create_app(
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
     # the threads /v1/score's requests are scored on (awaited: no request holds a threadpool thread meanwhile)
     app.state.score_executor = ThreadPoolExecutor(settings.score_concurrency, thread_name_prefix="score")
-    app.state.schema_revision = None  # read by the lifespan at start-up
-    app.state.ready_url = libpq_url(url)  # /readyz connects on its own (service.ready.check_database)
+    app.state.ready_url = libpq_url(url)  # /healthz connects on its own (service.ready.check_database)
     app.state.ready_hub = ReadyHub(
         app.state.ready_url,
         max_waiters=settings.lease_max_waiters,

@@ -23,7 +23,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -233,3 +235,20 @@ async def check_database(conninfo: str, timeout_s: float) -> tuple[str | None, s
         return None, f"no answer within {timeout_s:g} s"
     except psycopg.Error as exc:
         return None, f"unavailable ({type(exc).__name__})"
+
+
+class SingleFlight:
+    """At most one ``check()`` in flight per event loop; concurrent callers await the same one. A public
+    probe route therefore costs at most one database connection however often it is called."""
+
+    def __init__(self, check: Callable[[], Awaitable[Any]]) -> None:
+        self.check = check
+        self._tasks: dict[asyncio.AbstractEventLoop, asyncio.Future] = {}
+
+    async def __call__(self) -> Any:
+        loop = asyncio.get_running_loop()
+        task = self._tasks.get(loop)
+        if task is None or task.done():
+            self._tasks = {lp: t for lp, t in self._tasks.items() if not lp.is_closed()}
+            task = self._tasks[loop] = asyncio.ensure_future(self.check())
+        return await asyncio.shield(task)

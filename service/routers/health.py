@@ -1,46 +1,80 @@
 """Liveness (``/healthz``) and readiness (``/readyz``).
 
-``/healthz`` answers from the event loop alone: no database, no threadpool, so it never queues behind
-request work. Its ``schema`` is the revision the process read when it started (``serve`` migrates before it
-listens, so a process that answers was started against a reachable, migrated database; a process that
-could not read it then asks on its own connection until it has seen one, 503 meanwhile). ``/readyz`` asks
-the database now, on a connection of its own with a short timeout (``readyz_timeout_s``): 200 with the
-live revision, else 503.
+``/healthz`` never queues behind request work: it is async, takes no pooled connection and no threadpool
+thread. It keeps its contract (200 when the database is reachable and migrated, else 503 with
+``Retry-After``) by asking the database on a connection of its own, with a short timeout
+(``readyz_timeout_s``); concurrent calls share one check in flight (``service.ready.SingleFlight``), so the
+public route costs at most one connection per process.
+
+``/readyz`` answers whether this process can serve database work now: a connection from the request pool
+and the schema revision within ``readyz_timeout_s``, else 503 (a saturated pool or threadpool makes the
+process not ready, so a load balancer sends traffic elsewhere while it stays alive).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
 
 from service.auth import public
-from service.ready import check_database
+from service.ready import SingleFlight, check_database
 
 router = APIRouter(tags=["health"])
 
 
 def _unavailable(problem: str) -> JSONResponse:
-    return JSONResponse({"error": f"database: {problem}", "detail": None}, status_code=503,
-                        headers={"Retry-After": "1"})
+    return JSONResponse({"error": f"database: unavailable; retry later ({problem})", "detail": None},
+                        status_code=503, headers={"Retry-After": "1"})
+
+
+def _answer(revision: str | None, problem: str | None) -> JSONResponse:
+    if problem is not None:
+        return _unavailable(problem)
+    if revision is None:
+        return _unavailable("not migrated (run grpo-curator migrate)")
+    return JSONResponse({"status": "ok", "schema": revision})
+
+
+def _probe(request: Request, name: str, check) -> SingleFlight:  # noqa: ANN001 - an async callable
+    state = request.app.state
+    if not hasattr(state, name):
+        setattr(state, name, SingleFlight(check))
+    return getattr(state, name)
 
 
 @router.get("/healthz", dependencies=[public()],
-            responses={503: {"description": "the process has not yet seen a reachable, migrated database"}})
+            responses={503: {"description": "the database is unreachable or not migrated"}})
 async def healthz(request: Request) -> JSONResponse:
     state = request.app.state
-    if state.schema_revision is None:  # not read at start-up: ask (own connection) until it has been seen once
-        revision, problem = await check_database(state.ready_url, state.settings.readyz_timeout_s)
-        if problem is not None or revision is None:
-            return _unavailable(problem or "not migrated (run grpo-curator migrate)")
-        state.schema_revision = revision
-    return JSONResponse({"status": "ok", "schema": state.schema_revision})
+
+    async def own_connection() -> tuple[str | None, str | None]:
+        return await check_database(state.ready_url, state.settings.readyz_timeout_s)
+
+    return _answer(*await _probe(request, "health_probe", own_connection)())
+
+
+def _pooled_revision(engine) -> str | None:  # noqa: ANN001 - an Engine
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
 
 
 @router.get("/readyz", dependencies=[public()],
-            responses={503: {"description": "the database did not answer within readyz_timeout_s"}})
+            responses={503: {"description": "no pooled connection or no answer within readyz_timeout_s"}})
 async def readyz(request: Request) -> JSONResponse:
     state = request.app.state
-    revision, problem = await check_database(state.ready_url, state.settings.readyz_timeout_s)
-    if problem is not None:
-        return _unavailable(problem)
-    return JSONResponse({"status": "ok", "schema": revision or "none"})
+
+    async def pooled() -> tuple[str | None, str | None]:
+        timeout = state.settings.readyz_timeout_s
+        try:
+            return await asyncio.wait_for(run_in_threadpool(_pooled_revision, state.engine), timeout), None
+        except TimeoutError:
+            return None, f"no pooled connection answered within {timeout:g} s"
+        except sa_exc.SQLAlchemyError as exc:
+            return None, type(exc).__name__
+
+    return _answer(*await _probe(request, "ready_probe", pooled)())

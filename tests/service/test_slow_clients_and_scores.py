@@ -225,3 +225,34 @@ def test_a_key_in_an_openrlhf_path_reaches_no_body_and_no_log_line(fresh_db: str
     assert "/compat/openrlhf/key/redacted" in logged  # the access log saw these requests, masked
     for text_ in [*bodies, logged]:
         assert "SECRETpart" not in text_ and "a" * 32 not in text_
+
+
+def test_healthz_answers_and_readyz_says_not_ready_while_the_pool_is_exhausted(fresh_db: str, monkeypatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.db import dispose_engine, get_engine
+    from service.settings import Settings, get_settings
+
+    monkeypatch.setenv("GRPO_CURATOR_DB_POOL_SIZE", "2")
+    monkeypatch.setenv("GRPO_CURATOR_DB_MAX_OVERFLOW", "0")
+    get_settings.cache_clear()
+    dispose_engine(fresh_db)
+    try:
+        app = create_app(Settings(database_url=fresh_db, readyz_timeout_s=1), database_url=fresh_db)
+        engine = get_engine(fresh_db)
+        with TestClient(app) as c:
+            assert c.get("/readyz").status_code == 200
+            held = [engine.connect() for _ in range(2)]  # every pooled connection is taken
+            try:
+                r = c.get("/healthz")
+                assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+                r = c.get("/readyz")
+                assert r.status_code == 503 and r.json()["error"].startswith("database: unavailable"), r.text
+            finally:
+                for conn in held:
+                    conn.close()
+            assert c.get("/readyz").status_code == 200
+    finally:
+        get_settings.cache_clear()
+        dispose_engine(fresh_db)
