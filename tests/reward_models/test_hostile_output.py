@@ -25,6 +25,9 @@ from tests.reward_models.test_reward_model import TINY_LLAMA
 # verifier.code runs the model's program in the sandbox; its hostile programs and outputs are covered by
 # tests/reward_models/test_code_attacks.py and test_attack_findings.py (the sandbox's own suite)
 COVERED_ELSEWHERE = {"verifier.code"}
+# python.function reads its allowlist from the environment, which the pool's forkserver (started by an
+# earlier test) does not share with this test's monkeypatch: scored here, in this process
+SCORED_IN_PROCESS = {"python.function"}
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "number", "multipleOf": 0.5}}}}}]
@@ -145,9 +148,12 @@ def test_hostile_model_output_scores_a_number_never_an_error(kind: str, request:
         spec = RewardSpec(name="hostile", components=[ComponentSpec(name="c", kind=kind, params=params)])
         # a short deadline: an answer that makes verification slow is failed by the timeout rule
         with Scorer(processes=2, timeout_s=5.0, judge_endpoints=endpoints) as scorer:
-            scored = scorer.score(spec, [(sample, PROMPT) for _, sample in cases])
-        for (name, _), result in zip(cases, scored, strict=True):
-            r = result.components["c"]
+            if kind in SCORED_IN_PROCESS:
+                component = scorer.component(kind, params)
+                results = [component.score(sample, PROMPT) for _, sample in cases]
+            else:
+                results = [s.components["c"] for s in scorer.score(spec, [(sample, PROMPT) for _, sample in cases])]
+        for (name, _), r in zip(cases, results, strict=True):
             if r.error is not None or r.value is None or not math.isfinite(r.value):
                 failures[f"{json.dumps(params)[:60]} {name}"] = r.error or r.value
     assert not failures, failures
