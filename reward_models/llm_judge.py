@@ -38,7 +38,7 @@ from reward_models.base import (
 )
 from reward_models.patterns import UserPattern
 from reward_models.pool import KillablePool, PoolTaskError
-from reward_models.text import content_text, render_messages
+from reward_models.text import content_text, render_messages, utf8_safe
 
 # linear in ``re`` (no nested or adjacent overlapping repeats), so it runs inline on any answer
 DEFAULT_SCORE_REGEX = r"Score:\s*(-?\d+(?:\.\d+)?)"
@@ -198,7 +198,8 @@ class LLMJudge(RewardComponent):
             "reference": _reference_text(prompt.reference),
         }
         messages = [{"role": "system", "content": p.system}] if p.system else []
-        return [*messages, {"role": "user", "content": fill_rubric(p.rubric, values)}]
+        # the request body is UTF-8: a lone surrogate the model wrote becomes U+FFFD, not an error
+        return [*messages, {"role": "user", "content": utf8_safe(fill_rubric(p.rubric, values))}]
 
     def _ep(self) -> JudgeEndpoint:
         if self.endpoint is None:

@@ -183,3 +183,17 @@ def test_unknown_endpoint_is_an_error_not_a_request(fake_judge: FakeOpenAIServer
     result = one(component)
     assert result.value is None and result.error == "unknown judge endpoint 'nope'; configured: fake"
     assert not fake_judge.requests
+
+
+def test_what_the_model_wrote_always_reaches_the_judge(fake_judge: FakeOpenAIServer) -> None:
+    """Lone surrogates (UTF-8 cannot encode them) and parts whose text is not a string are the model's
+    text, sent as U+FFFD / left out: the judge scores them, never an error."""
+    sample = make_sample("42 \ud800 end", messages=[
+        {"role": "assistant", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "seen \udfff"}]},
+        {"role": "assistant", "content": 7}, "not a message"])
+    for response in ("final_answer", "transcript"):
+        result = judge(fake_judge, response=response).score(sample, make_prompt())
+        assert result.error is None and result.value == pytest.approx(0.5), (response, result.error)
+    final, transcript = (body["messages"][-1]["content"] for body in fake_judge.requests)
+    assert "42 \ufffd end" in final
+    assert "assistant: seen \ufffd" in transcript
