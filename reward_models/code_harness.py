@@ -141,6 +141,19 @@ def _verdict(session: _Session, body: bytes) -> Outcome:
     return _tests_stopped(session, ChannelBroken(f"the tests sent an unknown message {op!r}"))
 
 
+def _after_broken_send(session: _Session, tests: Channel, exc: Exception) -> Outcome:
+    """A send to the tests failed: they may have ended with a message already on its way (a broken
+    reference says so, then exits); read it before blaming anyone."""
+    if isinstance(exc, ChannelBroken):
+        try:
+            frame = tests.recv()
+        except (ChannelTimeout, ChannelBroken):
+            frame = b""
+        if frame[:1] == b"M":
+            return _verdict(session, frame[1:])
+    return _tests_stopped(session, exc)
+
+
 def _broker(session: _Session, tests: Channel) -> Outcome:
     """Move the tests' calls to the program and its replies back until someone decides."""
     while True:
@@ -157,7 +170,7 @@ def _broker(session: _Session, tests: Channel) -> Outcome:
         try:
             tests.send_encoded(reply)
         except (ChannelTimeout, ChannelBroken) as exc:
-            return _tests_stopped(session, exc)
+            return _after_broken_send(session, tests, exc)
 
 
 def _harness_limits(limits: SandboxLimits) -> SandboxLimits:
@@ -221,7 +234,7 @@ def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outco
     try:
         tests.send({"defined": _names(first["defined"]), "own": _names(first.get("own"))})
     except (ChannelTimeout, ChannelBroken) as exc:
-        return _tests_stopped(session, exc)
+        return _after_broken_send(session, tests, exc)
     return _broker(session, tests)
 
 
