@@ -11,7 +11,14 @@ import jsonschema
 from pydantic import Field, field_validator
 
 from reward_models.base import BoundedFloat, ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
-from reward_models.text import assistant_text, tool_calls
+from reward_models.text import (
+    NotJson,
+    assistant_text,
+    canonical_json,
+    json_depth_exceeds,
+    parse_model_json,
+    tool_calls,
+)
 
 _MAX_LISTED_ERRORS = 20
 _VALIDATOR_CACHE_SIZE = 256
@@ -40,24 +47,45 @@ def _validators(schemas: dict[str, dict]) -> dict[str, Any]:
     return {name: jsonschema.validators.validator_for(s)(s) for name, s in schemas.items()}
 
 
-def call_problem(call: dict, validators: dict[str, Any]) -> str | None:
-    """Why one OpenAI tool call is invalid (None if valid): arguments not JSON, unknown tool,
-    arguments not matching the tool's schema."""
+def call_problem(call: Any, validators: dict[str, Any]) -> str | None:
+    """Why one OpenAI tool call is invalid (None if valid): malformed, arguments not JSON (nested too
+    deeply or a 5,000-digit integer included), unknown tool, arguments not matching the tool's schema.
+    Whatever the model wrote is an answer here, never an exception."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         return "malformed tool call (no function name)"
     name, arguments = function["name"], function.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            return f"arguments are not JSON: {exc.msg}"
+            arguments = parse_model_json(arguments)
+        except NotJson as exc:
+            return f"arguments are not JSON: {exc}"
+    elif json_depth_exceeds(arguments):
+        return "arguments are not JSON: nested too deeply"
     if not isinstance(arguments, dict):
         return "arguments are not a JSON object"
     if name not in validators:
         return f"unknown tool {name!r}"
-    error = jsonschema.exceptions.best_match(validators[name].iter_errors(arguments))
-    return None if error is None else f"arguments invalid: {error.message}"
+    try:
+        error = jsonschema.exceptions.best_match(validators[name].iter_errors(arguments))
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:  # e.g. a huge int vs multipleOf
+        return f"arguments could not be validated: {type(exc).__name__}: {str(exc)[:200]}"
+    return None if error is None else f"arguments invalid: {error.message[:500]}"
+
+
+def has_user_regex(schema: Any) -> bool:
+    """Does a JSON schema use ``pattern`` / ``patternProperties``? (``re``, backtracking: validating
+    the model's arguments against it may take any time, so it runs under a deadline)"""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("pattern"), str) or isinstance(item.get("patternProperties"), dict):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class ToolCallParams(ParamsModel):
@@ -88,6 +116,17 @@ class ToolCallRule(RewardComponent):
         self._fixed = _validators(tool_schemas(tools)) if tools is not None else None
         self._cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        # a user regex in the tools' schemas: every item with calls is validated in the killable pool
+        self.cpu_heavy = tools is not None and has_user_regex(tools)
+
+    def in_pool(self, sample: Sample, prompt: PromptInfo) -> bool:
+        """Validation runs in the pool, under the deadline, when a tool schema has a (backtracking)
+        regex: the model's arguments could make it take any time (a timeout is then a fail, 0)."""
+        if not tool_calls(sample):
+            return False
+        if self.params.tools is not None:
+            return self.cpu_heavy
+        return has_user_regex(prompt.metadata.get("tools"))
 
     def _prompt_validators(self, prompt: PromptInfo) -> dict[str, Any]:
         tools = prompt.metadata.get("tools")
@@ -133,16 +172,22 @@ def repeated_ngram_fraction(tokens: list[str], n: int) -> float:
     return 1.0 - distinct / total
 
 
-def call_key(call: dict) -> str:
-    """Canonical identity of a tool call: name + arguments with sorted keys (raw string if not JSON)."""
-    function = call.get("function") or {}
+def call_key(call: Any) -> str | None:
+    """Canonical identity of a tool call: name + arguments with sorted keys (the raw string if it is not
+    JSON); None for a call without an identity (malformed, or arguments JSON cannot write), which is
+    never counted as a repeat."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return None
+    name = function.get("name") if isinstance(function.get("name"), str) else None
     arguments = function.get("arguments", "")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return f"{function.get('name')}|{arguments}"
-    return f"{function.get('name')}|{json.dumps(arguments, sort_keys=True)}"
+            arguments = parse_model_json(arguments)
+        except NotJson:
+            return f"{name}|{arguments}"
+    canonical = canonical_json(arguments)
+    return None if canonical is None else f"{name}|{canonical}"
 
 
 class RepetitionParams(ParamsModel):
@@ -169,7 +214,7 @@ class RepetitionRule(RewardComponent):
         tokens = text.split() if p.unit == "word" else list(text)
         ratio = repeated_ngram_fraction(tokens, p.n)
         text_penalty = min(max((ratio - p.min_ratio) / (1.0 - p.min_ratio), 0.0), 1.0)
-        counts = Counter(call_key(c) for c in tool_calls(sample))
+        counts = Counter(key for c in tool_calls(sample) if (key := call_key(c)) is not None)
         most = max(counts.values(), default=0)
         loop = most >= p.max_identical_calls
         value = -max(text_penalty, 1.0 if loop else 0.0)

@@ -1,54 +1,53 @@
-"""The trusted harness: runs the reference's tests here and the candidate program in a sandbox.
+"""The supervisor: brokers one task between the reference's sandbox and the candidate's, decides the verdict.
 
-- ``run_function_tests``: the tests (``check(candidate)`` or top-level asserts, HumanEval / MBPP
-  style) are exec'd in this process with a proxy for each function the program defined; every call
-  crosses into the sandbox with plain-data arguments and comes back as a plain-data result
-  (``reward_models.plaindata``). The verdict is decided here, from our clock and what we received.
+Nothing of the reference or the program runs here. The pool worker only moves frames and keeps the clock:
+
+- ``run_function_tests``: the program runs in a ``program`` sandbox, the reference's tests (``check(
+  candidate)`` or top-level asserts, HumanEval / MBPP style) and its ``prompt`` in a ``harness`` sandbox
+  of their own (``reward_models.harness_runner``: the same isolation, separate namespaces, never
+  network or subprocesses). Each call the tests make is forwarded to the program as it is and the
+  program's reply back to the tests unread; both sides share one deadline, from *our* clock. The
+  verdict is the tests' (``done``), unless the program broke the rules first: it exited, timed out,
+  sent a malformed reply or a result that is not plain data (``fatal``), which the tests cannot catch.
+  Once the program's results have reached the tests, the time the tests spend on them is the
+  program's: running out of it is a timeout (a fail); the tests stopping without a verdict is a fail.
+  Before the first call nothing of the program is in the tests, so a hang or crash there is the
+  reference's: ``ReferenceProblem``.
 - ``run_io_tests``: one fresh child per case; we feed its stdin, read its stdout to the end and
   compare it with the expected output (trailing whitespace per line and trailing blank lines
-  ignored); the zygote's ``waitpid`` says whether it exited 0.
+  ignored); the zygote's ``waitpid`` says whether it exited 0. No reference code runs at all.
 - ``run_in_process``: solution and tests in the program's own interpreter (``mode:
   "trusted_tests_in_process"``): the program can forge its verdict there, so it is never the default.
 
-A program that exits, is killed, times out, returns something that is not plain data, or breaks the
-protocol fails; a candidate's *exception* is re-raised in the tests as the same built-in class when
-it is an ordinary data error (``DATA_EXCEPTIONS``: ValueError, KeyError, ...), so tests may expect
-it; any other (``StopIteration`` would silently end a ``map()`` in the tests) becomes
-``CandidateError``. Helpers defined by the trusted ``reference.prompt`` are exec'd here first and
-are the ones the tests call: the program cannot redefine them. Sandbox failures raise
-``SandboxError``; the harness's own failures (tests, prompt, arguments) ``ReferenceProblem``.
+A program that leaves its sandbox in a state the zygote cannot wipe fails (and the next task gets a
+fresh sandbox). Sandbox failures raise ``SandboxError``; the reference's own failures (tests, prompt,
+arguments) ``ReferenceProblem``.
 """
 
 from __future__ import annotations
 
-import ast
-import builtins
 import json
-import keyword
-import sys
 import threading
 import time
-import traceback
-import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reward_models.plaindata import DecodeTimeout, PlainDataError, from_plain, to_plain
-from reward_models.sandbox import Channel, ChannelBroken, ChannelTimeout, Sandbox
+from reward_models.sandbox import Channel, ChannelBroken, ChannelTimeout, Sandbox, SandboxLimits, checkout
 
 Verdict = Literal["passed", "failed", "timeout"]
+_MAX_NAMES = 10_000
+_HARNESS_MIN_MB = 256  # the tests' interpreter needs room of its own; what it spends is still bounded
+MESSY = "the program left files the sandbox could not remove"
 
 
 class ReferenceProblem(ValueError):
     """The reference (tests, entry point, io cases) cannot be run as given: an error, not a 0."""
 
 
-class CandidateAborted(BaseException):  # noqa: N818 - BaseException: tests' "except Exception" cannot swallow it
-    """The program can no longer answer: it exited, timed out, or sent something that is not plain data."""
-
-
-class CandidateError(Exception):
-    """The candidate raised an exception that is not a built-in one."""
+class CandidateAborted(Exception):  # noqa: N818 - control flow inside the supervisor only
+    """The program can no longer answer: it exited, timed out, or broke the protocol."""
 
 
 @dataclass(slots=True)
@@ -64,11 +63,12 @@ class Outcome:
 
 
 class _Session:
-    """The calls of one function-style task; remembers the first fatal problem."""
+    """The program's side of one task; remembers the first fatal problem."""
 
-    def __init__(self, channel: Channel) -> None:
-        self.channel, self.calls = channel, 0
+    def __init__(self, channel: Channel, timeout_s: float = 0.0) -> None:
+        self.channel, self.calls, self.timeout_s = channel, 0, timeout_s
         self.fatal: Outcome | None = None
+        self.listed_after = 0.0  # seconds of the task the program took to list its functions
 
     def abort(self, verdict: Verdict, reason: str) -> CandidateAborted:
         if self.fatal is None:
@@ -77,214 +77,184 @@ class _Session:
 
     def request(self, message: dict) -> dict:
         """Send one frame and read the reply as a JSON object, aborting on anything else."""
+        reply = self._exchange(json.dumps(message, separators=(",", ":")).encode())
+        try:
+            parsed = json.loads(reply)
+        except (ValueError, RecursionError):
+            raise self.abort("failed", "the program sent a malformed message") from None
+        if not isinstance(parsed, dict):
+            raise self.abort("failed", "the program sent a malformed message")
+        return parsed
+
+    def forward(self, call: bytes) -> bytes:
+        """One call of the tests, as the tests encoded it; the program's reply, unread."""
+        self.calls += 1
+        return self._exchange(call)
+
+    def _exchange(self, data: bytes) -> bytes:
         if self.fatal is not None:
             raise CandidateAborted(self.fatal.reason)
         try:
-            data = json.dumps(message, separators=(",", ":")).encode()
-        except (ValueError, RecursionError) as exc:  # ours, never the program's fault
-            raise ReferenceProblem(f"the harness could not encode a message: {exc}") from None
-        try:
             self.channel.send_encoded(data)
-            reply = json.loads(self.channel.recv())
+            return self.channel.recv()
         except ChannelTimeout:
             raise self.abort("timeout", "the time limit passed") from None
         except ChannelBroken as exc:
             raise self.abort("failed", str(exc)) from None
-        except (ValueError, RecursionError):
-            raise self.abort("failed", "the program sent a malformed message") from None
-        if not isinstance(reply, dict):
-            raise self.abort("failed", "the program sent a malformed message")
-        return reply
-
-    def call(self, name: str, args: tuple, kwargs: dict) -> Any:
-        try:
-            message = {"fn": name, "args": to_plain(args), "kwargs": to_plain(kwargs)}
-        except PlainDataError as exc:
-            raise ReferenceProblem(f"the tests pass an argument that is not plain data: {exc}") from None
-        self.calls += 1
-        reply = self.request(message)
-        if "value" in reply:
-            try:
-                value = from_plain(reply["value"], deadline=self.channel.deadline)
-            except DecodeTimeout:
-                raise self.abort("timeout", "the time limit passed (decoding the result)") from None
-            except PlainDataError as exc:
-                raise self.abort(
-                    "failed", f"{name} returned something that is not plain data: {exc}"
-                ) from None
-            if self.channel.remaining() <= 0:  # our clock, decoding included
-                raise self.abort("timeout", "the time limit passed")
-            return value
-        if "raised" in reply:
-            raise _candidate_exception(str(reply["raised"]), str(reply.get("message", "")))
-        reason = reply.get("not_plain", "a malformed reply")
-        raise self.abort("failed", f"{name} returned something that is not plain data: {reason}")
-
-
-# Re-created in the tests as themselves. Never control-flow exceptions: a StopIteration raised in
-# map() / filter() / next() ends the *tests'* iteration and makes all(map(...)) True.
-DATA_EXCEPTIONS = frozenset(
-    {
-        "ArithmeticError", "AttributeError", "FloatingPointError", "IndexError", "KeyError",
-        "LookupError", "NameError", "NotImplementedError", "OverflowError", "RecursionError",
-        "RuntimeError", "TypeError", "UnboundLocalError", "ValueError", "ZeroDivisionError",
-    }
-)  # fmt: skip
-
-
-def _candidate_exception(name: str, message: str) -> Exception:
-    """The built-in exception of that name when it is a data error (so tests can expect it), else
-    CandidateError."""
-    if name in DATA_EXCEPTIONS:
-        return getattr(builtins, name)(message)
-    return CandidateError(f"{name}: {message}")
-
-
-class CandidateFunction:
-    """Stands for one function of the program in the tests' namespace."""
-
-    def __init__(self, session: _Session, name: str) -> None:
-        self._session, self.__name__ = session, name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._session.call(self.__name__, args, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<candidate function {self.__name__}>"
-
-
-def _pick_candidate(
-    proxies: dict[str, CandidateFunction], own: list[str], entry_point: str | None
-) -> CandidateFunction | None:
-    """The entry point, else the one function the program wrote (imports do not count)."""
-    if entry_point is not None:
-        return proxies.get(entry_point)
-    return proxies[own[0]] if len(own) == 1 and own[0] in proxies else None
 
 
 def _names(listed: Any) -> list[str]:
     """The names the program listed (what it sends is untrusted: anything else counts as none)."""
-    return [n for n in listed if type(n) is str] if type(listed) is list else []
+    if type(listed) is not list:
+        return []
+    return [n for n in listed if type(n) is str and n.isidentifier()][:_MAX_NAMES]
 
 
-def _stubs(tree: ast.Module) -> set[str]:
-    """Top-level functions of the prompt with no body but a docstring / ``pass`` / ``...``: the ones
-    the program is asked to write (they come from the program; complete ones are trusted)."""
-    return {
-        node.name
-        for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and all(
-            isinstance(stmt, ast.Pass)
-            or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
-            for stmt in node.body
-        )
-    }
+def _tests_stopped(session: _Session, exc: Exception) -> Outcome:
+    """The tests' sandbox went quiet or away without a verdict."""
+    timeout = isinstance(exc, ChannelTimeout)
+    if session.calls == 0:  # nothing of the program is in the tests yet: the reference's own fault...
+        if not timeout:
+            raise ReferenceProblem(f"the tests stopped before calling the program ({exc})")
+        if session.listed_after <= session.timeout_s / 2:  # ...when they had the time to reach a call
+            raise ReferenceProblem("the tests ran past the time limit before calling the program")
+        return Outcome("timeout", "the time limit passed: the program took most of it before the tests ran")
+    if timeout:
+        return Outcome("timeout", "the time limit passed while the tests worked on the program's results")
+    return Outcome("failed", f"the tests stopped without a verdict after the program's results ({exc})")
 
 
-def _trusted_module(prompt: str | None) -> tuple[types.ModuleType, set[str]]:
-    """The tests' module holding what the trusted prompt defines (helpers the tests call), and the
-    names of the prompt's stubs."""
-    module = types.ModuleType("__main__")  # unittest.main() looks for its tests in __main__
-    if not prompt:
-        return module, set()
+def _verdict(session: _Session, body: bytes) -> Outcome:
+    """The tests' control message: their verdict, the program's foul, or a problem of the reference."""
     try:
-        tree = ast.parse(prompt, "<prompt>")
-        exec(compile(tree, "<prompt>", "exec"), module.__dict__)  # noqa: S102 - the reference's: trusted
-    except Exception as exc:  # noqa: BLE001 - a broken reference is an error, not a verdict
-        raise ReferenceProblem(f"reference.prompt cannot be run: {type(exc).__name__}: {exc}") from None
-    return module, _stubs(tree)
+        message = json.loads(body)
+        op, reason = message["op"], str(message.get("reason", ""))[:2000]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return _tests_stopped(session, ChannelBroken("the tests sent a malformed message"))
+    if op == "done":
+        return Outcome("passed" if message.get("verdict") == "passed" else "failed", reason)
+    if op == "fatal":
+        session.abort("failed", reason)
+        return session.fatal  # type: ignore[return-value]
+    if op == "reference_problem":
+        raise ReferenceProblem(reason)
+    return _tests_stopped(session, ChannelBroken(f"the tests sent an unknown message {op!r}"))
 
 
-def _visible(name: str, entry_point: str | None) -> bool:
-    """May the tests see this program function by name? Never as a builtin (``def abs(x): return 0``
-    would rig ``abs(candidate(x) - y) < 1e-6``), a dunder or a keyword, unless it is the entry point."""
-    if name == entry_point:
-        return True
-    return not (name.startswith("__") or hasattr(builtins, name) or keyword.iskeyword(name))
+def _after_broken_send(session: _Session, tests: Channel, exc: Exception) -> Outcome:
+    """A send to the tests failed: they may have ended with a message already on its way (a broken
+    reference says so, then exits); read it before blaming anyone."""
+    if isinstance(exc, ChannelBroken):
+        try:
+            frame = tests.recv()
+        except (ChannelTimeout, ChannelBroken):
+            frame = b""
+        if frame[:1] == b"M":
+            return _verdict(session, frame[1:])
+    return _tests_stopped(session, exc)
 
 
-def _run_tests(
-    session: _Session, tests: str, listed: dict, entry_point: str | None, prompt: str | None
-) -> Outcome:
-    names, own = (_names(listed.get(key)) for key in ("defined", "own"))
-    proxies = {name: CandidateFunction(session, name) for name in names if name.isidentifier()}
-    candidate = _pick_candidate(proxies, own, entry_point)
-    if entry_point is not None and candidate is None:
-        return Outcome("failed", f"the program does not define {entry_point}()")
-    module, stubs = _trusted_module(prompt)
-    trusted = set(module.__dict__) - stubs  # the prompt's complete definitions win over the program's
-    module.__dict__.update(
-        (name, proxy)
-        for name, proxy in proxies.items()
-        if name == entry_point or (_visible(name, entry_point) and name not in trusted)
+def _broker(session: _Session, tests: Channel) -> Outcome:
+    """Move the tests' calls to the program and its replies back until someone decides."""
+    while True:
+        try:
+            frame = tests.recv()
+        except (ChannelTimeout, ChannelBroken) as exc:
+            return _tests_stopped(session, exc)
+        if frame[:1] != b"C":
+            return _verdict(session, frame[1:])
+        try:
+            reply = session.forward(frame[1:])
+        except CandidateAborted:
+            return session.fatal  # type: ignore[return-value]
+        try:
+            tests.send_encoded(reply)
+        except (ChannelTimeout, ChannelBroken) as exc:
+            return _after_broken_send(session, tests, exc)
+
+
+def _harness_limits(limits: SandboxLimits) -> SandboxLimits:
+    return SandboxLimits(
+        timeout_s=limits.timeout_s,
+        memory_mb=max(limits.memory_mb, _HARNESS_MIN_MB),
+        max_processes=limits.max_processes,
+        max_file_mb=limits.max_file_mb,
+        max_output_bytes=2000,
     )
-    namespace: dict[str, Any] = module.__dict__
-    try:
-        code = compile(tests, "<tests>", "exec")
-    except SyntaxError as exc:
-        raise ReferenceProblem(f"reference tests do not compile: {exc}") from None
-    saved = sys.argv, sys.modules["__main__"]
-    sys.argv, sys.modules["__main__"] = ["tests"], module  # one task at a time per harness process
-    try:
-        exec(code, namespace)  # noqa: S102 - the reference's tests: trusted, and never the program's code
-        check = namespace.get("check")
-        if callable(check) and not isinstance(check, CandidateFunction):  # the tests' own check
-            if candidate is None:
-                return Outcome(
-                    "failed",
-                    f"check(candidate) needs one entry point; the program defines {len(own)} functions (set reference.entry_point)",
-                )
-            check(candidate)
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            return Outcome("failed", f"the tests exited with {exc.code!r}")
-    except (CandidateAborted, Exception) as exc:  # noqa: BLE001 - any failure of the tests is a fail
-        if isinstance(exc, ReferenceProblem):
-            raise
-        return session.fatal or Outcome("failed", _test_failure(exc))
-    finally:
-        sys.argv, sys.modules["__main__"] = saved
-    return session.fatal or Outcome("passed")
 
 
-def _test_failure(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<tests>"]
-    where = f" (tests line {frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}{where}: {str(exc)[:500]}"
-
-
-def _finish(sandbox: Sandbox, channel: Channel, outcome: Outcome, kill: bool = True) -> Outcome:
-    done = sandbox.finish(channel, kill)
-    outcome.exit, outcome.output = done.get("exit"), str(done.get("output", ""))
-    return outcome
+@contextmanager
+def _harness_for(sandbox: Sandbox, harness: Sandbox | None) -> Iterator[Sandbox]:
+    if harness is not None:
+        yield harness
+    else:
+        with checkout(sandbox.settings, role="harness") as fresh:
+            yield fresh
 
 
 def run_function_tests(
     sandbox: Sandbox,
-    limits: Any,
+    limits: SandboxLimits,
     source: str,
     tests: str,
     entry_point: str | None,
     prompt: str | None = None,
+    harness: Sandbox | None = None,
 ) -> Outcome:
-    """Define the program's functions in the sandbox, run ``prompt`` (trusted helpers) then
-    ``tests`` here against proxies."""
-    channel = sandbox.task("fn", limits)
-    session = _Session(channel)
+    """Define the program's functions in ``sandbox``, run ``prompt`` (the reference's helpers) then
+    ``tests`` in ``harness`` (a harness sandbox; checked out here when None) against proxies."""
+    with _harness_for(sandbox, harness) as harness:
+        channel = sandbox.task("fn", limits)
+        tests_channel = harness.task("harness", _harness_limits(limits))
+        tests_channel.deadline = channel.deadline  # one clock for the task, both sides
+        session = _Session(channel, limits.timeout_s)
+        setup = {"tests": tests, "prompt": prompt, "entry_point": entry_point}
+        try:
+            outcome = _start(session, tests_channel, source, setup)
+        except ReferenceProblem as exc:
+            _, tail = _end(sandbox, channel, harness, tests_channel)
+            raise ReferenceProblem(f"{exc}{'; the tests wrote: ' + tail if tail else ''}") from None
+        outcome.calls = session.calls
+        done, _ = _end(sandbox, channel, harness, tests_channel)
+        return _observed(outcome, done)
+
+
+def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outcome:
+    try:
+        tests.send(setup)
+    except (ChannelTimeout, ChannelBroken) as exc:
+        raise ReferenceProblem(f"the tests' sandbox did not take the reference ({exc})") from None
     try:
         first = session.request({"source": source})
-        if "defined" in first and isinstance(first["defined"], list):
-            outcome = _run_tests(session, tests, first, entry_point, prompt)
-        else:
-            outcome = Outcome("failed", f"the program raised before the tests: {first.get('error', '?')}")
     except CandidateAborted:
-        outcome = session.fatal or Outcome("failed", "the program stopped")
-    except ReferenceProblem:
-        sandbox.finish(channel, kill=True)
-        raise
-    outcome.calls = session.calls
-    return _finish(sandbox, channel, outcome)
+        return session.fatal  # type: ignore[return-value]
+    if not ("defined" in first and isinstance(first["defined"], list)):
+        return Outcome("failed", f"the program raised before the tests: {str(first.get('error', '?'))[:2000]}")
+    session.listed_after = session.timeout_s - session.channel.remaining()
+    try:
+        tests.send({"defined": _names(first["defined"]), "own": _names(first.get("own"))})
+    except (ChannelTimeout, ChannelBroken) as exc:
+        return _after_broken_send(session, tests, exc)
+    return _broker(session, tests)
+
+
+def _end(sandbox: Sandbox, channel: Channel, harness: Sandbox, tests: Channel) -> tuple[dict, str]:
+    """Stop both sides at once; (the program's finish report, the tests' output tail)."""
+    harness.stop(tests, kill=True)
+    sandbox.stop(channel, kill=True)
+    try:
+        tail = str(harness.finished().get("output", "")).strip()[-500:]
+    finally:
+        done = sandbox.finished()
+    return done, tail
+
+
+def _observed(outcome: Outcome, done: dict) -> Outcome:
+    """Add what the zygote saw at the end; a program that left an unremovable mess fails."""
+    outcome.exit, outcome.output = done.get("exit"), str(done.get("output", ""))
+    if done.get("clean") is False and outcome.verdict == "passed":
+        outcome.verdict, outcome.reason = "failed", MESSY
+    return outcome
 
 
 def normalize_output(text: str) -> str:
@@ -293,7 +263,7 @@ def normalize_output(text: str) -> str:
 
 
 def _io_case(
-    sandbox: Sandbox, limits: Any, source: str, stdin: str, expected: str, deadline: float
+    sandbox: Sandbox, limits: SandboxLimits, source: str, stdin: str, expected: str, deadline: float
 ) -> Outcome:
     channel = sandbox.task("io", limits)
     channel.deadline = min(channel.deadline, deadline)
@@ -310,7 +280,7 @@ def _io_case(
         outcome = Outcome("timeout", "the time limit passed")
     except ChannelBroken as exc:
         outcome = Outcome("failed", str(exc))
-    outcome = _finish(sandbox, channel, outcome or Outcome("passed"), kill=not complete)
+    outcome = _observed(outcome or Outcome("passed"), sandbox.finish(channel, kill=not complete))
     if outcome.verdict == "passed" and outcome.exit != 0:
         outcome.verdict, outcome.reason = "failed", f"the program exited with status {outcome.exit}"
     elif outcome.verdict == "passed" and normalize_output(
@@ -327,8 +297,9 @@ def _feed(channel: Channel, data: bytes) -> None:
         pass  # the program stopped reading: what it wrote decides
 
 
-def run_io_tests(sandbox: Sandbox, limits: Any, source: str, cases: list[tuple[str, str]]) -> Outcome:
-    """Run the program once per ``(stdin, expected stdout)`` case, all within ``limits.timeout_s``."""
+def run_io_tests(sandbox: Sandbox, limits: SandboxLimits, source: str, cases: list[tuple[str, str]]) -> Outcome:
+    """Run the program once per ``(stdin, expected stdout)`` case, all within ``limits.timeout_s``.
+    A case after which the sandbox had to be replaced has failed, so no case runs in a closed one."""
     deadline = time.monotonic() + limits.timeout_s
     outcome = Outcome("passed")
     for index, (stdin, expected) in enumerate(cases):
@@ -340,7 +311,7 @@ def run_io_tests(sandbox: Sandbox, limits: Any, source: str, cases: list[tuple[s
     return outcome
 
 
-def run_in_process(sandbox: Sandbox, limits: Any, source: str, tests: str) -> Outcome:
+def run_in_process(sandbox: Sandbox, limits: SandboxLimits, source: str, tests: str) -> Outcome:
     """Solution then tests in the program's interpreter (forgeable: only by explicit choice)."""
     channel = sandbox.task("inproc", limits)
     session = _Session(channel)
@@ -353,4 +324,4 @@ def run_in_process(sandbox: Sandbox, limits: Any, source: str, tests: str) -> Ou
         )
     except CandidateAborted:
         outcome = session.fatal or Outcome("failed", "the program stopped")
-    return _finish(sandbox, channel, outcome)
+    return _observed(outcome, sandbox.finish(channel, kill=True))

@@ -6,13 +6,16 @@ calling the program's functions; ``entry_point`` names the candidate) or ``io`` 
 ``{"input", "output"}`` stdin / stdout cases); ``prompt`` (optional, HumanEval's field) is the
 prompt's code, trusted: its helpers (``encode_shift``, ``poly``) are the ones the tests call, so a
 program cannot rig them by redefining them. ``mode: "harness"`` (the default) runs the tests in a
-trusted harness and only the program in the sandbox (``reward_models.code_harness``);
-``mode: "trusted_tests_in_process"`` runs both in the program's interpreter, where a program can
-forge its own pass: use it only for tests that need the program's objects themselves.
+harness sandbox and the program in a program sandbox, the pool worker brokering between them
+(``reward_models.code_harness``); ``mode: "trusted_tests_in_process"`` runs both in the program's
+interpreter, where a program can forge its own pass: use it only for tests that need the program's
+objects themselves. The reference is trusted to decide the verdict, never with the host: no code
+of it runs outside a sandbox.
 
-Pass (1.0) / fail (0.0) come from the harness's own observations; a sandbox that cannot start, or
-no acceptable backend, is an error (never a 0). Runs in the Scorer's KillablePool (``cpu_heavy``):
-each pool worker keeps warm sandboxes, and a hung harness is killed with its worker.
+Pass (1.0) / fail (0.0) come from the supervisor's own observations; a sandbox that cannot start, no
+acceptable backend, or a reference that fails on its own is an error (never a 0); anything the
+program causes is a 0. Runs in the Scorer's KillablePool (``cpu_heavy``): each pool worker keeps warm
+sandboxes, and its canary (``canary``) tells a slow answer from a sick verifier.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
+from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample, canary_item
 from reward_models.code_harness import (
     Outcome,
     ReferenceProblem,
@@ -95,6 +98,10 @@ class CodeVerifier(RewardComponent):
         return None
     Params = CodeParams
 
+    def canary(self) -> tuple[Sample, PromptInfo]:
+        """A correct program for a one-line test: passes within the deadline on a healthy verifier."""
+        return canary_item("def canary(x):\n    return x + 1\n", {"tests": "assert canary(1) == 2\n"})
+
     def deadline_s(self) -> float:
         """The pool's limit for one sample: the program's time plus sandbox start-up."""
         return self.params.timeout_s + _STARTUP_SLACK_S
@@ -122,13 +129,15 @@ class CodeVerifier(RewardComponent):
         cases = _io_cases(io) if not isinstance(tests, str) else None
         limits = self._limits()
         mode = "io" if cases is not None else self.params.mode
-        with checkout(get_sandbox_settings()) as sandbox:
+        settings = get_sandbox_settings()
+        with checkout(settings) as sandbox:
             if cases is not None:
                 outcome = run_io_tests(sandbox, limits, source, cases)
             elif mode == "trusted_tests_in_process":
                 outcome = run_in_process(sandbox, limits, source, tests)
             else:
-                outcome = run_function_tests(sandbox, limits, source, tests, entry, helpers)
+                with checkout(settings, role="harness") as harness:  # started before the clock runs
+                    outcome = run_function_tests(sandbox, limits, source, tests, entry, helpers, harness)
             return outcome, sandbox.backend.name, mode
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:

@@ -13,6 +13,7 @@ errors and are not cached. LLM-as-a-judge: Zheng et al. 2023.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,10 +36,11 @@ from reward_models.base import (
     PromptInfo,
     RewardComponent,
     Sample,
+    canary_item,
 )
 from reward_models.patterns import UserPattern
 from reward_models.pool import KillablePool, PoolTaskError
-from reward_models.text import content_text, render_messages
+from reward_models.text import content_text, render_messages, utf8_safe
 
 # linear in ``re`` (no nested or adjacent overlapping repeats), so it runs inline on any answer
 DEFAULT_SCORE_REGEX = r"Score:\s*(-?\d+(?:\.\d+)?)"
@@ -51,6 +53,8 @@ DEFAULT_RUBRIC = (
 _PLACEHOLDER = re.compile(r"\{(prompt|response|reference)\}")
 _MAX_BACKOFF_S = 30.0
 _RAW_CHARS = 2000
+JUDGE_ANSWER_UNUSABLE = "judge_answer_unusable"  # the judge answered this item unusably twice; its canary is fine
+_CANARY_TTL_S = 60.0
 
 
 class JudgeEndpoint(ParamsModel):
@@ -186,6 +190,7 @@ class LLMJudge(RewardComponent):
         self._lock = threading.Lock()
         self._next_request = 0.0
         self._cache: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._canary_checked: tuple[float, bool] | None = None  # (when, healthy)
         self._client: httpx.Client | None = None
 
     def judge_messages(self, sample: Sample, prompt: PromptInfo) -> list[dict]:
@@ -198,7 +203,8 @@ class LLMJudge(RewardComponent):
             "reference": _reference_text(prompt.reference),
         }
         messages = [{"role": "system", "content": p.system}] if p.system else []
-        return [*messages, {"role": "user", "content": fill_rubric(p.rubric, values)}]
+        # the request body is UTF-8: a lone surrogate the model wrote becomes U+FFFD, not an error
+        return [*messages, {"role": "user", "content": utf8_safe(fill_rubric(p.rubric, values))}]
 
     def _ep(self) -> JudgeEndpoint:
         if self.endpoint is None:
@@ -213,18 +219,48 @@ class LLMJudge(RewardComponent):
         cached = self._cache_get(key)
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
-        content, attempts = self._complete(messages)
-        details = {"raw": content[:_RAW_CHARS], "attempts": attempts}
-        score = self._parse(content, details)
-        if score is None:
-            raise ComponentError("unparseable judge answer", details)
+        score, details, problem = self._ask(messages)
+        if problem is not None:  # once more: a judge's slip rarely repeats, an answer that steers it does
+            score, details, problem = self._ask(messages)
+        if problem is not None:
+            if not self._canary_healthy():
+                raise ComponentError(problem, details)
+            # the judge scores its canary as asked, and this item's text made it answer unusably twice
+            # (prompt injection, a text that derails it): the model's doing, a 0 -- never a null to seek
+            return 0.0, {**details, "reason": JUDGE_ANSWER_UNUSABLE, "judge_error": problem, "cached": False}
         p = self.params
-        if not p.min_score <= score <= p.max_score:
-            raise ComponentError(f"judge score {score} outside [{p.min_score}, {p.max_score}]", details)
-        value = (score - p.min_score) / (p.max_score - p.min_score)
+        value = (score - p.min_score) / (p.max_score - p.min_score)  # type: ignore[operator]
         details["judge_score"] = score
         self._cache_put(key, value, details)
         return value, {**details, "cached": False}
+
+    def _ask(self, messages: list[dict]) -> tuple[float | None, dict, str | None]:
+        """One judge answer -> (score, details, None) or (None, details, why it cannot be used)."""
+        content, attempts = self._complete(messages)
+        details = {"raw": content[:_RAW_CHARS], "attempts": attempts}
+        score = self._parse(content, details)
+        p = self.params
+        if score is None:
+            return None, details, "unparseable judge answer"
+        if not p.min_score <= score <= p.max_score:
+            return None, details, f"judge score {score} outside [{p.min_score}, {p.max_score}]"
+        return score, details, None
+
+    def _canary_healthy(self) -> bool:
+        """Does the judge answer a plain item usably now? (cached for a minute; errors mean no)"""
+        now = time.monotonic()
+        with self._lock:
+            if self._canary_checked is not None and now - self._canary_checked[0] < _CANARY_TTL_S:
+                return self._canary_checked[1]
+        sample, prompt = canary_item("4", {"answer": "4"})
+        prompt = dataclasses.replace(prompt, messages=[{"role": "user", "content": "What is 2 + 2?"}])
+        try:
+            healthy = self._ask(self.judge_messages(sample, prompt))[2] is None
+        except ComponentError:
+            healthy = False
+        with self._lock:
+            self._canary_checked = (now, healthy)
+        return healthy
 
     def _parse(self, content: str, details: dict) -> float | None:
         """The score in the judge's answer (untrusted text: it may echo the policy). The built-in

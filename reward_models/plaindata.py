@@ -32,6 +32,10 @@ class PlainDataError(ValueError):
     """A value that is not plain data (or nests deeper than MAX_DEPTH)."""
 
 
+class TooDeep(PlainDataError):
+    """A value nested deeper than MAX_DEPTH."""
+
+
 class DecodeTimeout(PlainDataError):
     """Decoding ran past its deadline (e.g. crafted hash collisions)."""
 
@@ -39,7 +43,7 @@ class DecodeTimeout(PlainDataError):
 def to_plain(value, depth=0):
     """``value`` as JSON-able tagged data; PlainDataError when it is not plain data."""
     if depth > MAX_DEPTH:
-        raise PlainDataError(f"nested deeper than {MAX_DEPTH}")
+        raise TooDeep(f"nested deeper than {MAX_DEPTH}")
     kind = type(value)
     if kind in _SCALARS:
         return value
@@ -73,7 +77,7 @@ class _Decoder:
 
     def value(self, data, depth):
         if depth > MAX_DEPTH:
-            raise PlainDataError(f"nested deeper than {MAX_DEPTH}")
+            raise TooDeep(f"nested deeper than {MAX_DEPTH}")
         kind = type(data)
         if kind in _SCALARS or kind is int:
             return data

@@ -25,7 +25,7 @@ from reward_models.base import (
     Sample,
     error_result,
 )
-from reward_models.text import render_messages
+from reward_models.text import content_text, render_messages, utf8_safe
 
 BYTE_PAD_ID = 256
 
@@ -151,11 +151,13 @@ class RewardModelJudge(RewardComponent):
             response = [{"role": "assistant", "content": sample.final_answer}]
         else:
             response = sample.messages
-        messages = [*prompt.messages, *response]
+        # content as text (a part whose text is not a string is no text), every string UTF-8-encodable:
+        # what the model wrote is read, never an error (docs/components.md)
+        messages = [_as_text_message(m) for m in [*prompt.messages, *response] if isinstance(m, dict)]
         inner = getattr(self._tokenizer, "inner", None)
         if inner is not None and getattr(inner, "chat_template", None):
-            return inner.apply_chat_template(messages, tokenize=False)
-        return render_messages(messages)
+            return utf8_safe(inner.apply_chat_template(messages, tokenize=False))
+        return utf8_safe(render_messages(messages))
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         result = self.score_batch([(sample, prompt)])[0]
@@ -174,9 +176,14 @@ class RewardModelJudge(RewardComponent):
                 error_result(f"could not load the reward model: {type(exc).__name__}: {exc}") for _ in items
             ]
         assert self._tokenizer is not None
-        ids = [self._tokenizer.encode(self.text(s, p), self.params.max_length) for s, p in items]
-        order = sorted(range(len(items)), key=lambda i: len(ids[i]))
         outcomes: dict[int, tuple[float | None, str | None]] = {}
+        ids: dict[int, list[int]] = {}
+        for i, (s, p) in enumerate(items):
+            try:
+                ids[i] = self._tokenizer.encode(self.text(s, p), self.params.max_length)
+            except Exception as exc:  # noqa: BLE001 - a fault of ours on one item: it errors, the batch goes on
+                outcomes[i] = (None, f"could not tokenize: {type(exc).__name__}: {exc}")
+        order = sorted(ids, key=lambda i: len(ids[i]))
         for first in range(0, len(order), self.params.batch_size):
             chunk = order[first : first + self.params.batch_size]
             try:
@@ -185,7 +192,7 @@ class RewardModelJudge(RewardComponent):
             except Exception as exc:  # noqa: BLE001 - e.g. CUDA OOM: this batch errors, the rest goes on
                 outcomes.update({i: (None, f"{type(exc).__name__}: {exc}") for i in chunk})
         latency = (time.perf_counter() - start) * 1000.0 / max(len(items), 1)
-        return [_result(outcomes[i], len(ids[i]), latency) for i in range(len(items))]
+        return [_result(outcomes[i], len(ids.get(i, ())), latency) for i in range(len(items))]
 
     def _forward(self, batch: list[list[int]]) -> list[float]:
         """Right-padded batch (B, T) -> logits (B,)."""
@@ -201,6 +208,11 @@ class RewardModelJudge(RewardComponent):
         with self._lock, torch.inference_mode():
             logits = self._model(input_ids=input_ids, attention_mask=mask).logits  # (B, 1)
         return logits[:, 0].float().cpu().tolist()
+
+
+def _as_text_message(message: dict) -> dict:
+    """A chat message with its content as text (what a chat template and ``render_messages`` can read)."""
+    return {**message, "content": content_text(message)}
 
 
 def _result(outcome: tuple[float | None, str | None], num_tokens: int, latency_ms: float) -> ComponentResult:

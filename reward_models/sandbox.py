@@ -9,7 +9,9 @@ wipes the scratch directory and reports the child's exit status and output tail.
 
 Sandboxes are reused (``checkout``) while their zygote is healthy. They are started from one
 long-lived thread per process, because ``--die-with-parent`` ties a sandbox to the *thread* that
-started it.
+started it. A sandbox has a ``role``: ``program`` runs the candidate; ``harness`` runs the
+reference's tests (``reward_models.harness_runner``), in a sandbox of its own (its own namespaces,
+never network or subprocesses), so neither the reference nor the program reaches the host or the other.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from reward_models.sandbox_backend import Backend, SandboxError, interpreter, resolve_backend
 from reward_models.sandbox_settings import SandboxSettings
@@ -37,6 +40,8 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 2**20
 _STARTUP_S = 30.0
 _FINISH_S = 10.0
+_HARNESS_PRELOAD = ("ast", "keyword", "traceback", "types", "unittest")
+Role = Literal["program", "harness"]
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -161,14 +166,19 @@ class Channel:
 class Sandbox:
     """One zygote under ``backend``; runs one task at a time."""
 
-    def __init__(self, backend: Backend, settings: SandboxSettings) -> None:
-        self.backend, self.settings, self.owner = backend, settings, os.getpid()
-        self._seq = 0
+    def __init__(self, backend: Backend, settings: SandboxSettings, role: Role = "program") -> None:
+        self.backend, self.settings, self.role, self.owner = backend, settings, role, os.getpid()
+        self._seq, self.closed = 0, False
         self._tmp = tempfile.mkdtemp(prefix="grpo-sandbox-") if backend.scratch is None else None
         self._log = tempfile.TemporaryFile()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.ctrl = ours
-        config = {"ctrl_fd": theirs.fileno(), "scratch": backend.scratch or self._tmp}
+        config = {
+            "ctrl_fd": theirs.fileno(),
+            "scratch": backend.scratch or self._tmp,
+            "preload": _HARNESS_PRELOAD if role == "harness" else (),
+            "verify_free": backend.scratch is not None,  # the sandbox's own tmpfs: every block comes back
+        }
         cmd = [*backend.prefix, interpreter(), "-I", "-S", "-c", zygote_source(), json.dumps(config)]
         try:
             self.proc = subprocess.Popen(
@@ -191,7 +201,7 @@ class Sandbox:
             raise SandboxError(f"the sandbox ({backend.name}) did not start: {tail}")
 
     def alive(self) -> bool:
-        return self.owner == os.getpid() and self.proc.poll() is None
+        return not self.closed and self.owner == os.getpid() and self.proc.poll() is None
 
     def _exited(self, within_s: float) -> bool:
         try:
@@ -214,7 +224,10 @@ class Sandbox:
             return {}
 
     def task(self, mode: str, limits: SandboxLimits) -> Channel:
-        """Start one task (``fn``, ``io`` or ``inproc``) and return the channel to its child."""
+        """Start one task (``fn``, ``io``, ``inproc``; ``harness`` in a harness sandbox) and return the
+        channel to its child. SandboxError when this sandbox is gone (closed after an earlier task)."""
+        if not self.alive():
+            raise SandboxError(f"the sandbox ({self.backend.name}) is closed")
         self._seq += 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         message = {
@@ -236,13 +249,24 @@ class Sandbox:
         return Channel(ours, time.monotonic() + limits.timeout_s)
 
     def finish(self, channel: Channel, kill: bool) -> dict:
-        """End the current task: ``{"exit": status, "output": tail}`` once nothing of it runs."""
+        """End the current task: ``{"exit": status, "output": tail, "clean": bool}`` once nothing of
+        it runs."""
+        self.stop(channel, kill)
+        return self.finished()
+
+    def stop(self, channel: Channel, kill: bool) -> None:
+        """The first half of ``finish``: close the channel and (``kill``) tell the zygote to stop the
+        task, without waiting (so two sandboxes clean up at once)."""
         channel.close()
         try:
             if kill:
                 self.ctrl.send(b'{"op":"kill"}')
         except OSError:
             pass
+
+    def finished(self) -> dict:
+        """The second half of ``finish``: the zygote's report. ``clean`` is False (and this sandbox
+        closed: the next task gets a fresh one) when it could not wipe what the task left."""
         reply = self._control(_FINISH_S)
         if reply.get("done") == self._seq and reply.get("clean") is True:
             return reply
@@ -252,11 +276,12 @@ class Sandbox:
         if crashed:  # the zygote cannot be signalled from inside: its death is the infrastructure's
             raise SandboxError(f"the sandbox ({self.backend.name}) stopped answering: {tail}")
         if reply.get("done") == self._seq:
-            return reply  # the program left a mess the zygote could not remove
-        return {"exit": None, "output": "", "unfinished": "the sandbox could not clean up after the program"}
+            return dict(reply, clean=False)  # the program left a mess the zygote could not remove
+        return {"exit": None, "output": "", "clean": False, "unfinished": "the sandbox could not clean up"}
 
     def close(self) -> None:
         """Kill the zygote (and so everything in the sandbox); idempotent."""
+        self.closed = True
         proc = getattr(self, "proc", None)
         if proc is not None and self.owner == os.getpid() and proc.poll() is None:
             proc.kill()
@@ -267,7 +292,7 @@ class Sandbox:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-_idle: dict[SandboxSettings, list[Sandbox]] = {}
+_idle: dict[tuple[SandboxSettings, Role], list[Sandbox]] = {}
 _lock = threading.Lock()
 _spawners: dict[int, ThreadPoolExecutor] = {}
 
@@ -292,9 +317,9 @@ def _close_idle() -> None:
         sandbox.close()
 
 
-def _take(settings: SandboxSettings) -> Sandbox | None:
+def _take(key: tuple[SandboxSettings, Role]) -> Sandbox | None:
     with _lock:
-        pool = _idle.setdefault(settings, [])
+        pool = _idle.setdefault(key, [])
         while pool:
             sandbox = pool.pop()
             if sandbox.alive():
@@ -304,12 +329,20 @@ def _take(settings: SandboxSettings) -> Sandbox | None:
     return None
 
 
+def harness_settings(settings: SandboxSettings) -> SandboxSettings:
+    """The harness sandbox's settings: the deployment's backend, never network or subprocesses."""
+    return settings.model_copy(update={"allow_network": False, "allow_subprocess": False})
+
+
 @contextmanager
-def checkout(settings: SandboxSettings) -> Iterator[Sandbox]:
-    """A healthy sandbox for the settings' backend, returned for reuse afterwards. Raises
+def checkout(settings: SandboxSettings, role: Role = "program") -> Iterator[Sandbox]:
+    """A healthy sandbox of ``role`` for the settings' backend, returned for reuse afterwards. Raises
     BackendUnavailable (with the install hint) when no acceptable backend works."""
+    if role == "harness":
+        settings = harness_settings(settings)
     backend = resolve_backend(settings)
-    sandbox = _take(settings) or _spawner().submit(Sandbox, backend, settings).result()
+    key = (settings, role)
+    sandbox = _take(key) or _spawner().submit(Sandbox, backend, settings, role).result()
     try:
         yield sandbox
     except BaseException:
@@ -317,6 +350,6 @@ def checkout(settings: SandboxSettings) -> Iterator[Sandbox]:
         raise
     if sandbox.alive():
         with _lock:
-            _idle.setdefault(settings, []).append(sandbox)
+            _idle.setdefault(key, []).append(sandbox)
     else:
         sandbox.close()

@@ -1,12 +1,21 @@
 """Which sandbox runs untrusted programs, and the command line that starts one.
 
 ``bubblewrap`` (the ``bwrap`` tool) is the standard backend: new user, PID, network, IPC, UTS and
-cgroup namespaces; read-only binds of ``/usr`` and the interpreter's prefix only (its
-``site-packages`` hidden under an empty tmpfs), a fresh ``/proc`` and ``/dev``, a private
-size-limited tmpfs as ``/tmp`` and working directory (the only writable place: ``/`` and ``/dev``
-are remounted read-only), uid/gid 65534 inside, no capabilities,
-``--die-with-parent``, ``--new-session`` and the zygote as PID 1. No host runtime directory (no
-database socket), no project directory, no ``/etc``, no home directory, no inherited environment.
+cgroup namespaces, no further user namespaces inside (``--disable-userns``); read-only binds of
+``/usr`` and the interpreter's prefix only (its ``site-packages`` hidden under an empty read-only
+tmpfs), a fresh ``/proc`` and ``/dev``, a private size-limited tmpfs as ``/tmp`` and working
+directory (the only writable place: ``/`` and ``/dev`` are remounted read-only), uid/gid 65534
+inside, no capabilities, ``--die-with-parent``, ``--new-session`` and the zygote as PID 1. No host
+runtime directory (no database socket), no project directory, no ``/etc``, no home directory, no
+inherited environment.
+
+The sandbox's uid is never the host's root: a worker running as root starts bubblewrap through
+``LAUNCHER``, which drops to the host uid/gid 65534 (no groups, no capabilities) first, so bubblewrap
+runs unprivileged and maps the sandbox's uid to host 65534, an account that owns nothing. When the
+interpreter lives where 65534 cannot reach it (``/root/.pyenv``), the launcher first covers the
+unreachable directory with an empty tmpfs in a mount namespace of its own and binds the
+interpreter's prefix back at its path (the host's mounts are untouched). A worker that is not root
+cannot change uid: the sandbox's uid then maps to the worker's own unprivileged one.
 
 When bubblewrap does not work the verifier refuses to score (``BackendUnavailable``, with the
 install hint) unless the deployment explicitly sets ``backend=none`` (unsafe, documented).
@@ -15,6 +24,7 @@ install hint) unless the deployment explicitly sets ``backend=none`` (unsafe, do
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -31,8 +41,39 @@ INSTALL_HINT = (
     "(unsafe: only on a machine that holds nothing else)"
 )
 SANDBOX_UID = 65534
+# Run by the interpreter as root: cover unreachable directories, re-bind what the sandbox needs, drop
+# to SANDBOX_UID and exec bubblewrap (argv[2:]). Any failure exits 126 naming the step.
+LAUNCHER = r"""
+import ctypes, json, os, sys
+cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+def must(ok, what):
+    if not ok:
+        sys.stderr.write(f"sandbox launcher: {what}: {os.strerror(ctypes.get_errno())}\n")
+        os._exit(126)
+if cfg["covers"]:
+    must(libc.unshare(0x20000) == 0, "unshare(CLONE_NEWNS)")
+    must(libc.mount(b"none", b"/", None, 0x44000, None) == 0, "mount --make-rprivate /")  # MS_REC|MS_PRIVATE
+    fds = {path: os.open(path, os.O_PATH) for path in cfg["expose"]}  # opened in the new namespace
+    for cover in cfg["covers"]:
+        must(libc.mount(b"tmpfs", cover.encode(), b"tmpfs", 6, b"mode=0755,size=64k") == 0, "cover " + cover)
+    os.umask(0o022)
+    for path, fd in fds.items():
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        must(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, 0x5000, None) == 0, "bind " + path)
+        os.close(fd)
+os.setgroups([])
+os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
+os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+os.execv(argv[0], argv)
+"""
 PROBE = (
-    "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd')"
+    "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd'); "
+    "assert not os.access('/proc/slabinfo', os.R_OK), 'the sandbox uid maps to the host root'"
 )
 
 
@@ -59,18 +100,45 @@ def interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _interpreter_binds(python: str) -> list[str]:
+def _interpreter_paths(python: str) -> list[str]:
+    """What of the interpreter the sandbox needs bound, beyond ``/usr``."""
     prefix = os.path.realpath(sys.base_prefix)
-    args: list[str] = []
-    if not (prefix + "/").startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]
+    paths = [] if (prefix + "/").startswith("/usr/") else [prefix]
     if not python.startswith(("/usr/", prefix + "/")):
-        args += ["--ro-bind", python, python]
+        paths.append(python)
+    return paths
+
+
+def _interpreter_binds(python: str) -> list[str]:
+    args: list[str] = []
+    for path in _interpreter_paths(python):
+        args += ["--ro-bind", path, path]
+    prefix = os.path.realpath(sys.base_prefix)
     stdlib = os.path.realpath(sysconfig.get_paths(vars={"base": prefix, "installed_base": prefix})["stdlib"])
     for hidden in (os.path.join(stdlib, "site-packages"), os.path.join(stdlib, "dist-packages")):
-        if os.path.isdir(hidden):
-            args += ["--tmpfs", hidden]
+        if os.path.isdir(hidden):  # empty and read-only: no package, and no place to keep anything
+            args += ["--tmpfs", hidden, "--remount-ro", hidden]
     return args
+
+
+def _unreachable_ancestor(path: str) -> str | None:
+    """The first directory above ``path`` that an unrelated uid cannot search, if any."""
+    current = "/"
+    for part in path.strip("/").split("/")[:-1]:
+        current = os.path.join(current, part)
+        if not os.stat(current).st_mode & 0o001:
+            return current
+    return None
+
+
+def _launcher(python: str) -> list[str]:
+    """The argv that drops a root worker to SANDBOX_UID before bubblewrap; [] when not root."""
+    if os.geteuid() != 0:
+        return []
+    expose = _interpreter_paths(python)
+    covers = sorted({c for c in map(_unreachable_ancestor, expose) if c is not None})
+    config = {"uid": SANDBOX_UID, "covers": covers, "expose": expose if covers else []}
+    return [python, "-I", "-S", "-c", LAUNCHER, json.dumps(config)]
 
 
 def _system_binds() -> list[str]:
@@ -110,12 +178,11 @@ def _proc_covers() -> list[str]:
 
 def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
     """The bubblewrap command line up to (not including) the interpreter."""
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
+    args = [*_launcher(interpreter()), bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    args += ["--die-with-parent", "--new-session", "--as-pid-1"]
     if settings.allow_network:
         args.append("--share-net")
-    if os.geteuid() == 0:
-        args += ["--cap-drop", "ALL"]
-    args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    args += ["--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     args += _system_binds() + _interpreter_binds(interpreter())
     args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
     if _supports_size(bwrap):  # bubblewrap >= 0.8; older ones give /tmp the kernel's default size
@@ -180,5 +247,8 @@ def describe_backend(settings: SandboxSettings) -> str:
     except BackendUnavailable as exc:
         return f"unavailable: {exc}"
     if backend.prefix:
-        return f"{backend.name} ({backend.prefix[0]}), network={'on' if settings.allow_network else 'off'}"
+        bwrap = shutil.which(settings.bwrap)
+        uid = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
+        network = "on" if settings.allow_network else "off"
+        return f"{backend.name} ({bwrap}), host uid {uid}, network={network}"
     return "none: UNSAFE, programs run without isolation (GRPO_CURATOR_SANDBOX_BACKEND=none)"

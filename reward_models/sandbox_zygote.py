@@ -20,11 +20,11 @@ from pathlib import Path
 _BODY = r'''
 import builtins, json, os, resource, select, signal, socket, stat, struct, sys, traceback, types
 import ctypes
+CFG = json.loads(sys.argv[1])
 for _name in ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
               "fractions", "decimal", "statistics", "typing", "dataclasses", "copy", "operator",
-              "random", "hashlib", "array", "datetime", "io"):
+              "random", "hashlib", "array", "datetime", "io", *CFG.get("preload", ())):
     __import__(_name)
-CFG = json.loads(sys.argv[1])
 CTRL = socket.socket(fileno=CFG["ctrl_fd"])
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd by the programs
 PID1 = os.getpid() == 1
@@ -59,7 +59,7 @@ def recv_frame(sock):
 
 def count_tasks(uid):
     total = 0
-    for pid in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/status") as fh:
                 fields = dict(line.split(":", 1) for line in fh if ":" in line)
@@ -82,21 +82,31 @@ def set_limits(lim):
 
 SYSCALLS = {
     "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
-                            "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "memfd_create": 319}),
+                            "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "memfd_create": 319,
+                            "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308,
+                            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
     "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281, "shmget": 194, "semget": 190,
-                             "msgget": 186, "mq_open": 180, "memfd_create": 279}),
+                             "msgget": 186, "mq_open": 180, "memfd_create": 279, "add_key": 217,
+                             "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268,
+                             "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
 }
 # Always refused: SysV / POSIX IPC objects outlive the task in the sandbox's shared IPC namespace
-# (a channel to the next sample) and, like memfds, hold memory that RLIMIT_AS does not count.
-NO_KEEPERS = ("shmget", "semget", "msgget", "mq_open", "memfd_create")
+# (a channel to the next sample) and, like memfds, hold memory that RLIMIT_AS does not count; kernel
+# keyrings are shared by every task of the uid (and reach the host's when it is the worker's); new or
+# other namespaces and io_uring are kernel attack surface a program never needs.
+NO_KEEPERS = ("shmget", "semget", "msgget", "mq_open", "memfd_create", "add_key", "request_key", "keyctl",
+              "unshare", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register")
 NO_PROCESSES = ("fork", "vfork", "execve", "execveat")
+CLONE_THREAD = 0x10000
+CLONE_NEW_NAMESPACES = 0x7E020080  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 
 
 def seccomp_program(deny_processes):
-    """A seccomp filter: no IPC objects or memfds; with ``deny_processes`` also no fork / vfork /
-    exec and clone only for threads (clone3 answers ENOSYS: libc falls back to clone). It holds
-    whatever uid the program runs as (RLIMIT_NPROC does not bind when the sandbox's uid maps to root
-    outside). Built once, installed in each child."""
+    """A seccomp filter: no IPC objects, memfds, keyrings, namespaces (``unshare``, ``setns``, ``clone``
+    with a CLONE_NEW* flag) or io_uring; with ``deny_processes`` also no fork / vfork / exec and clone
+    only for threads. ``clone3`` (whose flags a filter cannot read) answers ENOSYS, so the C library
+    falls back to ``clone``. It holds whatever uid the program runs as. Built once, installed in each
+    child."""
     arch, nrs = SYSCALLS[os.uname().machine]
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
     prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), (0x20, 0, 0, 0),
@@ -104,10 +114,13 @@ def seccomp_program(deny_processes):
     for name in NO_KEEPERS + (NO_PROCESSES if deny_processes else ()):
         if name in nrs:
             prog += [(0x15, 0, 1, nrs[name]), (0x06, 0, 0, eperm)]
+    prog += [(0x15, 0, 1, 435), (0x06, 0, 0, enosys)]
+    # clone: load the flags (args[0], low 32 bits); namespaces never, processes only when allowed
+    branch = [(0x20, 0, 0, 16), (0x45, 0, 1, CLONE_NEW_NAMESPACES), (0x06, 0, 0, eperm)]
     if deny_processes:
-        prog += [(0x15, 0, 1, 435), (0x06, 0, 0, enosys),
-                 (0x15, 0, 3, nrs["clone"]), (0x20, 0, 0, 16), (0x45, 1, 0, 0x10000), (0x06, 0, 0, eperm)]
-    prog.append((0x06, 0, 0, allow))
+        branch += [(0x45, 1, 0, CLONE_THREAD), (0x06, 0, 0, eperm)]
+    branch.append((0x06, 0, 0, allow))
+    prog += [(0x15, 0, len(branch), nrs["clone"]), *branch, (0x06, 0, 0, allow)]
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
@@ -157,7 +170,8 @@ def callables(namespace):
 
 def answer(namespace, call):
     try:
-        args, kwargs = from_plain(call["args"]), from_plain(call["kwargs"])
+        args = [from_plain(arg) for arg in call["args"]]  # one by one: what came out can go back in
+        kwargs = {str(key): from_plain(value) for key, value in call["kwargs"]}
         reply = {"value": to_plain(namespace[call["fn"]](*args, **kwargs))}
     except PlainDataError as exc:
         reply = {"not_plain": describe(exc)}
@@ -213,7 +227,7 @@ def run_inproc(sock, task):
     send_frame(sock, {"finished": True})
 
 
-MODES = {"fn": run_fn, "io": run_io, "inproc": run_inproc}
+MODES = {"fn": run_fn, "io": run_io, "inproc": run_inproc}  # "harness": run_harness, its own protocol
 
 
 def child(task, fd):
@@ -234,8 +248,9 @@ def child(task, fd):
         install_filter(deny_processes=not task["limits"]["subprocess"])
         if hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(0)  # the program's own CPU time: behave like an unlimited int
-        sock_task = recv_frame(sock)
-        if sock_task is not None:
+        if task["mode"] == "harness":
+            run_harness(sock)
+        elif (sock_task := recv_frame(sock)) is not None:
             MODES[task["mode"]](sock, sock_task)
     except BaseException:
         traceback.print_exc()
@@ -288,22 +303,57 @@ def output_tail(limit):
     return "[truncated]\n" + text if size > limit else text
 
 
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
 def wipe(path):
+    """Remove everything under ``path``: no recursion and no long paths (a 3,000-deep tree is fine),
+    every directory opened relative to its parent and made searchable first (chmod 0 is fine)."""
     os.chmod(path, 0o700)
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            wipe(entry.path)
-            os.rmdir(entry.path)
-        else:
-            os.unlink(entry.path)
+    names, fd = [], os.open(path, DIRECTORY)
+    try:
+        while True:
+            deeper = None
+            for entry in os.scandir(fd):
+                if entry.is_dir(follow_symlinks=False):
+                    deeper = entry.name
+                    break
+                os.unlink(entry.name, dir_fd=fd)
+            if deeper is not None:  # go down (nothing runs any more that could swap it)
+                os.chmod(deeper, 0o700, dir_fd=fd)
+                child = os.open(deeper, DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                names.append(deeper)
+            elif any(True for _ in os.scandir(fd)):
+                continue  # entries the listing missed while others were removed
+            elif names:  # empty: go up and remove it
+                parent = os.open("..", DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                os.rmdir(names.pop(), dir_fd=fd)
+            else:
+                return
+    finally:
+        os.close(fd)
+
+
+BASELINE = []
 
 
 def fresh_scratch():
-    """Empty the scratch directory and make the next work dir; False when the program's leftovers
-    resist (the harness then replaces this whole sandbox)."""
+    """Empty the scratch directory and make the next work dir, then prove it: nothing but the work
+    dir is left and (on the sandbox's own tmpfs) every block and inode is free again. False when the
+    program's leftovers resist (the harness then replaces this whole sandbox)."""
     try:
         wipe(SCRATCH)
         os.mkdir(os.path.join(SCRATCH, "work"))
+        if os.listdir(SCRATCH) != ["work"] or os.listdir(os.path.join(SCRATCH, "work")):
+            return False
+        if CFG.get("verify_free"):
+            usage = os.statvfs(SCRATCH)
+            BASELINE[:] = BASELINE or [usage.f_bfree, usage.f_ffree]
+            return [usage.f_bfree, usage.f_ffree] == BASELINE
         return True
     except (OSError, RecursionError):
         return False
@@ -362,6 +412,8 @@ serve()
 
 
 def zygote_source() -> str:
-    """The zygote program: the plain-data codec followed by the loop above (stdlib only)."""
-    codec = Path(__file__).with_name("plaindata.py").read_text(encoding="utf-8")
-    return codec + "\n" + _BODY
+    """The zygote program: the plain-data codec, the harness's test runner, then the loop above (stdlib
+    only)."""
+    here = Path(__file__).parent
+    parts = [(here / name).read_text(encoding="utf-8") for name in ("plaindata.py", "harness_runner.py")]
+    return "\n".join([*parts, _BODY])

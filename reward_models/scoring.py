@@ -4,8 +4,10 @@ Cheap components run inline through ``score_batch`` (the reward model batches, t
 the LLM judge uses threads); ``cpu_heavy`` ones (math verification, the code sandbox, JSON schemas,
 user regexes RE2 cannot run) and any item a component's ``in_pool`` sends there (a user regex on a text
 too long to match inline) go to a KillablePool, one task per sample with a hard deadline. A task that
-passes its deadline is attributed by a canary (``attribute_timeout``). Heavy tasks are submitted first so they overlap the inline
-work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
+passes its deadline, or whose worker crashes twice on it (the memory limit, a segfault in a parser), is
+attributed by a canary (``attribute_timeout``): the answer's fault (0) when the same component verifies
+its canary in the same pool now, the verifier's (an error) when not. Heavy tasks are submitted first so
+they overlap the inline work. Component instances are cached per ``(kind, params)``, so a reward model loads once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from reward_models.spec import RewardSpec, ScoredSample, combine
 
 _PRELOAD = ("reward_models.registry", "reward_models.warmup")
 VERIFICATION_TIMEOUT = "verification_timeout"
+VERIFIER_CRASHED = "verifier_crashed"  # the answer crashed the verifier's worker twice; its canary passed
 
 
 def params_key(params: dict[str, Any]) -> str:
@@ -131,8 +134,12 @@ class Scorer:
                 for i, r in zip(inline, _inline(components[c.name], [items[i] for i in inline]), strict=True):
                     results[c.name][i] = r
         collected: dict[str, dict[int, ComponentResult | _Timeout]] = {}
-        for (name, i, *_), outcome in zip(heavy, feed.finish(), strict=True):
-            collected.setdefault(name, {})[i] = outcome
+        for task, outcome in zip(heavy, feed.finish(), strict=True):
+            if isinstance(outcome, _Timeout) and outcome.crashed:  # once more: a crash must be the answer's
+                _, _, kind, key, sample, prompt, timeout_s = task
+                outcome = _collect(self._get_pool().submit(
+                    score_in_worker, kind, key, sample, prompt, timeout_s=timeout_s))
+            collected.setdefault(task[0], {})[task[1]] = outcome
         for c in spec.components:
             if c.name in collected:
                 got = collected[c.name]
@@ -179,16 +186,22 @@ class Scorer:
 
 @dataclass(frozen=True, slots=True)
 class _Timeout:
+    """A pool task that passed its deadline, or (``crashed``) whose worker died on it."""
+
     message: str
+    crashed: bool = False
 
 
 def _collect(future: Future) -> ComponentResult | _Timeout:
-    """A pool task's result; its deadline passing is a ``_Timeout``, any other failure an error."""
+    """A pool task's result; its deadline passing or its worker crashing is a ``_Timeout`` (attributed
+    by the canary), any other failure (the pool closed, the task could not be sent) an error."""
     try:
         return future.result()
     except PoolTaskError as exc:
         if str(exc).startswith("timeout"):
             return _Timeout(str(exc))
+        if str(exc).startswith(("worker crashed", "task raised MemoryError")):  # died on it, or its memory limit
+            return _Timeout(str(exc), crashed=True)
         return error_result(str(exc))
 
 
@@ -199,7 +212,8 @@ def attribute_timeout(timeout: _Timeout, timeout_s: float, healthy: bool, canary
     verifier is at fault: an error (the group is not scored on it)."""
     latency = timeout_s * 1000.0
     if healthy:
-        details = {"reason": VERIFICATION_TIMEOUT, "timeout_s": timeout_s, "canary": canary}
+        reason = VERIFIER_CRASHED if timeout.crashed else VERIFICATION_TIMEOUT
+        details = {"reason": reason, "timeout_s": timeout_s, "canary": canary, "pool": timeout.message}
         return ComponentResult(value=0.0, details=details, latency_ms=latency)
     return error_result(f"{timeout.message}; {canary}", {"reason": "verifier_unhealthy"}, latency_ms=latency)
 

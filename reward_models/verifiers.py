@@ -26,7 +26,7 @@ from reward_models.base import (
     canary_item,
 )
 from reward_models.patterns import UserPattern
-from reward_models.text import normalize_answer, token_f1
+from reward_models.text import NotJson, normalize_answer, parse_model_json, token_f1
 
 _JSON_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -112,7 +112,16 @@ class MathVerifier(RewardComponent):
             for g in golds
             if g
         )
-        return float(ok), {"extracted": str(pred[-1])}
+        return float(ok), {"extracted": _shown(pred[-1])}
+
+
+def _shown(extracted: Any) -> str:
+    """What a details field shows of an extracted answer: at most 200 characters; a parsed expression
+    too deep to print is shown as such (the answer is the model's, its printing must not fail)."""
+    try:
+        return str(extracted)[:200]
+    except (RecursionError, ValueError):  # ValueError: an integer over 4,300 digits
+        return f"<{type(extracted).__name__} too large to show>"
 
 
 class MatchParams(ParamsModel):
@@ -241,9 +250,9 @@ class JsonSchemaVerifier(RewardComponent):
         except ValueError as exc:
             raise ComponentError(f"reference schema: {exc}") from None
         try:
-            document = parse_answer_json(extract_json_text(sample.final_answer, self.params.extract))
-        except (ValueError, RecursionError) as exc:  # not JSON, NaN, an int over 4300 digits, too deep
-            return 0.0, {"reason": "not_json", "error": f"not JSON: {_why(exc)}"}
+            document = parse_model_json(extract_json_text(sample.final_answer, self.params.extract))
+        except NotJson as exc:  # not JSON, NaN, an int over 4300 digits, too deep
+            return 0.0, {"reason": "not_json", "error": f"not JSON: {exc}"}
         try:
             validator = jsonschema.validators.validator_for(schema)(schema)
             error = jsonschema.exceptions.best_match(validator.iter_errors(document))
@@ -254,19 +263,7 @@ class JsonSchemaVerifier(RewardComponent):
         return 1.0, {}
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse_answer_json(text: str) -> Any:
-    """``json.loads`` for a policy's answer: NaN / Infinity refused (NaN passes every ``minimum``);
-    ValueError or RecursionError for anything that is not plain JSON."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return exc.msg
     if isinstance(exc, RecursionError):
         return "nested too deeply"
     return str(exc)[:200]

@@ -74,8 +74,8 @@ def multi_turn(
         text = tokenizer.decode([t for t in c.tokens if t != tokenizer.eos_token_id])
         call = TOOL_CALL.search(text) if c.finish_reason == "stop" else None
         ep.model_turn(c, text, call, turn)
-        if c.finish_reason == "length":
-            return ep.done("length")
+        if c.finish_reason in ("length", "aborted"):  # cut by the budget, or given up by the engine
+            return ep.done(c.finish_reason)
         if call is None:
             return ep.done("stop")
         name, args = call.group(1), call.group(2)

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class Completion:
     tokens: list[int]  # generated tokens, EOS included when it was generated
     logprobs: list[float]  # (len(tokens),) log-prob of each under the sampling distribution
-    finish_reason: str  # "stop" (EOS) | "length" (hit max_tokens)
+    finish_reason: str  # "stop" (EOS) | "length" (hit max_tokens) | "aborted" (the engine gave up on it)
 
 
 class Sampler(Protocol):
@@ -30,6 +30,17 @@ class Sampler(Protocol):
 def stable_seed(key: str) -> int:
     """A seed from a string that is the same in every process (Python's hash() is salted)."""
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
+
+
+# vLLM's CompletionOutput.finish_reason -> ours. "abort" (a request the engine aborted: preempted,
+# cancelled, shut down) is not an answer; any reason we do not know is treated the same way, never
+# as "stop", so an unfinished completion is never scored as if it had answered.
+_VLLM_FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+def vllm_finish_reason(reason: str | None) -> str:
+    """vLLM's finish reason (None while unfinished) -> stop | length | aborted."""
+    return _VLLM_FINISH.get(reason or "", "aborted")
 
 
 def _cut(tokens: list[int], logprobs: list[float], eos: int) -> Completion:
@@ -115,7 +126,7 @@ class VLLMSampler:
         for c in result.outputs:
             tokens = list(c.token_ids)
             logprobs = [step[tok].logprob for step, tok in zip(c.logprobs, tokens, strict=True)]
-            out.append(Completion(tokens, logprobs, "length" if c.finish_reason == "length" else "stop"))
+            out.append(Completion(tokens, logprobs, vllm_finish_reason(c.finish_reason)))
         return out
 
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 
@@ -61,6 +62,7 @@ def _lifespan(start_worker: bool, url: str):
             worker.start()
         app.state.worker = worker  # /v1/score shares its Scorer (pool, judge cache) when there is one
         yield
+        app.state.score_executor.shutdown(wait=False, cancel_futures=True)
         app.state.ready_hub.close()
         if worker is not None:
             worker.close()
@@ -91,8 +93,11 @@ def create_app(
     app.state.engine = get_engine(url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
+    # the threads /v1/score's requests are scored on (awaited: no request holds a threadpool thread meanwhile)
+    app.state.score_executor = ThreadPoolExecutor(settings.score_concurrency, thread_name_prefix="score")
+    app.state.ready_url = libpq_url(url)  # /healthz connects on its own (service.observability.probes.check_database)
     app.state.ready_hub = ReadyHub(
-        libpq_url(url),
+        app.state.ready_url,
         max_waiters=settings.lease_max_waiters,
         check_s=settings.lease_wait_check_s,
         attempt_slots=settings.lease_attempt_slots or max(1, settings.db_pool_size // 2),

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     # (None: 2 per pool process), so no request can starve the worker or other callers
     score_pool_budget_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     score_pool_max_in_flight: int | None = Field(default=None, ge=1)
+    # reward specs (by name) whose verifier.code components accept references (tests, prompt, io) from
+    # callers other than admin keys; every other code spec runs only admin-loaded references (docs/security.md)
+    caller_reference_specs: list[str] = Field(default_factory=list)
+    # scoring requests (POST /v1/score, OpenRLHF) scored at once; more wait their turn without a thread
+    score_concurrency: int = Field(default=32, ge=1)
     openrlhf_eos_means_stop: bool = True  # an OpenRLHF query without an end-of-sequence token is truncated
     openrlhf_on_error: Literal["fail", "value"] = "fail"  # an unscorable item: 503, or this value + a log flag
     openrlhf_error_value: float = Field(default=0.0, allow_inf_nan=False)
@@ -78,6 +83,9 @@ class Settings(BaseSettings):
     # variable (GRPO_CURATOR_PYTHON_FUNCTIONS, JSON) in every worker process
     python_functions: dict[str, str] = Field(default_factory=dict)
     export_batch_rows: int = 1000
+    # serve: open connections (long polls, stuck exports) get this long after SIGTERM, then are closed
+    shutdown_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    readyz_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)  # GET /readyz's database check
     # auth (service.auth): on once any API key exists, or always with require_auth
     require_auth: bool = False
     metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)

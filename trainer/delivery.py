@@ -145,14 +145,26 @@ def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str) -> None:
     _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True), "nack")
 
 
-def unusable(batch: dict[str, Any], need_logprobs: bool) -> str | None:
-    """Why this trainer cannot train on ``batch``, or None."""
+def _outside_vocab(tokens: list[int], vocab_size: int | None) -> str | None:
+    """The first token id outside [0, vocab_size) with its position, or None."""
+    if vocab_size is None or not tokens or (0 <= min(tokens) and max(tokens) < vocab_size):
+        return None
+    pos = next(i for i, tok in enumerate(tokens) if not 0 <= tok < vocab_size)
+    return f"token id {tokens[pos]} at position {pos} is outside the model's vocabulary (vocab_size {vocab_size})"
+
+
+def unusable(batch: dict[str, Any], need_logprobs: bool, vocab_size: int | None = None) -> str | None:
+    """Why this trainer cannot train on ``batch``, or None (``vocab_size``: the model's input vocabulary,
+    every token id must be below it)."""
     for group in batch.get("groups", []):
         for t in group.get("trajectories", []):
             where = f"group {group.get('id')!r} trajectory {t.get('index')}"
             tokens, mask, logprobs = t.get("token_ids"), t.get("loss_mask"), t.get("logprobs")
             if tokens is None or len(tokens) == 0 or mask is None:
                 return f"{where}: no token_ids / loss_mask"
+            outside = _outside_vocab(tokens, vocab_size)
+            if outside is not None:
+                return f"{where}: {outside}"
             if len(mask) != len(tokens) or (logprobs is not None and len(logprobs) != len(tokens)):
                 return f"{where}: token_ids, loss_mask, logprobs differ in length"
             if need_logprobs and logprobs is None:

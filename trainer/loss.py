@@ -25,9 +25,16 @@ Where this departs from the GRPO paper (every departure is a `LossConfig` switch
   `k3` = 1/r - 1 + log r (GRPO eq. 4): an unbiased low-variance estimate of KL(pi || pi_ref) as a
   value, but d/dtheta = (1 - 1/r) grad log pi, whose expectation is the gradient of the forward
   KL(pi_ref || pi). (k1 = log r as a loss has zero expected gradient, E[grad log pi] = 0, so it is not
-  offered as a loss.) `kl_mode="reward"` instead subtracts beta * k1 from the reward: each token's
-  advantage becomes A - beta * sum_{s >= t} (old_logp_s - ref_logp_s) over mask-1 tokens (detached),
-  the REINFORCE estimator of the gradient of E[R] - beta * KL(pi || pi_ref).
+  offered as a loss.) Both are *per-position* estimators: each token's term is differentiated at its
+  own position only, so for multi-token responses the expected gradient is the sum over positions of
+  the per-position KL gradients at the sampled prefixes, NOT the gradient of the sequence-level
+  KL(pi(y) || pi_ref(y)), which also moves the earlier tokens towards prefixes whose continuations
+  are closer to the reference (enumerated on a 2-step tabular policy in the tests: they differ).
+  k3's value is clamped like verl's (log r to [-20, 20] before the exponential, the value to at most
+  10), so one far-off token cannot make the batch non-finite. For the gradient of the sequence KL use
+  `kl_mode="reward"`: it subtracts beta * k1 from the reward, each token's advantage becomes
+  A - beta * sum_{s >= t} (old_logp_s - ref_logp_s) over mask-1 tokens (detached), the REINFORCE
+  estimator of the gradient of E[R] - beta * KL(pi || pi_ref) -- exact in expectation.
 - `ratio_level="sequence"`: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"),
   the length-normalised sequence ratio s_i = exp(mean_t (logp - old_logp)), in the GSPO-token form
   s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: each token's value is s_i, so a sequence is clipped as a
@@ -203,16 +210,26 @@ def aggregate(
 _KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
     "k1": lambda log_r: log_r,  # log_r = logp - ref_logp
     "k2": lambda log_r: 0.5 * log_r.square(),
-    "k3": lambda log_r: torch.exp(-log_r) + log_r - 1.0,
+    "k3": lambda log_r: _k3(log_r),
 }
+K3_LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: exp(20) is finite in fp32 and bf16
+K3_MAX = 10.0  # verl's clamp of the k3 value
+
+
+def _k3(log_r: Tensor) -> Tensor:
+    """k3 = 1/r - 1 + log r with log r clamped to +-20 and the value to [0, 10] (finite with a finite
+    gradient everywhere; 0 gradient where clamped): (B, T) -> (B, T)."""
+    lr = log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return (torch.exp(-lr) + lr - 1.0).clamp(0.0, K3_MAX)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
     """Per-token KL estimators from samples of pi, log r = logp - ref_logp: (B, T), (B, T) -> (B, T).
 
     k1 = log r (unbiased value of KL(pi || ref); zero expected gradient, used only in the reward);
-    k2 = (log r)^2 / 2 (gradient: that of KL(pi || ref)); k3 = 1/r - 1 + log r (>= 0, unbiased value
-    of KL(pi || ref), GRPO eq. 4; gradient: that of KL(ref || pi)). See the module docstring.
+    k2 = (log r)^2 / 2 (per position, gradient: that of KL(pi || ref)); k3 = 1/r - 1 + log r (>= 0,
+    unbiased value of KL(pi || ref), GRPO eq. 4; gradient: that of KL(ref || pi); clamped, see `_k3`).
+    Per-position estimators, not the sequence KL's gradient: see the module docstring.
     """
     check_choice("kl_estimator", estimator, tuple(_KL_ESTIMATORS))
     return _KL_ESTIMATORS[estimator](logp - ref_logp)
@@ -293,12 +310,15 @@ def policy_loss(
     *,
     entropy: Tensor | None = None,
     denom: Denominator | None = None,
+    behaviour_rows: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss of one (micro-)batch and its metrics.
 
     logp, old_logp, mask (B, T); advantages (B,); ref_logp (B, T) when cfg.beta > 0;
-    behaviour_logp (B, T) enables TIS when cfg.tis_cap is set; entropy (B, T) is reported and used
-    when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors, masked means).
+    behaviour_logp (B, T) enables TIS when cfg.tis_cap is set; behaviour_rows (B,) bool marks the
+    sequences that have behaviour log-probs (None: all do): the others get TIS weight 1 and count in
+    neither `tis_weight` nor `behaviour_mismatch` (absent when no sequence has them); entropy (B, T) is
+    reported and used when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors).
     """
     m = mask > 0
     if cfg.beta > 0 and ref_logp is None:
@@ -313,10 +333,16 @@ def policy_loss(
     low, high = cfg.clip
     per_tok = clipped_surrogate(ratio, adv, low, high, cfg.dual_clip)  # (B, T)
     if cfg.tis_cap is not None and behaviour_logp is not None:
+        beh_mask = mask if behaviour_rows is None else mask * behaviour_rows[:, None].to(mask.dtype)  # (B, T)
+        if behaviour_rows is not None:  # no behaviour policy: weight exp(0) = 1
+            behaviour_logp = torch.where(behaviour_rows[:, None], behaviour_logp, old_logp)  # (B, T)
         w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap, cfg.ratio_level)  # (B, T)
         per_tok = per_tok * w
-        metrics["tis_weight"] = masked_mean(w, mask)
-        metrics["behaviour_mismatch"] = masked_mean(torch.where(m, old_logp - behaviour_logp, 0.0).abs(), mask)
+        if bool((beh_mask > 0).any()):
+            metrics["tis_weight"] = masked_mean(w, beh_mask)
+            metrics["behaviour_mismatch"] = masked_mean(
+                torch.where(m, old_logp - behaviour_logp, 0.0).abs(), beh_mask
+            )
     metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg, None, cfg.norm_tokens)
     if cfg.beta > 0 and cfg.kl_mode == "loss":
         kl = kl_penalty(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), cfg.kl_estimator)  # type: ignore[arg-type]

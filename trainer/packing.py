@@ -1,8 +1,11 @@
 """Leased batch -> micro-batches of tensors under a token budget.
 
 A trajectory holds the full sequence x_0..x_{n-1} (prompt + response), its loss mask and the
-sampler's log-probs, where logprobs[i] = log p(x_i | x_<i). The model input at position t predicts
-x_{t+1}, so targets, loss mask and old log-probs are the batch's columns shifted left by one.
+sampler's log-probs, where logprobs[i] = log p(x_i | x_<i); a trajectory may come without them
+(``logprobs: null``): it then has no behaviour policy (no truncated IS, no behaviour mismatch), and
+trains only where pi_old is recomputed (`has_behaviour` marks the sequences that have one).
+The model input at position t predicts x_{t+1}, so targets, loss mask and old log-probs are the
+batch's columns shifted left by one.
 Inputs stop at the last mask-1 target: later tokens cannot change any trained log-prob (causal
 attention). Trajectories with no mask-1 token after position 0 are left out: they add nothing to
 the loss or to its denominators.
@@ -36,7 +39,7 @@ class TrainSeq:
     inputs: list[int]
     targets: list[int]
     loss_mask: list[float]
-    old_logp: list[float]
+    old_logp: list[float] | None  # the sampler's log-probs of the targets; None: not given
     advantage: float
     policy_version: int
     temperature: float = 1.0  # the group's sampling temperature
@@ -55,6 +58,7 @@ class MicroBatch:
     old_logp: Tensor  # (S, Tm) float
     advantages: Tensor  # (S,) float
     temperature: Tensor | None = None  # (R, L) float, each position's sampling temperature (None: the policy's)
+    has_behaviour: Tensor | None = None  # (S,) bool, the sequence came with sampler log-probs (None: all did)
 
     @property
     def n_input_tokens(self) -> int:
@@ -74,8 +78,8 @@ class MicroBatch:
 
 def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 1.0) -> TrainSeq | None:
     """One leased trajectory -> its shifted TrainSeq, None when it has nothing to train."""
-    ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj["logprobs"]
-    if not len(ids) == len(mask) == len(lps):
+    ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj.get("logprobs")
+    if len(ids) != len(mask) or (lps is not None and len(lps) != len(ids)):
         raise ValueError(f"{where}: token_ids, loss_mask, logprobs differ in length")
     last = max((i for i in range(1, len(mask)) if mask[i]), default=0)  # last mask-1 target
     if last == 0:
@@ -84,7 +88,7 @@ def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 
         inputs=list(ids[:last]),
         targets=list(ids[1 : last + 1]),
         loss_mask=[float(v) for v in mask[1 : last + 1]],
-        old_logp=[float(v) for v in lps[1 : last + 1]],
+        old_logp=None if lps is None else [float(v) for v in lps[1 : last + 1]],
         advantage=float(traj["advantage"]),
         policy_version=int(version),
         temperature=temperature,
@@ -141,14 +145,19 @@ def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Tensor
     tm = max(len(s.inputs) for s in seqs)
     index = torch.zeros(len(seqs), tm, dtype=torch.long)  # (S, Tm)
     mask = torch.zeros(len(seqs), tm)  # (S, Tm)
-    old = torch.zeros(len(seqs), tm)  # (S, Tm)
+    old = torch.zeros(len(seqs), tm)  # (S, Tm), 0 where the sampler gave no log-probs
     for s, (seq, off) in enumerate(zip(seqs, offsets, strict=True)):
         n = len(seq.inputs)
         index[s, :n] = torch.arange(off, off + n)
         mask[s, :n] = torch.tensor(seq.loss_mask)
-        old[s, :n] = torch.tensor(seq.old_logp)
+        if seq.old_logp is not None:
+            old[s, :n] = torch.tensor(seq.old_logp)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)  # (S,)
-    return {"gather_index": index, "loss_mask": mask, "old_logp": old, "advantages": adv}
+    has = torch.tensor([s.old_logp is not None for s in seqs])  # (S,)
+    return {
+        "gather_index": index, "loss_mask": mask, "old_logp": old, "advantages": adv,
+        "has_behaviour": None if bool(has.all()) else has,
+    }
 
 
 def _pad_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:

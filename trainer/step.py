@@ -34,17 +34,27 @@ _MEAN_KEYS = (
     "tis_weight",
     "behaviour_mismatch",
 )
+_BEHAVIOUR_KEYS = ("tis_weight", "behaviour_mismatch")  # weighted by the tokens that have a behaviour policy
+_LOSS, _TOKENS, _INPUT, _BEH = len(_MEAN_KEYS), len(_MEAN_KEYS) + 1, len(_MEAN_KEYS) + 2, len(_MEAN_KEYS) + 3
 
 
 @dataclass(frozen=True)
 class StepConfig:
-    """How one step runs.
+    """How one batch is trained.
 
     old_from_batch: False (default): a no-grad forward with the trainer's weights gives the old
     log-probs, and the sampler's log-probs in the batch become the behaviour policy of truncated IS
     (`loss.tis_cap`) and of the `behaviour_mismatch` metric -- correct whatever checkpoint, engine,
-    precision or temperature handling the producer sampled with. True: trust the sampler's log-probs as
-    the old policy (saves one forward; right only for on-policy data from an identical numerics stack).
+    precision or temperature handling the producer sampled with; sequences without sampler log-probs
+    have no behaviour policy (TIS weight 1, not in the mismatch). True: trust the sampler's log-probs
+    as the old policy (saves one forward; right only for on-policy data from an identical numerics
+    stack; every sequence must have them).
+    ppo_epochs / mini_batches: PPO-style several updates per batch (Schulman et al. 2017; verl's
+    `ppo_epochs` / `ppo_mini_batch_size`): pi_old is computed once, before the first update, and kept
+    fixed; the batch's micro-batches are split into `mini_batches` consecutive mini-batches and each
+    epoch steps the optimizer once per mini-batch. The default 1 / 1 is one on-policy step per batch:
+    the ratio is exactly 1, so clipping, dual-clip and clip-higher never engage; with more updates the
+    policy moves away from pi_old inside the batch and the clip does what it is for.
     autocast: None = bf16 autocast on CUDA only; True / False force it on / off.
     """
 
@@ -52,6 +62,23 @@ class StepConfig:
     max_grad_norm: float | None = 1.0
     old_from_batch: bool = False
     autocast: bool | None = None
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("ppo_epochs", "mini_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass
+class _Frozen:
+    """What stays fixed across the updates of one batch, for one micro-batch (all (S, Tm))."""
+
+    old: Tensor
+    behaviour: Tensor | None
+    ref: Tensor | None
 
 
 def global_denominator(mbs: Sequence[MicroBatch], device: torch.device) -> Denominator:
@@ -78,17 +105,26 @@ def _autocast(device: torch.device, flag: bool | None) -> contextlib.AbstractCon
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
+def _freeze(policy: nn.Module, mb: MicroBatch, cfg: StepConfig, ref: nn.Module | None) -> _Frozen:
+    """pi_old (recomputed or the sampler's), the behaviour policy and the reference of one micro-batch."""
+    if cfg.old_from_batch:
+        if mb.has_behaviour is not None:
+            raise ValueError("old_from_batch needs the sampler's log-probs of every trajectory")
+        old, behaviour = mb.old_logp, None
+    else:
+        old, behaviour = frozen_logprobs(unwrap(policy), mb), mb.old_logp
+    with_ref = ref is not None and cfg.loss.beta > 0
+    return _Frozen(old, behaviour, frozen_logprobs(ref, mb) if with_ref else None)  # type: ignore[arg-type]
+
+
 def _micro_step(
-    policy: nn.Module, mb: MicroBatch, cfg: StepConfig, denom: Denominator, ref: nn.Module | None
+    policy: nn.Module, mb: MicroBatch, frozen: _Frozen, cfg: StepConfig, denom: Denominator
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Forward + loss + backward of one micro-batch: -> (loss (), metrics)."""
-    old, behaviour = mb.old_logp, None  # (S, Tm)
-    if not cfg.old_from_batch:
-        old, behaviour = frozen_logprobs(unwrap(policy), mb), mb.old_logp
-    ref_logp = frozen_logprobs(ref, mb) if ref is not None and cfg.loss.beta > 0 else None  # (S, Tm)
     logp, ent = sequence_logprobs(policy, mb)  # (S, Tm) x2
     loss, metrics = policy_loss(
-        logp, old, mb.advantages, mb.loss_mask, cfg.loss, ref_logp, behaviour, entropy=ent, denom=denom
+        logp, frozen.old, mb.advantages, mb.loss_mask, cfg.loss, frozen.ref, frozen.behaviour,
+        entropy=ent, denom=denom, behaviour_rows=mb.has_behaviour,
     )
     loss.backward()
     return loss.detach(), metrics
@@ -101,6 +137,58 @@ def _grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
     return float(full() if full is not None else norm)
 
 
+def _split(n: int, parts: int) -> list[range]:
+    """0..n-1 -> min(parts, n) consecutive ranges of near-equal size (the same on every rank: n is)."""
+    parts = min(parts, n)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def _behaviour_tokens(mb: MicroBatch) -> Tensor:
+    """Mask-1 tokens of the sequences that have a behaviour policy."""
+    m = mb.loss_mask > 0  # (S, Tm)
+    return (m if mb.has_behaviour is None else m & mb.has_behaviour[:, None]).sum()
+
+
+def _update(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mbs: Sequence[MicroBatch],
+    frozen: Sequence[_Frozen],
+    cfg: StepConfig,
+    sums: Tensor,
+) -> tuple[str, float, Tensor]:
+    """One optimizer step over `mbs` (one mini-batch, all ranks): adds its weighted metric sums into
+    `sums` -> ("stepped" | "empty" | "nonfinite", grad norm, ratio max)."""
+    device = sums.device
+    denom = global_denominator(mbs, device)
+    ratio_max = torch.zeros((), dtype=torch.float64, device=device)
+    if denom.tokens == 0:
+        return "empty", 0.0, ratio_max
+    local = torch.zeros_like(sums)
+    for i, (mb, fz) in enumerate(zip(mbs, frozen, strict=True)):
+        with grad_sync(policy, sync=i == len(mbs) - 1), _autocast(device, cfg.autocast):
+            loss, metrics = _micro_step(policy, mb, fz, cfg, denom)
+        n_tok, n_beh = (mb.loss_mask > 0).sum(), _behaviour_tokens(mb)
+        for k, key in enumerate(_MEAN_KEYS):
+            if key in metrics:
+                local[k] += metrics[key].double() * (n_beh if key in _BEHAVIOUR_KEYS else n_tok)
+        local[_LOSS] += loss.double()
+        local[_TOKENS] += n_tok
+        local[_INPUT] += mb.n_input_tokens
+        local[_BEH] += n_beh
+        ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
+    grad_norm = _grad_norm([p for p in policy.parameters() if p.grad is not None], cfg.max_grad_norm)
+    local, ratio_max = all_reduce(local, "sum"), all_reduce(ratio_max, "max")
+    if not (math.isfinite(float(local[_LOSS])) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)  # one bad batch never writes NaN / inf into the weights
+        return "nonfinite", grad_norm, ratio_max
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sums += local
+    return "stepped", grad_norm, ratio_max
+
+
 def train_step(
     policy: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -108,14 +196,17 @@ def train_step(
     cfg: StepConfig,
     ref_policy: nn.Module | None = None,
 ) -> dict[str, float]:
-    """Accumulate gradients over `micro_batches`, clip, step: -> metrics (floats, reduced over ranks).
+    """Train on one batch: `cfg.ppo_epochs` x `cfg.mini_batches` optimizer steps (default one), each
+    accumulating gradients over its micro-batches, clipping and stepping -> metrics (floats, reduced over
+    ranks; means are token-weighted over every update, `updates` counts the steps taken).
 
     policy: a PolicyLogprobs, possibly DDP / FSDP wrapped; ref_policy: the frozen reference
     (needed when cfg.loss.beta > 0). Every rank must call this with >= 1 micro-batch (ranks with
-    fewer are padded with empty ones, so counts may differ). When the whole
-    batch (all ranks) has no mask-1 token, nothing is stepped and `skipped` is 1. When the loss or the
-    gradient norm is not finite (every rank sees the same reduced values), the gradients are dropped,
-    nothing is stepped, and `skipped` and `nonfinite` are 1: the caller nacks the batch with a reason.
+    fewer are padded with empty ones, so counts may differ). pi_old is computed once, before the first
+    update. When the whole batch (all ranks) has no mask-1 token, nothing is stepped and `skipped` is 1.
+    When an update's loss or gradient norm is not finite (every rank sees the same reduced values), its
+    gradients are dropped, no later update runs, and `nonfinite` is 1 (`skipped` too when nothing was
+    stepped): the caller nacks the batch with a reason.
     """
     if cfg.loss.beta > 0 and ref_policy is None:
         raise ValueError("loss.beta > 0 needs a ref_policy")
@@ -123,49 +214,47 @@ def train_step(
         raise ValueError("train_step needs at least one micro-batch on every rank")
     device = next(policy.parameters()).device
     mbs = [mb.to(device) for mb in _even_count(micro_batches, device)]
-    denom = global_denominator(mbs, device)
-    if denom.tokens == 0:
+    if global_denominator(mbs, device).tokens == 0:
         optimizer.zero_grad(set_to_none=True)
         return {"skipped": 1.0, "loss_tokens": 0.0}
-    sums = torch.zeros(len(_MEAN_KEYS) + 3, dtype=torch.float64, device=device)  # weighted sums, loss, tokens
-    ratio_max = torch.zeros((), dtype=torch.float64, device=device)
     policy.train()
-    for i, mb in enumerate(mbs):
-        with grad_sync(policy, sync=i == len(mbs) - 1), _autocast(device, cfg.autocast):
-            loss, metrics = _micro_step(policy, mb, cfg, denom, ref_policy)
-        n_tok = (mb.loss_mask > 0).sum()
-        for k, key in enumerate(_MEAN_KEYS):
-            if key in metrics:
-                sums[k] += metrics[key].double() * n_tok
-        sums[-3] += loss.double()
-        sums[-2] += n_tok
-        sums[-1] += mb.n_input_tokens
-        ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
-    grad_norm = _grad_norm([p for p in policy.parameters() if p.grad is not None], cfg.max_grad_norm)
-    sums, ratio_max = all_reduce(sums, "sum"), all_reduce(ratio_max, "max")
-    if not (math.isfinite(float(sums[-3])) and math.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)  # one bad batch never writes NaN / inf into the weights
-        return {"skipped": 1.0, "nonfinite": 1.0, "loss_tokens": float(sums[-2])}
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return _finish_metrics(sums, ratio_max, cfg, grad_norm)
+    with _autocast(device, cfg.autocast):
+        frozen = [_freeze(policy, mb, cfg, ref_policy) for mb in mbs]  # pi_old fixed for every update
+    sums = torch.zeros(len(_MEAN_KEYS) + 4, dtype=torch.float64, device=device)
+    ratio_max = torch.zeros((), dtype=torch.float64, device=device)
+    norms: list[float] = []
+    for _ in range(cfg.ppo_epochs):
+        for part in _split(len(mbs), cfg.mini_batches):
+            outcome, norm, rmax = _update(policy, optimizer, mbs[part.start : part.stop],
+                                          frozen[part.start : part.stop], cfg, sums)
+            if outcome == "nonfinite":
+                return {"skipped": float(not norms), "nonfinite": 1.0, "updates": float(len(norms)),
+                        "loss_tokens": float(sums[_TOKENS])}
+            if outcome == "stepped":
+                norms.append(norm)
+                ratio_max = torch.maximum(ratio_max, rmax)
+    return _finish_metrics(sums, ratio_max, cfg, norms)
 
 
-def _finish_metrics(sums: Tensor, ratio_max: Tensor, cfg: StepConfig, grad_norm: float) -> dict[str, float]:
-    """Reduced weighted sums -> token-weighted means and totals."""
-    tokens = float(sums[-2])
-    out = {key: float(sums[k]) / tokens for k, key in enumerate(_MEAN_KEYS)}
+def _finish_metrics(sums: Tensor, ratio_max: Tensor, cfg: StepConfig, norms: list[float]) -> dict[str, float]:
+    """Reduced weighted sums over every update -> token-weighted means; token counts of one epoch."""
+    tokens, beh = float(sums[_TOKENS]), float(sums[_BEH])
+    out = {key: float(sums[k]) / (beh if key in _BEHAVIOUR_KEYS else tokens)
+           for k, key in enumerate(_MEAN_KEYS) if key not in _BEHAVIOUR_KEYS or beh > 0}
     if cfg.loss.beta == 0:
         out.pop("kl_ref")
     if cfg.loss.tis_cap is None or cfg.old_from_batch:
-        out.pop("tis_weight")
-        out.pop("behaviour_mismatch")
+        out.pop("tis_weight", None)
+        out.pop("behaviour_mismatch", None)
+    updates = len(norms)
     out.update(
-        loss=float(sums[-3]) / world_size(),
+        loss=float(sums[_LOSS]) / world_size() / updates,
         ratio_max=float(ratio_max),
-        grad_norm=grad_norm,
-        loss_tokens=tokens,
-        input_tokens=float(sums[-1]),
+        grad_norm=sum(norms) / updates,
+        grad_norm_max=max(norms),
+        updates=float(updates),
+        loss_tokens=tokens / cfg.ppo_epochs,
+        input_tokens=float(sums[_INPUT]) / cfg.ppo_epochs,
         skipped=0.0,
     )
     return out

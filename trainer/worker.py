@@ -22,7 +22,7 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -94,6 +94,8 @@ class TrainerConfig:
     temperature: float = 1.0  # for groups whose sampling.temperature is not given
     loss: LossConfig = field(default_factory=LossConfig)
     old_from_batch: bool = False  # recompute pi_old with the trainer's weights (see trainer.step.StepConfig)
+    ppo_epochs: int = 1  # passes over each batch with pi_old fixed (see trainer.step.StepConfig)
+    mini_batches: int = 1  # optimizer steps per pass (the batch's micro-batches split in this many)
     gradient_checkpointing: bool = False
     parallel: ParallelMode = "ddp"
     device: str = "auto"
@@ -199,13 +201,17 @@ def lease(client: LeaseClient, cfg: TrainerConfig, ctx: DistContext) -> dict[str
     )
 
 
-def usable(client: LeaseClient, batch: dict[str, Any] | None, cfg: TrainerConfig) -> dict[str, Any] | None:
-    """The batch, or None when it cannot be trained on (then it was nacked with its reason and dropped)."""
+def usable(
+    client: LeaseClient, batch: dict[str, Any] | None, cfg: TrainerConfig, vocab_size: int | None = None
+) -> dict[str, Any] | None:
+    """The batch, or None when it cannot be trained on (then it was nacked with its reason and dropped,
+    and the reason logged: which group, which trajectory, which token)."""
     if batch is None:
         return None
-    reason = unusable(batch, need_logprobs=cfg.old_from_batch)
+    reason = unusable(batch, need_logprobs=cfg.old_from_batch, vocab_size=vocab_size)
     if reason is None:
         return batch
+    log.warning("batch %s refused and nacked (its groups are dropped): %s", batch.get("batch_id"), reason)
     refuse(client, batch, reason)
     return None
 
@@ -262,15 +268,22 @@ def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torc
     worst = torch.tensor(
         max((trained_version - v for v in versions), default=0), dtype=torch.float64, device=device
     )
+    rewards = [t["total_reward"] for g in (batch or {}).get("groups", []) for t in g["trajectories"]
+               if isinstance(t.get("total_reward"), int | float)]
+    reward = torch.tensor([sum(rewards), len(rewards)], dtype=torch.float64, device=device)
     all_reduce(stale, "sum")
     all_reduce(worst, "max")
+    all_reduce(reward, "sum")
     groups = float(stale[1])
-    return {
+    out = {
         "staleness_mean": float(stale[0]) / groups if groups else 0.0,
         "staleness_max": float(worst),
         "groups": groups,
         "trajectories": float(stale[2]),
     }
+    if float(reward[1]):
+        out["reward_mean"] = float(reward[0]) / float(reward[1])
+    return out
 
 
 def _setup(
@@ -336,13 +349,30 @@ def _report(
     return out
 
 
+def progress_line(version: int, metrics: dict[str, float]) -> str:
+    """One console line per update: version, loss, batch reward, throughput, how long the lease waited."""
+    reward = metrics.get("reward_mean")
+    parts = [
+        f"v{version}",
+        f"loss {metrics.get('loss', float('nan')):+.4f}",
+        f"reward {reward:.3f}" if reward is not None else "reward -",
+        f"groups {int(metrics.get('groups', 0))}",
+        f"tokens/s {metrics.get('tokens_per_s', 0.0):,.0f}",
+        f"lease wait {metrics.get('lease_wait_s', 0.0):.2f}s",
+    ]
+    if metrics.get("updates", 1.0) != 1.0:
+        parts.append(f"updates {int(metrics['updates'])}")
+    return "[train] " + "  ".join(parts)
+
+
 def publish(client: LeaseClient, state: TrainerState, metrics: dict[str, float], ctx: DistContext) -> None:
-    """Rank 0 publishes the new policy version once every rank has stepped."""
+    """Rank 0 publishes the new policy version once every rank has stepped, and prints its line."""
     barrier()
     if ctx.is_main:
         publish_version(client, state.policy_version, metrics)
         rounded = {k: round(v, 6) for k, v in metrics.items()}
-        log.info("policy version %d: %s", state.policy_version, json.dumps(rounded))
+        log.debug("policy version %d: %s", state.policy_version, json.dumps(rounded))
+        print(progress_line(state.policy_version, metrics), flush=True)
 
 
 def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -> list[dict[str, float]]:
@@ -351,17 +381,21 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
     -> the metrics published for each update.
     """
     ctx, model, policy, optimizer, state = _setup(cfg)
+    vocab_size = int(model.get_input_embeddings().num_embeddings)
     state = replace(state, policy_version=next_version(client, state.policy_version))
     ref = build_reference(cfg, ctx)
     tracked = trackers.from_env(asdict(cfg)) if ctx.is_main else trackers.Trackers([])  # W&B / MLflow / TB
-    step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch)
+    step_cfg = StepConfig(cfg.loss, cfg.max_grad_norm, cfg.old_from_batch,
+                          ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
     history: list[dict[str, float]] = []
     ledger = Ledger(state.pending, state.trained)  # what the checkpoint holds that the service may not know
     idle = 0
     with Heartbeat(client, cfg.lease_seconds) as heartbeat:
         ledger.settle(client)  # a crash between the last checkpoint and its ack: ack now (or remember)
         while max_steps is None or len(history) < max_steps:
-            batch = usable(client, ledger.strip(client, lease(client, cfg, ctx)), cfg)  # lease
+            t_lease = time.perf_counter()
+            batch = usable(client, ledger.strip(client, lease(client, cfg, ctx)), cfg, vocab_size)  # lease
+            lease_wait = time.perf_counter() - t_lease
             if not _any_rank(batch is not None, ctx):
                 idle += 1
                 if cfg.max_idle_polls is not None and idle >= cfg.max_idle_polls:
@@ -378,6 +412,7 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
                 drop_nonfinite(client, batch, ledger, heartbeat)
             acked = ack(client, ledger, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
             metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
+            metrics["lease_wait_s"] = lease_wait
             if metrics["skipped"]:
                 continue
             state = replace(state, policy_version=state.policy_version + 1, step=state.step + 1)
@@ -408,9 +443,28 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def config_help() -> str:
+    """The config fields with their defaults, for --help (set them in --config JSON or with --set)."""
+    lines = ["config fields (JSON --config file, or --set KEY=VALUE; loss.* are LossConfig fields):"]
+    for f in fields(TrainerConfig):
+        if f.name == "loss":
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+        lines.append(f"  {f.name:<24} default {json.dumps(default, default=str)}")
+    for f in fields(LossConfig):
+        lines.append(f"  loss.{f.name:<19} default {json.dumps(f.default, default=str)}")
+    lines.append("see docs/training.md for what each one does")
+    return "\n".join(lines)
+
+
 def config_from_args(argv: list[str] | None = None) -> tuple[TrainerConfig, int | None]:
     """Command line -> (TrainerConfig, max_steps)."""
-    ap = argparse.ArgumentParser(prog="grpo-curator train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="grpo-curator train",
+        description=__doc__.splitlines()[0],
+        epilog=config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--config", help="JSON file with TrainerConfig fields")
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (loss.beta=0.04)"
@@ -434,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, max_steps = config_from_args(argv)
     client = CuratorClient(cfg.service_url)
     history = run(cfg, client, max_steps)
-    log.info("stopped after %d updates; config %s", len(history), json.dumps(asdict(cfg), default=str))
+    print(f"[train] stopped after {len(history)} updates", flush=True)
+    log.info("config %s", json.dumps(asdict(cfg), default=str))
     return 0
 
 

@@ -227,8 +227,15 @@ class RedactTokens(logging.Filter):
 
 
 def public() -> Any:
-    """The route is open to everyone, with or without a key."""
-    return _checker(Access(frozenset(), public=True))
+    """The route is open to everyone, with or without a key. Its check is async and takes no session: a
+    public route (``/healthz``) costs neither a database connection nor a threadpool thread."""
+    access = Access(frozenset(), public=True)
+
+    async def check() -> None:
+        return None
+
+    check.access = access  # type: ignore[attr-defined]
+    return Depends(check)
 
 
 def _access(dependencies: list[Any]) -> Access | None:

@@ -1,9 +1,9 @@
-"""The export's one statement: stored trajectories with their group and prompt, in (group, index) order,
-read through a server-side cursor so memory stays constant in the number of rows."""
+"""The export's statements: stored trajectories with their group and prompt, in (group, index) order, read
+one keyset page of whole groups at a time (``group_page`` then ``page_rows``), each page in a short
+transaction of its own, so memory stays constant in the number of rows and no transaction outlives a page."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import and_, func, select
@@ -25,10 +25,36 @@ def _rewards_column() -> Any:
     )
 
 
-def trajectory_rows(session: Session, *, dataset: str | None, min_policy_version: int | None,
-                    max_policy_version: int | None, statuses: list[str], with_rewards: bool,
-                    batch_rows: int) -> Iterator[dict[str, Any]]:
-    """One dict per trajectory, ordered by group then index, fetched ``batch_rows`` at a time."""
+def _filtered(stmt: Any, *, dataset: str | None, min_policy_version: int | None, max_policy_version: int | None,
+              statuses: list[str]) -> Any:
+    stmt = stmt.where(Group.status.in_(statuses))
+    if dataset is not None:
+        stmt = stmt.where(Group.dataset == dataset)
+    if min_policy_version is not None:
+        stmt = stmt.where(Group.policy_version >= min_policy_version)
+    if max_policy_version is not None:
+        stmt = stmt.where(Group.policy_version <= max_policy_version)
+    return stmt
+
+
+def group_page(session: Session, *, after_pk: int, max_rows: int, dataset: str | None,
+               min_policy_version: int | None, max_policy_version: int | None, statuses: list[str]) -> list[int]:
+    """The pks of the next groups after ``after_pk`` (in pk order) that match, as many as fit in ``max_rows``
+    trajectories (at least one group)."""
+    stmt = select(Group.pk, Group.n_trajectories).where(Group.pk > after_pk).order_by(Group.pk).limit(max_rows)
+    stmt = _filtered(stmt, dataset=dataset, min_policy_version=min_policy_version,
+                     max_policy_version=max_policy_version, statuses=statuses)
+    pks, rows = [], 0
+    for pk, n in session.execute(stmt):
+        if pks and rows + n > max_rows:
+            break
+        pks.append(pk)
+        rows += n
+    return pks
+
+
+def page_rows(session: Session, pks: list[int], *, statuses: list[str], with_rewards: bool) -> list[dict[str, Any]]:
+    """One dict per trajectory of the groups ``pks`` (still in ``statuses``), ordered by group then index."""
     columns = [
         Group.pk.label("group_pk"), Group.id.label("group_id"), Group.prompt_id, Group.dataset,
         Group.policy_version, Group.status.label("group_status"), Group.reward_spec_name, Group.reward_spec_version,
@@ -43,15 +69,7 @@ def trajectory_rows(session: Session, *, dataset: str | None, min_policy_version
         select(*columns)
         .join(Trajectory, Trajectory.group_pk == Group.pk)
         .join(Prompt, Prompt.id == Group.prompt_id)
-        .where(Group.status.in_(statuses))
+        .where(Group.pk.in_(pks), Group.status.in_(statuses))
         .order_by(Group.pk, Trajectory.idx)
     )
-    if dataset is not None:
-        stmt = stmt.where(Group.dataset == dataset)
-    if min_policy_version is not None:
-        stmt = stmt.where(Group.policy_version >= min_policy_version)
-    if max_policy_version is not None:
-        stmt = stmt.where(Group.policy_version <= max_policy_version)
-    result = session.execute(stmt.execution_options(yield_per=batch_rows))
-    for row in result.mappings():
-        yield dict(row)
+    return [dict(row) for row in session.execute(stmt).mappings()]

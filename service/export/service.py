@@ -1,8 +1,11 @@
 """Export stored trajectories as SFT / DPO / KTO / rollout datasets, streamed as JSONL or Parquet.
 
-Rows come from a server-side cursor (``service.export.repository``), are grouped per group as they
-arrive (the statement orders by group), turned into records (``export_formats``) and written in batches of
-``batch_rows``: memory is constant in the number of rows. Parquet columns have one fixed schema per format
+Rows are read one keyset page of whole groups at a time (``service.export.repository``), each page in a
+short transaction of its own that ends before anything is sent: a client that reads slowly, or never, holds
+no connection and no open transaction, and the stream ends when it goes. Rows are grouped per group, turned
+into records (``export_formats``) and written in batches of ``batch_rows``: memory is constant in the number
+of rows. (Pages are not one snapshot: a group whose status changes during an export is in it or not, never
+in part.) Parquet columns have one fixed schema per format
 (what ``datasets.load_dataset("parquet", ...)`` and TRL's trainers read); free-form JSON (``tools``,
 ``metadata``) is a JSON string there and a JSON value in JSONL.
 """
@@ -61,14 +64,27 @@ def check_query(q: ExportQuery) -> list[str]:
     return statuses
 
 
-def records(session: Session, q: ExportQuery, batch_rows: int) -> Iterator[dict[str, Any]]:
-    """The export's records in group order (a generator: rows are read as records are consumed)."""
+def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int) -> Iterator[dict[str, Any]]:
+    """The export's rows in group order, a page (about ``batch_rows`` rows of whole groups) per short session."""
     statuses = check_query(q)
-    rows = repo.trajectory_rows(session, dataset=q.dataset, min_policy_version=q.min_policy_version,
-                                max_policy_version=q.max_policy_version, statuses=statuses,
-                                with_rewards=q.format == "rollouts", batch_rows=batch_rows)
+    filters = {"dataset": q.dataset, "min_policy_version": q.min_policy_version,
+               "max_policy_version": q.max_policy_version, "statuses": statuses}
+    after = 0
+    while True:
+        with factory() as session, session.begin():
+            pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, **filters)
+            page = repo.page_rows(session, pks, statuses=statuses, with_rewards=q.format == "rollouts") if pks else []
+        if not pks:
+            return
+        yield from page
+        after = pks[-1]
+
+
+def records(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int) -> Iterator[dict[str, Any]]:
+    """The export's records in group order (a generator: pages are read as records are consumed)."""
     make, opts = FORMATS[q.format], Options(q.format, q.min_reward, q.correct_threshold)
-    out = (rec for _, group in itertools.groupby(rows, key=lambda r: r["group_pk"]) for rec in make(list(group), opts))
+    grouped = itertools.groupby(rows(factory, q, batch_rows), key=lambda r: r["group_pk"])
+    out = (rec for _, group in grouped for rec in make(list(group), opts))
     return itertools.islice(out, q.limit) if q.limit is not None else out
 
 
@@ -130,14 +146,8 @@ def encode(fmt: str, filetype: str, recs: Iterator[dict[str, Any]], batch_rows: 
 
 
 def stream(factory: sessionmaker[Session], q: ExportQuery, filetype: str, batch_rows: int) -> Iterator[bytes]:
-    """The whole export as byte chunks, read in one read-only transaction of its own (it outlives the
+    """The whole export as byte chunks, read page by page in short sessions of its own (it outlives the
     request's session). ``check_query`` runs first, so bad filters fail before anything is sent."""
     check_query(q)
-
-    def chunks() -> Iterator[bytes]:
-        with factory() as session:  # one snapshot for the whole export; nothing is written
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-            yield from encode(q.format, filetype, records(session, q, batch_rows), batch_rows)
-
-    return chunks()
+    return encode(q.format, filetype, records(factory, q, batch_rows), batch_rows)
 

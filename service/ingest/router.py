@@ -64,6 +64,7 @@ def post_groups(
         max_groups=settings.max_groups_per_request,
         batched=batched,
         key=key,
+        caller_specs=frozenset(settings.caller_reference_specs),
     )
     if not any(a.created for a in acks):
         response.status_code = 200

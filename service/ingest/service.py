@@ -50,6 +50,18 @@ def check_reference(session: Session, prompts: list[tuple[str, PromptIn]]) -> No
             )
 
 
+def check_reference_source(
+    session: Session, prompts: list[tuple[str, PromptIn]], key: Principal, caller_specs: frozenset[str]
+) -> None:
+    """A non-admin key's inline prompt may not carry a reference its spec runs as code (403 naming the field;
+    see ``service.specs.references``)."""
+    if key.is_admin:
+        return
+    for where, p in prompts:
+        spec_name, spec = specs.scoring_spec(session, p.reward_spec, p.dataset)
+        specs.check_caller_references(spec_name, spec, key, [(f"{where}reference", p.reference)], caller_specs)
+
+
 def check_refs(session: Session, p: PromptIn, where: str) -> None:
     """A prompt naming a reward spec or curation policy that does not exist is refused at the door (422
     naming the field); otherwise every group of it would fail in the worker."""
@@ -167,9 +179,12 @@ def ingest_groups(
     batched: bool,
     max_groups: int | None = None,
     key: Principal = OPEN,
+    caller_specs: frozenset[str] = frozenset(),
 ) -> list[GroupAck]:
     """Store each group once. Same id + same body: the stored answer; same id + other body: 409.
-    Each group's dataset must be in ``key``'s scope (403); the key's name is recorded as the producer.
+    Each group's dataset must be in ``key``'s scope (403); the key's name is recorded as the producer. A
+    non-admin key's inline prompt carries no reference its spec runs as code, unless the spec is in
+    ``caller_specs`` (403).
 
     The caller's transaction makes the request all-or-nothing.
     """
@@ -187,10 +202,10 @@ def ingest_groups(
     for i, g in enumerate(groups):
         if g.prompt is not None:
             check_refs(session, g.prompt, f"groups[{i}].prompt." if batched else "prompt.")
-    check_reference(
-        session,
-        [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt) for i, g in enumerate(groups) if g.prompt is not None],
-    )
+    inline = [(f"groups[{i}].prompt." if batched else "prompt.", g.prompt)
+              for i, g in enumerate(groups) if g.prompt is not None]
+    check_reference_source(session, inline, key, caller_specs)
+    check_reference(session, inline)
     _inline_prompts(session, groups, batched, key)
     datasets = prompt_repo.prompt_datasets(session, {g.prompt_id for g in groups})
     acks = []

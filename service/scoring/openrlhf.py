@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from reward_models.scoring import Scorer
 from service.api.errors import BadRequest, ServiceError
+from service.auth.service import OPEN, Principal
 from service.scoring.schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreResult
-from service.scoring.service import ScoreLimits, score_items
+from service.scoring.service import ScoreRun, score_items
 
 OnError = Literal["fail", "value"]
 # end-of-sequence markers of common chat templates: a response that ends in one stopped by itself
@@ -107,15 +107,18 @@ def _item(prompt: str, response: Response, label: Any, eos_means_stop: bool) -> 
     return {"prompt": prompt, "completion": response.text, "reference": _reference(label), "finish_reason": finish}
 
 
-def get_reward(session: Session, scorer: Scorer, spec: str, body: OpenRLHFIn, *, on_error: OnError,
-               error_value: float, limits: ScoreLimits, eos_means_stop: bool = True) -> OpenRLHFOut:
+async def get_reward(session: Session, run: ScoreRun, spec: str, body: OpenRLHFIn, *, on_error: OnError,
+                     error_value: float, eos_means_stop: bool = True, key: Principal = OPEN) -> OpenRLHFOut:
+    """A label is the caller's reference: for a spec that runs its reference as code it is refused unless
+    ``key`` may supply one (``service.specs.references``; the error names ``labels[i]``)."""
     prompts, labels = _check(body)
     responses = [split_response(q, p) for q, p in zip(body.query, prompts, strict=True)]
     items = {i: _item(prompts[i], r, labels[i], eos_means_stop) for i, r in enumerate(responses) if r is not None}
     results: dict[int, ScoreResult] = {}
     if items:
-        out = score_items(session, scorer, ScoreIn.model_validate({"reward_spec": spec, "items": list(items.values())}),
-                          limits)
+        index = list(items)
+        request = ScoreIn.model_validate({"reward_spec": spec, "items": list(items.values())})
+        out = await score_items(session, run, request, key, reference_field=lambda i: f"labels[{index[i]}]")
         results = dict(zip(items, out.results, strict=True))
     failed = [i for i in range(len(body.query)) if i not in results or results[i].total is None]
     if failed and on_error == "fail":

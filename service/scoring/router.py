@@ -4,30 +4,42 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path, Request
 
-from service.api.deps import ScorerDep, SessionDep, SettingsDep
-from service.auth.service import PRODUCER, TRAINER, allow
+from service.api.deps import SessionDep, SettingsDep, get_scorer
+from service.auth.service import PRODUCER, TRAINER, KeyDep, allow
 from service.scoring import openrlhf
 from service.scoring.schemas import OpenRLHFIn, OpenRLHFOut, ScoreIn, ScoreOut
-from service.scoring.service import ScoreLimits, score_items
+from service.scoring.service import ScoreLimits, ScoreRun, score_items
 
 router = APIRouter(tags=["integrations"])
 
 
+def score_run(request: Request) -> ScoreRun:
+    """The Scorer with the app's scoring threads, this deployment's limits and reference opt-ins."""
+    s = request.app.state.settings
+    return ScoreRun(get_scorer(request), request.app.state.score_executor, ScoreLimits.of(s),
+                    frozenset(s.caller_reference_specs))
+
+
+ScoreRunDep = Annotated[ScoreRun, Depends(score_run)]
+
+
 @router.post("/v1/score", response_model=ScoreOut, dependencies=[allow(PRODUCER, TRAINER)],
              responses={413: {"description": "more items than max_score_items, or more pool time than "
-                                             "score_pool_budget_s: send fewer items"}})
-def post_score(body: ScoreIn, session: SessionDep, scorer: ScorerDep, settings: SettingsDep) -> ScoreOut:
-    return score_items(session, scorer, body, ScoreLimits.of(settings))
+                                             "score_pool_budget_s: send fewer items"},
+                        403: {"description": "store with a key that is not a producer's, or a reference the "
+                                             "spec runs as code from a key that may not supply one"}})
+async def post_score(body: ScoreIn, session: SessionDep, run: ScoreRunDep, key: KeyDep) -> ScoreOut:
+    return await score_items(session, run, body, key)
 
 
 @router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
              responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"},
                         413: {"description": "more queries than max_score_items, or more pool time than "
                                              "score_pool_budget_s: send fewer queries"}})
-def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
-                         scorer: ScorerDep, settings: SettingsDep) -> OpenRLHFOut:
-    return openrlhf.get_reward(session, scorer, spec, body, on_error=settings.openrlhf_on_error,
-                               error_value=settings.openrlhf_error_value, limits=ScoreLimits.of(settings),
-                               eos_means_stop=settings.openrlhf_eos_means_stop)
+async def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
+                               run: ScoreRunDep, settings: SettingsDep, key: KeyDep) -> OpenRLHFOut:
+    return await openrlhf.get_reward(session, run, spec, body, on_error=settings.openrlhf_on_error,
+                                     error_value=settings.openrlhf_error_value,
+                                     eos_means_stop=settings.openrlhf_eos_means_stop, key=key)

@@ -2,23 +2,32 @@
 
 ``total`` is None whenever any component errored (``reward_models.spec.combine``): never a silent 0.
 With ``store`` the items are also recorded as groups (one per distinct prompt + reference), which the
-worker scores and curates like any other group.
+worker scores and curates like any other group; that needs a producer (or admin) key, recorded on the groups.
+
+A request holds no database connection and no threadpool thread while it is scored: the spec is resolved in
+one short transaction (ended before scoring), the scoring runs on the app's scoring threads and is awaited,
+and ``store`` writes in a second short transaction. A slow item therefore delays only its own request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from reward_models.base import PromptInfo, Sample
 from reward_models.scoring import PoolBudget, PoolBudgetExceeded, Scorer
 from reward_models.spec import RewardSpec, ScoredSample
-from service.api.errors import BadRequest, ServiceError
+from service.api.errors import BadRequest, Forbidden, ServiceError
 from service.api.schemas import Message
+from service.auth.service import OPEN, PRODUCER, Principal
 from service.ingest import service as ingest
 from service.ingest.schemas import GroupIn
 from service.scoring.schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
@@ -89,19 +98,66 @@ def result_of(scored: ScoredSample) -> ScoreResult:
     return ScoreResult(total=scored.total, outcome=scored.outcome, rewards=rewards)
 
 
-def score_items(session: Session, scorer: Scorer, body: ScoreIn, limits: ScoreLimits) -> ScoreOut:
+@dataclass(frozen=True, slots=True)
+class ScoreRun:
+    """What a scoring request runs on: the Scorer, the threads that wait on its pool, its limits, and the
+    specs that accept caller references (``service.specs.references``)."""
+
+    scorer: Scorer
+    executor: Executor
+    limits: ScoreLimits = field(default_factory=ScoreLimits)
+    caller_specs: frozenset[str] = frozenset()
+
+
+def _items_field(i: int) -> str:
+    return f"items[{i}].reference"
+
+
+def _check_request(body: ScoreIn, limits: ScoreLimits, key: Principal) -> None:
     if len(body.items) > limits.max_items:
         raise TooManyItems(f"items: {len(body.items)} items exceed the limit of {limits.max_items} per request",
                            detail={"max_items": limits.max_items})
+    if body.store and not (key.is_admin or key.role == PRODUCER):
+        raise Forbidden(f"store: creating groups needs a producer key; role {key.role.value!r} may score "
+                        "without store only")
+
+
+def _resolve(session: Session, body: ScoreIn, key: Principal, caller_specs: frozenset[str],
+             reference_field: Callable[[int], str]) -> tuple[specs.Versioned, RewardSpec]:
+    """The spec, and the check of who supplies its references; ends the read transaction (COMMIT: nothing
+    was written), so the request's pooled connection goes back before it is scored."""
     version = specs.resolve_reward_spec(session, body.reward_spec)
     spec = RewardSpec.model_validate(version.body)
+    specs.check_caller_references(version.name, spec, key,
+                                       [(reference_field(i), item.reference) for i, item in enumerate(body.items)],
+                                       caller_specs)
+    session.commit()
+    return version, spec
+
+
+async def _score(run: ScoreRun, spec: RewardSpec, body: ScoreIn) -> list[ScoredSample]:
+    """The scorer on one of the scoring threads, awaited: the event loop and the threadpool stay free."""
+    limits = run.limits
+    future = run.executor.submit(run.scorer.score, spec, [to_sample(item) for item in body.items], limits.budget())
     try:
-        scored = scorer.score(spec, [to_sample(item) for item in body.items], limits.budget())
+        return await asyncio.wrap_future(future)
     except PoolBudgetExceeded as exc:
         raise TooManyItems(f"items: the request needed more of the shared process pool than one request may "
                            f"take ({exc}; score_pool_budget_s); send fewer items per request",
                            detail={"max_items": limits.max_items, "pool_budget_s": limits.pool_budget_s}) from None
-    stored = _store(session, body, version, limits.max_group_size) if body.store else None
+
+
+async def score_items(session: Session, run: ScoreRun, body: ScoreIn, key: Principal = OPEN,
+                      reference_field: Callable[[int], str] = _items_field) -> ScoreOut:
+    """Score ``body``'s items (and store them with ``store``); ``reference_field(i)`` names item i's
+    reference in errors."""
+    _check_request(body, run.limits, key)
+    version, spec = await run_in_threadpool(_resolve, session, body, key, run.caller_specs, reference_field)
+    scored = await _score(run, spec, body)
+    stored = None
+    if body.store:
+        stored = await run_in_threadpool(_store, session, body, version, run.limits.max_group_size, key,
+                                         run.caller_specs)
     return ScoreOut(spec_name=version.name, spec_version=version.version,
                     results=[result_of(s) for s in scored], stored_groups=stored)
 
@@ -110,18 +166,19 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int) -> list[str]:
+def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int, key: Principal,
+           caller_specs: frozenset[str]) -> list[str]:
     """Items grouped by (dataset, prompt, reference, max_tokens) -> idempotent groups scored by the named
     spec; the group id hashes everything stored (sampling included), so a different budget is a new group."""
     by_prompt: dict[tuple[str, int | None], list[ScoreItem]] = {}
     for item in body.items:
-        key = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
-        by_prompt.setdefault((key, item.max_tokens), []).append(item)
+        digest = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
+        by_prompt.setdefault((digest, item.max_tokens), []).append(item)
     largest = max(len(items) for items in by_prompt.values())
     if largest > max_group_size:
         raise BadRequest(f"items: {largest} items share one prompt; with store, a group holds at most {max_group_size}")
     groups = []
-    for (key, max_tokens), items in by_prompt.items():
+    for (digest, max_tokens), items in by_prompt.items():
         first = items[0]
         trajectories = [{"messages": _messages(i.completion, "assistant"), "finish_reason": i.finish_reason,
                          "num_tokens": i.num_tokens, "metadata": i.metadata,
@@ -129,12 +186,12 @@ def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_
         prompt = {"dataset": first.dataset, "messages": _messages(first.prompt, "user"),
                   "reference": first.reference, "reward_spec": f"{version.name}@{version.version}"}
         sampling = {"max_tokens": max_tokens} if max_tokens else {}
-        group_id = "score-" + _digest([key, body.policy_version, sampling, trajectories])
+        group_id = "score-" + _digest([digest, body.policy_version, sampling, trajectories])
         groups.append(GroupIn.model_validate({
-            "id": group_id, "prompt_id": f"score-{key}", "policy_version": body.policy_version,
+            "id": group_id, "prompt_id": f"score-{digest}", "policy_version": body.policy_version,
             "prompt": prompt, "trajectories": trajectories, "sampling": sampling,
         }))
     # no token ids are stored, so the sequence limit never applies; the group-size limit does
     acks = ingest.ingest_groups(session, groups, max_group_size=max_group_size, max_sequence_tokens=2**31,
-                                batched=True)
+                                batched=True, key=key, caller_specs=caller_specs)
     return [a.id for a in acks]

@@ -120,3 +120,100 @@ def test_identical_tool_calls_are_a_loop() -> None:
     assert loop.value == -1.0 and loop.details["loop"] is True
     assert component.score(agent_sample(varied), make_prompt()).value == 0.0
     assert component.score(agent_sample(same[:2]), make_prompt()).value == 0.0
+
+
+# --- hostile arguments: an invalid call (the model's mistake), never an error (docs/components.md) ---
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {"query": "x"}
+    for _ in range(depth):
+        value = {"query": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ("[" * 5000 + "]" * 5000, "nested too deeply"),
+        ('{"query":' * 5000 + '"x"' + "}" * 5000, "nested too deeply"),
+        ('{"query": "q", "k": %s}' % ("9" * 5000), "arguments are not JSON"),  # over 4,300 digits
+        ('{"query": "q", "k": NaN}', "NaN is not JSON"),  # NaN passes every minimum
+        ('{"query": ' * 150 + '"x"' + "}" * 150, "nested deeper than 100"),
+        (_nested(5000), "nested too deeply"),  # already-parsed arguments (a library caller)
+    ],
+)
+def test_hostile_arguments_are_an_invalid_call_and_the_valid_one_still_counts(arguments: object, error: str) -> None:
+    call = {"id": "c2", "type": "function", "function": {"name": "search", "arguments": arguments}}
+    result = tool_score([tool_call("finish", {}), call])
+    assert result.error is None, result.error
+    assert result.value == 0.5
+    assert result.details["errors"][0]["index"] == 1
+    assert error in result.details["errors"][0]["error"]
+
+
+def test_arguments_that_break_the_validator_are_an_invalid_call() -> None:
+    tools = [{"type": "function", "function": {"name": "pay", "parameters": {
+        "type": "object", "properties": {"amount": {"type": "number", "multipleOf": 0.5}}}}}]
+    component = make_component("rule.tool_calls", {"tools": tools})
+    big = tool_call("pay", '{"amount": 1%s}' % ("0" * 400))  # parses; int / 0.5 overflows a float
+    result = component.score(agent_sample([tool_call("pay", {"amount": 1.5}), big]), make_prompt())
+    assert result.error is None, result.error
+    assert result.value == 0.5
+    assert "could not be validated" in result.details["errors"][0]["error"]
+
+
+@pytest.mark.parametrize(
+    "made",
+    ["abc", 5, {"a": 1}, [5], [None], [{"function": "x"}], [{"function": {"name": ["search"]}}]],
+)
+def test_tool_calls_of_the_wrong_shape_are_malformed_calls(made: object) -> None:
+    sample = make_sample("done", messages=[{"role": "assistant", "content": "", "tool_calls": made},
+                                           {"role": "assistant", "content": "done"}])
+    tool_rule = make_component("rule.tool_calls", {"tools": TOOLS}).score(sample, make_prompt())
+    assert tool_rule.error is None and tool_rule.value == 0.0
+    assert all("malformed" in e["error"] for e in tool_rule.details["errors"])
+    repetition = make_component("rule.repetition", {}).score(sample, make_prompt())
+    assert repetition.error is None and repetition.value == 0.0
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ["[" * 5000 + "]" * 5000, '{"query": %s}' % ("9" * 5000), _nested(5000), {"query": 10**5000}],
+)
+def test_repetition_reads_hostile_arguments_and_still_sees_their_loop(arguments: object) -> None:
+    component = make_component("rule.repetition", {"max_identical_calls": 3})
+    call = {"id": "c", "type": "function", "function": {"name": "search", "arguments": arguments}}
+    once = component.score(agent_sample([call]), make_prompt())
+    assert once.error is None and once.value == 0.0
+    thrice = component.score(agent_sample([call] * 3), make_prompt())
+    assert thrice.error is None
+    # the same unparseable text three times is a loop; arguments JSON cannot write have no identity
+    assert thrice.details["loop"] is isinstance(arguments, str)
+
+
+REDOS_TOOLS = [{"type": "function", "function": {"name": "tag", "parameters": {
+    "type": "object", "properties": {"label": {"type": "string", "pattern": "^(a+)+$"}}}}}]
+
+
+def test_a_backtracking_tool_schema_is_validated_under_the_deadline() -> None:
+    """A tool schema with a ``pattern`` (Python's backtracking ``re``): the model's arguments could hold
+    the scoring worker for hours inline; in the pool the timeout rule fails that call's sample (0)."""
+    from reward_models.scoring import Scorer
+    from reward_models.spec import RewardSpec
+
+    evil = agent_sample([tool_call("tag", {"label": "a" * 40 + "!"})])
+    fine = agent_sample([tool_call("tag", {"label": "aaaa"})])
+    no_calls = make_sample("done")
+    component = make_component("rule.tool_calls", {"tools": REDOS_TOOLS})
+    assert component.in_pool(evil, make_prompt()) and not component.in_pool(no_calls, make_prompt())
+    from_prompt = make_component("rule.tool_calls", {})
+    prompt = make_prompt(metadata={"tools": REDOS_TOOLS})
+    assert from_prompt.in_pool(evil, prompt) and not from_prompt.in_pool(evil, make_prompt(metadata={"tools": TOOLS}))
+    spec = RewardSpec(name="t", components=[{"name": "tools", "kind": "rule.tool_calls", "params": {"tools": REDOS_TOOLS}}])
+    with Scorer(processes=1, timeout_s=2.0) as scorer:
+        evil_scored, fine_scored = scorer.score(spec, [(evil, make_prompt()), (fine, make_prompt())])
+    evil_result = evil_scored.components["tools"]
+    assert evil_result.error is None and evil_result.value == 0.0
+    assert evil_result.details["reason"] == "verification_timeout"
+    assert fine_scored.components["tools"].value == 1.0

@@ -128,3 +128,18 @@ def test_tokenizer_from_a_path(tmp_path: Path) -> None:
     batched = values(component, answers)
     assert batched == pytest.approx([component.score(s, p).value for s, p in items(answers)], abs=1e-5)
     assert component._tokenizer.pad_token_id == 1  # no pad token: falls back to eos
+
+
+def test_hostile_text_in_one_item_neither_errors_nor_fails_its_batch() -> None:
+    """A lone surrogate (the byte tokenizer's UTF-8 cannot encode it) and parts whose text is not a
+    string are the model's text: scored, and the rest of the batch with them."""
+    odd = [{"role": "assistant", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "42 \udfff"}]},
+           {"role": "assistant", "content": 7}, "not a message"]
+    batch = [(make_sample("42 \ud800"), make_prompt()), (make_sample("42"), make_prompt()),
+             (make_sample("42", messages=odd), make_prompt())]
+    for component in (rm(), rm(response="transcript")):
+        results = component.score_batch(batch)
+        assert [r.error for r in results] == [None, None, None]
+        assert all(isinstance(r.value, float) for r in results)
+    assert rm().text(*batch[0]).endswith("42 \ufffd")
+    assert rm(response="transcript").text(*batch[2]).endswith("assistant: 42 \ufffd\nassistant: ")

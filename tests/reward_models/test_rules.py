@@ -146,3 +146,31 @@ def test_turn_budget(params: dict, turns: int, value: float) -> None:
     result = make_component("rule.turns", params).score(make_sample("ok", num_turns=turns), make_prompt())
     assert result.value == pytest.approx(value)
     assert result.details == {"turns": turns}
+
+
+# --- content the model shaped oddly: read as "no text", never an error (docs/components.md) ---
+
+ODD_PARTS = [{"type": "text", "text": 5}, {"type": "text", "text": None}, {"type": "text", "text": ["<answer>"]},
+             {"type": "text", "text": {"t": "<answer>"}}, {"type": "text"}, "a bare string", 7, None]
+
+
+@pytest.mark.parametrize("part", ODD_PARTS)
+def test_a_part_whose_text_is_not_a_string_is_no_text(part: object) -> None:
+    content = [{"type": "text", "text": "<think>a</think>"}, part, {"type": "text", "text": "<answer>42</answer>"}]
+    sample = make_sample("x", messages=[{"role": "assistant", "content": content}], num_tokens=3)
+    fmt_rule = make_component("rule.format", {**THINK_ANSWER, "source": "response"})
+    assert fmt_rule.score(sample, make_prompt()).value == 1.0  # the string parts still count
+    for unit, length in (("chars", 35), ("words", 1), ("tokens", 3)):
+        result = make_component("rule.length", {"target": 0, "limit": 100, "unit": unit}).score(sample, make_prompt())
+        assert result.error is None and result.details["length"] == length, (unit, result)
+    assert make_component("rule.overlong", {"max_tokens": 10, "buffer": 2}).score(sample, make_prompt()).value == 0.0
+
+
+@pytest.mark.parametrize("messages", [[{"role": "assistant", "content": 5}], [{"role": "assistant", "content": {"a": 1}}],
+                                      ["<answer>42</answer>", None], [{"role": 5, "content": "x"}]])
+def test_messages_of_the_wrong_shape_have_no_text(messages: list) -> None:
+    sample = make_sample("", messages=messages, num_tokens=0)
+    result = make_component("rule.format", {**THINK_ANSWER, "source": "response"}).score(sample, make_prompt())
+    assert result.error is None and result.value == 0.0
+    length = make_component("rule.length", {"target": 0, "limit": 10, "unit": "chars"}).score(sample, make_prompt())
+    assert length.error is None and length.details["length"] == 0

@@ -101,3 +101,30 @@ def test_spec_without_heavy_components_starts_no_pool() -> None:
         [scored] = scorer.score(spec, items("42"))
         assert scored.total == 1.0 and scored.outcome == 1.0
         assert scorer._pool is None
+
+
+@pytest.mark.parametrize(("task", "args"), [("die", ()), ("allocate", (2048,))])
+def test_an_answer_that_crashes_its_verifier_is_a_fail_when_the_canary_passes(scorer: Scorer, task, args) -> None:
+    """A worker that dies on an answer (a segfault, the memory limit) while the same component verifies its
+    canary in the same pool is the answer's doing: 0 with the reason, never a null the policy could seek."""
+    from reward_models.pool import KillablePool
+    from reward_models.scoring import _collect, params_key
+    from tests.reward_models import tasks
+
+    with KillablePool(1, memory_mb=1024) as pool:
+        crashed = _collect(pool.submit(getattr(tasks, task), *args, timeout_s=30))
+    [result] = scorer._attribute("verifier.math", params_key({}), [crashed])
+    assert (result.value, result.error) == (0.0, None)
+    assert result.details["reason"] == "verifier_crashed"
+
+
+def test_a_crash_with_a_failing_canary_is_the_verifiers_error() -> None:
+    from reward_models.pool import KillablePool
+    from reward_models.scoring import _collect, attribute_timeout
+    from tests.reward_models import tasks
+
+    with KillablePool(1) as pool:
+        crashed = _collect(pool.submit(tasks.die, timeout_s=30))
+    result = attribute_timeout(crashed, 2.0, healthy=False, canary="canary failed: worker crashed")
+    assert result.value is None and result.details == {"reason": "verifier_unhealthy"}
+    assert result.error.startswith("worker crashed: exit code -9; canary failed")

@@ -127,3 +127,11 @@ def test_json_schema_from_params_and_errors() -> None:
     assert score("verifier.json_schema", "{}", {}).error == "no schema (reference.schema or params.schema)"
     bad = score("verifier.json_schema", "{}", {"schema": {"type": "bogus"}})
     assert bad.value is None and "invalid JSON schema" in (bad.error or "")
+
+
+def test_math_details_show_at_most_200_characters_of_a_huge_answer() -> None:
+    """The extracted answer goes into stored details: a 5,000-digit answer is a fail with a short note."""
+    component = make_component("verifier.math", {})
+    result = component.score(make_sample("\\boxed{" + "9" * 5000 + "}"), make_prompt({"answer": "42"}))
+    assert result.error is None and result.value == 0.0
+    assert 0 < len(result.details["extracted"]) <= 200

@@ -234,17 +234,27 @@ def test_path_key_middleware_sets_the_bearer_header() -> None:
     async def inner(scope, receive, send) -> None:
         seen.update(path=scope["path"], raw=scope["raw_path"], headers=scope["headers"])
 
+    headers = [(b"authorization", b"Bearer forged"), (b"host", b"h")]
     scope = {"type": "http", "path": "/compat/openrlhf/key/k/x/s@2/get_reward",
-             "raw_path": b"/compat/openrlhf/key/k%2Fx/s%402/get_reward",
-             "headers": [(b"authorization", b"Bearer forged"), (b"host", b"h")]}
+             "raw_path": b"/compat/openrlhf/key/k%2Fx/s%402/get_reward", "headers": headers}
     asyncio.run(PathKeyMiddleware(inner)(scope, None, None))
     assert seen["path"] == "/compat/openrlhf/s@2/get_reward"
     assert seen["raw"] == b"/compat/openrlhf/s%402/get_reward"
     assert seen["headers"] == [(b"host", b"h"), (b"authorization", b"Bearer k/x")]
-    for other in ("/v1/score", "/compat/openrlhf/s/get_reward", "/compat/openrlhf/key/k"):
+    assert scope["path"] == seen["path"]  # rewritten in place: the server's access log sees no key either
+    for other in ("/v1/score", "/compat/openrlhf/s/get_reward"):
         seen.clear()
-        asyncio.run(PathKeyMiddleware(inner)({**scope, "path": other, "raw_path": other.encode()}, None, None))
+        asyncio.run(PathKeyMiddleware(inner)({"type": "http", "path": other, "raw_path": other.encode(),
+                                              "headers": list(headers)}, None, None))
         assert seen["path"] == other and (b"authorization", b"Bearer forged") in seen["headers"]
+    # a path under the key prefix that is not a reward route: routed with its key segment masked
+    for shape, masked in (("/compat/openrlhf/key/k", "/compat/openrlhf/key/redacted"),
+                          ("/compat/openrlhf/key/k/", "/compat/openrlhf/key/redacted/"),
+                          ("/compat/openrlhf/%6Bey/k", "/compat/openrlhf/key/redacted")):
+        seen.clear()
+        asyncio.run(PathKeyMiddleware(inner)({"type": "http", "path": shape, "raw_path": shape.encode(),
+                                              "headers": list(headers)}, None, None))
+        assert seen["path"] == masked and seen["raw"] == masked.encode()
 
 
 def test_score_shares_the_in_process_workers_scorer(fresh_db: str) -> None:
