@@ -1,8 +1,9 @@
-"""Regression tests for the second attack round on verifier.code (docs/sandbox.md, "Attack findings").
+"""The harness's rules for function-style tests, each case a program that broke an earlier version.
 
-Each of the nine findings broke the verifier before its fix (a correct program scored 0, a wrong one
-passed, a program pinned memory past its limit or escaped its 0). Real programs through the real
-component (bubblewrap sandbox, trusted harness), one through the Scorer's KillablePool; no mocks.
+Correct programs must pass (big ints, memoized or decorated entry points, a __main__ block), wrong ones must
+fail however they return (StopIteration, control-flow exceptions, rigging the prompt's helpers, hash
+collisions): real programs through the real component (bubblewrap sandboxes, the harness sandbox).
+Each case reproduces an attack of the second round on verifier.code (docs/sandbox.md, "Attack findings").
 """
 
 from __future__ import annotations
@@ -12,18 +13,6 @@ import time
 import pytest
 
 from reward_models import RewardSpec, Scorer, make_component
-from reward_models.code_harness import run_function_tests
-from reward_models.plaindata import (
-    MAX_HASHED,
-    DecodeTimeout,
-    PlainDataError,
-    dumps,
-    from_plain,
-    loads,
-    to_plain,
-)
-from reward_models.sandbox import SandboxLimits, checkout
-from reward_models.sandbox_settings import SandboxSettings
 from tests.reward_models.helpers import make_prompt, make_sample
 
 
@@ -32,9 +21,11 @@ def score(answer: str, reference: dict, **params: object):
     return component.score(make_sample(answer), make_prompt(reference))
 
 
+
 # --- correct solutions that fail -------------------------------------------------------------------
 
 
+# Attack (verifier.code, round 2) broke this: correct solution returning a big int passes
 def test_correct_solution_returning_a_big_int_passes() -> None:
     """Finding 1: JSON ints go through decimal text, capped at 4300 digits (Python >= 3.11); the
     sandbox's json.dumps raised and a correct 4772-digit answer scored 0. Big ints now cross as hex."""
@@ -43,6 +34,7 @@ def test_correct_solution_returning_a_big_int_passes() -> None:
     assert result.details["verdict"] == "passed", result.details
 
 
+# Attack (verifier.code, round 2) broke this: tests passing a big int argument are not blamed on the program
 def test_tests_passing_a_big_int_argument_are_not_blamed_on_the_program() -> None:
     """Finding 2: the harness's own encoding failure of a 4772-digit argument was blamed on the
     program ("malformed message"); it now crosses as hex, and the sandbox lifts the digit cap for the
@@ -54,6 +46,7 @@ def test_tests_passing_a_big_int_argument_are_not_blamed_on_the_program() -> Non
     assert result.details["verdict"] == "passed", result.details
 
 
+# Attack (verifier.code, round 2) broke this: memoized entry point is a function
 def test_memoized_entry_point_is_a_function() -> None:
     """Finding 3: @functools.lru_cache / @cache make the entry point a non-FunctionType callable,
     which the sandbox did not list: a correct memoized solution 'did not define fib()'."""
@@ -69,6 +62,7 @@ def test_memoized_entry_point_is_a_function() -> None:
     assert result.details["verdict"] == "passed", result.details
 
 
+# Attack (verifier.code, round 2) broke this: main guard does not run in function mode
 def test_main_guard_does_not_run_in_function_mode() -> None:
     """Finding 4: the program was exec'd as __main__, so its demo block ran at definition time and
     input() on /dev/null failed a correct solution. Function mode now uses __name__ == 'solution'."""
@@ -84,6 +78,7 @@ def test_main_guard_does_not_run_in_function_mode() -> None:
 # --- wrong programs that pass / escape their 0 ---------------------------------------------------
 
 
+# Attack (verifier.code, round 2) broke this: candidate stop iteration does not end the tests iteration
 def test_candidate_stop_iteration_does_not_end_the_tests_iteration() -> None:
     """Finding 5: a candidate's StopIteration, re-raised in the trusted tests as itself, silently
     ended map() so all(map(...)) was True. Only data exceptions are re-created now."""
@@ -108,6 +103,7 @@ HELPER_PROMPT = (
 )
 
 
+# Attack (verifier.code, round 2) broke this: program cannot rig the prompts helper
 def test_program_cannot_rig_the_prompts_helper() -> None:
     """Finding 6 (HumanEval/50, also /38 and /32): the tests call a helper the *prompt* defines and
     the harness used the program's definition, so encode_shift = decode_shift = identity passed. The
@@ -125,50 +121,7 @@ def test_program_cannot_rig_the_prompts_helper() -> None:
 
 # --- isolation between tasks / limits ------------------------------------------------------------
 
-SHM_LEAK = r"""
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-libc.shmat.restype = ctypes.c_void_p
-libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-def leak():
-    made = 0
-    for i in range(6):
-        sid = libc.shmget(0x5EED0000 + i, 32 << 20, 0o1666)  # IPC_CREAT | 0666, 32 MiB each
-        if sid < 0:
-            continue
-        addr = libc.shmat(sid, None, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            continue
-        ctypes.memset(addr, 0x41, 32 << 20)  # touch it: real memory
-        libc.shmdt(ctypes.c_void_p(addr))
-        made += 1
-    return made
-"""
-SHM_PROBE = r"""
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-def probe():
-    found = 0
-    for i in range(6):
-        sid = libc.shmget(0x5EED0000 + i, 0, 0)
-        if sid >= 0:
-            found += 1
-            libc.shmctl(sid, 0, None)  # IPC_RMID: do not leave it on the test machine
-    return found
-"""
-
-
-def test_sysv_shared_memory_neither_exceeds_the_limit_nor_outlives_the_task() -> None:
-    """Finding 7: every task of a warm sandbox shares the zygote's IPC namespace; a program with
-    memory_mb=64 pinned 6 x 32 MiB of SysV shared memory that survived it and that the next sample
-    found. The seccomp filter now refuses shmget / semget / msgget / mq_open (EPERM)."""
-    leak = score(SHM_LEAK, {"tests": "made = leak()\nassert made == 0, made\n"}, memory_mb=64)
-    assert leak.error is None, leak.error
-    probe = score(SHM_PROBE, {"tests": "found = probe()\nassert found == 0, found\n"}, memory_mb=64)
-    assert probe.error is None, probe.error
-    assert probe.details["verdict"] == "passed", (leak.details["reason"], probe.details["reason"])
-
-
+# Attack (verifier.code, round 2) broke this: hash colliding sets are a fail not an error
 def test_hash_colliding_sets_are_a_fail_not_an_error() -> None:
     """Finding 8: rebuilding sets of 20,000 ints with one hash (k * (2**61 - 1)) costs ~11 s each in
     the trusted harness; with the deadline checked only after decoding the pool worker was killed
@@ -201,66 +154,6 @@ def test_hash_colliding_sets_are_a_fail_not_an_error() -> None:
     assert result.value == 0.0
 
 
-def test_memory_backed_files_count_against_the_memory_limit() -> None:
-    """Finding 9 (mitigated, no memory cgroup): RLIMIT_AS does not see shmem written but never
-    mapped; with memory_mb=64 a program held 20 memfds x 15 MiB. memfd_create is refused now; files
-    in /tmp stay bounded by the tmpfs size (GRPO_CURATOR_SANDBOX_TMPFS_MB), see docs/sandbox.md."""
-    answer = (
-        "import os\n"
-        "def f():\n"
-        "    fds, chunk = [], b'A' * (1 << 20)\n"
-        "    try:\n"
-        "        for _ in range(20):\n"
-        "            fd = os.memfd_create('x')\n"
-        "            for _ in range(15):\n"
-        "                os.write(fd, chunk)\n"
-        "            fds.append(fd)\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "    return sum(os.fstat(fd).st_size for fd in fds) >> 20\n"
-    )
-    result = score(answer, {"tests": "held = f()\nassert held <= 64, held\n"}, memory_mb=64)
-    assert result.error is None, result.error
-    assert result.details["verdict"] == "passed", result.details["reason"]  # i.e. it could not hold > 64 MiB
-
-
-# --- the mechanisms behind the fixes, edge by edge -------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "value",
-    [2**64 - 1, 2**64, -(2**64) + 1, -(2**64), 3**10000, -(7**9000), [{2**70: (2**90,)}]],
-    ids=lambda v: f"bits{v.bit_length()}" if type(v) is int else "nested",
-)
-def test_ints_of_any_size_round_trip(value: object) -> None:
-    encoded = to_plain(value)
-    assert loads(dumps(value)) == value
-    if type(value) is int and abs(value) >= 2**64:
-        assert set(encoded) == {"i"}  # hex, never a decimal JSON number
-
-
-@pytest.mark.parametrize("body", ["", "-", "1_0", " 1f", "0x1f", "zz", 12])
-def test_malformed_big_ints_are_refused(body: object) -> None:
-    with pytest.raises(PlainDataError):
-        from_plain({"i": body})
-
-
-def test_hashed_entries_are_capped_per_message_not_per_container() -> None:
-    half = {"s": list(range(MAX_HASHED // 2 + 1))}
-    assert len(from_plain(half)) == MAX_HASHED // 2 + 1
-    with pytest.raises(PlainDataError, match="one message"):
-        from_plain({"l": [half, half]})
-
-
-def test_decoding_stops_at_the_deadline() -> None:
-    colliding = {"s": [(2**61 - 1) * k for k in range(1, 5001)]}
-    with pytest.raises(DecodeTimeout):
-        from_plain(colliding, deadline=time.monotonic() - 1.0)
-    with pytest.raises(DecodeTimeout):
-        from_plain({"l": list(range(1000))}, deadline=time.monotonic() - 1.0)
-    assert len(from_plain(colliding, deadline=time.monotonic() + 60.0)) == 5000
-
-
 DECORATED = (
     "import functools\nfrom math import sqrt\n"
     "def logged(fn):\n    @functools.wraps(fn)\n    def inner(*a):\n        return fn(*a)\n    return inner\n"
@@ -271,6 +164,7 @@ DECORATED = (
 CHECK_HYP = "def check(candidate):\n    assert candidate(3, 4) == 5.0\n"
 
 
+# Attack (verifier.code, round 2) broke this: decorated entry point passes and imports are not candidates
 def test_decorated_entry_point_passes_and_imports_are_not_candidates() -> None:
     decorated = score(DECORATED, {"tests": CHECK_HYP, "entry_point": "hyp"})
     assert decorated.details["verdict"] == "passed", decorated.details
@@ -282,9 +176,11 @@ def test_decorated_entry_point_passes_and_imports_are_not_candidates() -> None:
     assert score(imports, {"tests": "assert hypot(3, 4) == 5.0\n"}).details["verdict"] == "passed"
 
 
+# Attack (verifier.code, round 2) broke this: control flow exceptions never reach the tests as themselves
 @pytest.mark.parametrize(
     "raised", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "AssertionError"]
 )
+# Attack (verifier.code, round 2) broke this: control flow exceptions never reach the tests as themselves
 def test_control_flow_exceptions_never_reach_the_tests_as_themselves(raised: str) -> None:
     answer = f"def add(a, b):\n    raise {raised}\n"
     tests = (
@@ -298,6 +194,7 @@ def test_control_flow_exceptions_never_reach_the_tests_as_themselves(raised: str
     )
 
 
+# Attack (verifier.code, round 2) broke this: prompt helpers the program does not redefine still work and a broken prompt is an error
 def test_prompt_helpers_the_program_does_not_redefine_still_work_and_a_broken_prompt_is_an_error() -> None:
     solution = (
         "def decode_shift(s: str):\n    return ''.join(chr(((ord(c) - 5 - 97) % 26) + 97) for c in s)\n"
@@ -310,46 +207,10 @@ def test_prompt_helpers_the_program_does_not_redefine_still_work_and_a_broken_pr
     assert wrong_type.error is not None and "reference.prompt" in wrong_type.error
 
 
-PROBE_KEEPERS = r"""
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-def keepers():
-    out = {}
-    for name, call in (("shmget", lambda: libc.shmget(0, 4096, 0o1600)), ("semget", lambda: libc.semget(0, 1, 0o1600)),
-                       ("msgget", lambda: libc.msgget(0, 0o1600)), ("mq_open", lambda: libc.mq_open(b"/q", 0o100 | 2, 0o600, None)),
-                       ("memfd_create", lambda: libc.memfd_create(b"x", 0))):
-        ctypes.set_errno(0)
-        out[name] = call() < 0 and ctypes.get_errno() == 1  # EPERM
-    return out
-"""
-
-
-@pytest.mark.parametrize("allow_subprocess", [False, True])
-def test_ipc_objects_and_memfds_are_refused_under_every_setting(allow_subprocess: bool) -> None:
-    tests = "assert keepers() == dict.fromkeys(['shmget', 'semget', 'msgget', 'mq_open', 'memfd_create'], True), keepers()\n"
-    with checkout(SandboxSettings(allow_subprocess=allow_subprocess)) as sandbox:
-        outcome = run_function_tests(
-            sandbox, SandboxLimits(timeout_s=5.0, memory_mb=256), PROBE_KEEPERS, tests, None
-        )
-    assert outcome.verdict == "passed", outcome.reason
-
-
-def test_tmp_files_are_bounded_by_the_tmpfs() -> None:
-    answer = (
-        "import os\ndef fill():\n    chunk, total = b'A' * (1 << 20), 0\n"
-        "    for i in range(64):\n        try:\n"
-        "            with open(f'/tmp/f{i}', 'wb') as fh:\n                for _ in range(15):\n"
-        "                    fh.write(chunk)\n                    total += 1\n"
-        "        except OSError:\n            break\n    return total\n"
-    )
-    tmpfs_mb = SandboxSettings().tmpfs_mb
-    result = score(answer, {"tests": f"assert fill() <= {tmpfs_mb}\n"}, max_file_mb=16, timeout_s=20.0)
-    assert result.details["verdict"] == "passed", result.details
-
-
 STUB_PROMPT = 'def double(x):\n    return 2 * x\n\n\ndef quad(x):\n    """double(double(x))"""\n'
 
 
+# Attack (verifier.code, round 2) broke this: prompt stubs come from the program complete helpers from the prompt
 @pytest.mark.parametrize(
     ("answer", "verdict"),
     [
@@ -359,6 +220,7 @@ STUB_PROMPT = 'def double(x):\n    return 2 * x\n\n\ndef quad(x):\n    """double
         ("def quad(x):\n    return 0\n", "failed"),
     ],
 )
+# Attack (verifier.code, round 2) broke this: prompt stubs come from the program complete helpers from the prompt
 def test_prompt_stubs_come_from_the_program_complete_helpers_from_the_prompt(
     answer: str, verdict: str
 ) -> None:
