@@ -47,7 +47,8 @@ FINISH_MIX = {
     "stop": 0.82,
     "length": 0.08,
     "max_turns": 0.03,
-    "tool_error": 0.03,
+    "tool_misuse": 0.015,
+    "tool_failure": 0.015,
     "env_error": 0.01,
     "timeout": 0.02,
     "aborted": 0.01,
@@ -274,11 +275,11 @@ INSERT INTO trajectories (group_pk, idx, messages, final_answer, seq_len, num_to
               ELSE 'drop' END,
          CASE WHEN dropped THEN 'zero_variance' WHEN fr = 'stop' THEN 'ok' ELSE 'finish_reason:' || fr END
   FROM (SELECT pk, j, dropped, fr, CASE WHEN fr = 'length' THEN 1024 ELSE 50 + floor(r2 * 950)::int END AS tokens,
-               CASE WHEN fr IN ('env_error', 'timeout', 'aborted') THEN NULL ELSE (r3 < 0.6)::int::float8 END AS outcome,
+               CASE WHEN fr IN ('tool_failure', 'env_error', 'timeout', 'aborted') THEN NULL ELSE (r3 < 0.6)::int::float8 END AS outcome,
                round(r4::numeric, 2)::float8 AS judge
         FROM (SELECT g.pk, j, g.status = 'dropped' AS dropped, random() AS r2, random() AS r3, random() AS r4,
                      CASE WHEN r1 < 0.82 THEN 'stop' WHEN r1 < 0.90 THEN 'length' WHEN r1 < 0.93 THEN 'max_turns'
-                          WHEN r1 < 0.96 THEN 'tool_error' WHEN r1 < 0.97 THEN 'env_error'
+                          WHEN r1 < 0.955 THEN 'tool_misuse' WHEN r1 < 0.96 THEN 'tool_failure' WHEN r1 < 0.97 THEN 'env_error'
                           WHEN r1 < 0.99 THEN 'timeout' ELSE 'aborted' END AS fr
               FROM groups g CROSS JOIN generate_series(0, 7) j CROSS JOIN LATERAL (SELECT random() + 0 * g.pk AS r1) r
              ) a) b;

@@ -20,6 +20,7 @@ from filters.types import (
     StdKind,
     ZeroVariance,
     ZeroVarianceAction,
+    normalize_finish_reason,
 )
 
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
@@ -80,7 +81,8 @@ class CurationPolicySpec(BaseModel):
     """`POST /v1/curation-policies` body (DESIGN.md, API v1); `.to_policy()` gives the plain policy.
 
     finish_reason_actions lists overrides only; the rest keep their defaults
-    (stop keep; length, max_turns mask; tool_error, env_error, timeout, aborted drop).
+    (stop, tool_misuse keep; length, max_turns mask; tool_failure, env_error, timeout, aborted drop;
+    the old name tool_error is read as tool_failure).
     overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
     soft_overlong: DAPO's overlong reward shaping on every member by its length (see `CurationPolicy`).
     """
@@ -101,6 +103,20 @@ class CurationPolicySpec(BaseModel):
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumSpec = CurriculumSpec()
     soft_overlong: bool = Field(default=False, strict=True)
+
+    @field_validator("finish_reason_actions", mode="before")
+    @classmethod
+    def _current_reason_names(cls, actions: object) -> object:
+        """Deprecated reason names (tool_error) are read as their current one; both at once must agree."""
+        if not isinstance(actions, dict):
+            return actions
+        out: dict[object, object] = {}
+        for reason, action in actions.items():
+            name = normalize_finish_reason(reason)
+            if name in out and out[name] != action:
+                raise ValueError(f"{reason!r} is the old name of {name!r}; they are given different actions")
+            out[name] = action
+        return out
 
     @field_validator("overlong_buffer")
     @classmethod

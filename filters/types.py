@@ -12,8 +12,28 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, get_args
 
-FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
+# Why a trajectory ended, and whose doing it was (DESIGN.md, "finish_reason"):
+# - the model's: stop (it answered), tool_misuse (it called a tool that does not exist or with arguments
+#   the tool rejects: not JSON, against the schema) -- a failed outcome is a right negative;
+# - a budget's: length, max_turns -- not a wrong answer (never taught as one);
+# - the environment's: tool_failure (a tool failed on valid arguments), env_error, timeout, aborted --
+#   never a negative and never in a baseline.
+FinishReason = Literal[
+    "stop", "length", "max_turns", "tool_misuse", "tool_failure", "env_error", "timeout", "aborted"
+]
 FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+MODEL_REASONS: frozenset[str] = frozenset({"stop", "tool_misuse"})
+BUDGET_REASONS: frozenset[str] = frozenset({"length", "max_turns"})
+ENVIRONMENT_REASONS: frozenset[str] = frozenset({"tool_failure", "env_error", "timeout", "aborted"})
+# Older names still accepted on the wire (and in stored policies), read as their new name. `tool_error`
+# meant "a tool failed" and was dropped like an environment failure; it could not tell a model's bad call
+# from a broken tool, so it is read as the environment's `tool_failure` (migration 0008 renamed stored rows).
+DEPRECATED_FINISH_REASONS: Mapping[str, str] = MappingProxyType({"tool_error": "tool_failure"})
+
+
+def normalize_finish_reason(reason: object) -> object:
+    """A deprecated finish_reason -> its current name; anything else unchanged (validated elsewhere)."""
+    return DEPRECATED_FINISH_REASONS.get(reason, reason) if isinstance(reason, str) else reason
 
 Action = Literal["keep", "drop", "mask", "penalize", "resample"]
 ACTIONS: tuple[str, ...] = get_args(Action)
@@ -49,7 +69,8 @@ DEFAULT_FINISH_REASON_ACTIONS: Mapping[str, Action] = MappingProxyType(
         "stop": "keep",
         "length": "mask",
         "max_turns": "mask",
-        "tool_error": "drop",
+        "tool_misuse": "keep",
+        "tool_failure": "drop",
         "env_error": "drop",
         "timeout": "drop",
         "aborted": "drop",
@@ -79,6 +100,7 @@ def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[
     """Defaults merged with user overrides, validated; returns a read-only mapping over all reasons."""
     merged: dict[str, Action] = dict(DEFAULT_FINISH_REASON_ACTIONS)
     for reason, action in (overrides or {}).items():
+        reason = str(normalize_finish_reason(reason))
         check_choice(reason, FINISH_REASONS, "finish_reason")
         check_choice(action, ACTIONS, f"action for finish_reason {reason!r}")
         merged[reason] = action  # type: ignore[assignment]

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-FinishReason = str  # stop | length | max_turns | tool_error | env_error | timeout | aborted
+FinishReason = str  # stop | length | max_turns | tool_misuse | tool_failure | env_error | timeout | aborted
 
 # Every user-supplied number that scales a reward (weights, fixed values, score ranges) lies within
 # +-MAX_REWARD_MAGNITUDE: sums of products of such numbers stay finite, so no input reaches inf/NaN.

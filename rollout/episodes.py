@@ -3,8 +3,11 @@
 Single-turn: prompt tokens (loss mask 0) + generated tokens (mask 1). Multi-turn with tools: each
 assistant turn is generated (mask 1); a tool call ``<call>name(args)</call>`` in it runs a Python tool
 from the registry, whose output is appended as observation tokens (mask 0) before the next turn.
-A tool that raises ends the episode with ``tool_error``; hitting the turn budget ends it with
-``max_turns``; hitting the token budget in a turn ends it with ``length``.
+Whose failure ends an episode decides how it is trained: a call to a tool that does not exist, or with
+arguments the tool rejects (it raises one of ``TOOL_REJECTS``), is the model's mistake (``tool_misuse``:
+scored like any failed answer); any other exception of a tool is the environment's (``tool_failure``:
+never a negative). Hitting the turn budget ends it with ``max_turns``; the token budget in a turn with
+``length``; an engine that gives up on a turn with ``aborted``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 from rollout.sampler import Completion, Sampler
 
+# a tool raising one of these refused the arguments it was given (parse errors, wrong values, types)
+TOOL_REJECTS: tuple[type[BaseException], ...] = (ValueError, TypeError, SyntaxError, ArithmeticError, KeyError)
 TOOL_CALL = re.compile(r"<call>(\w+)\((.*?)\)</call>", re.DOTALL)
 
 
@@ -79,14 +84,17 @@ def multi_turn(
         if call is None:
             return ep.done("stop")
         name, args = call.group(1), call.group(2)
-        if name not in tools:
+        if name not in tools:  # the model's mistake: a negative, not noise
             ep.observation([], f"unknown tool {name!r}", turn)
-            return ep.done("tool_error")
+            return ep.done("tool_misuse")
         try:
             result = tools[name](args)
-        except Exception as exc:  # a tool's failure is the episode's outcome, recorded as such
+        except TOOL_REJECTS as exc:  # the tool refused the model's arguments: the model's mistake
             ep.observation([], f"error: {exc}", turn)
-            return ep.done("tool_error")
+            return ep.done("tool_misuse")
+        except Exception as exc:  # noqa: BLE001 - the tool itself failed on arguments it took: the environment's
+            ep.observation([], f"error: {exc}", turn)
+            return ep.done("tool_failure")
         try:
             obs = tokenizer.encode(result)
         except ValueError as exc:  # the environment produced what the policy cannot read

@@ -38,7 +38,7 @@ REWARD_SPEC: dict[str, Any] = {
 CURATION_POLICY: dict[str, Any] = {
     "name": "dapo-like",
     "zero_variance": {"metric": "outcome", "eps": 1e-6, "action": "drop"},
-    "finish_reason_actions": {"length": "penalize", "tool_error": "drop"},
+    "finish_reason_actions": {"length": "penalize", "tool_failure": "drop"},
     "max_staleness": 4,
     "min_group_size": 2,
     "advantage": {"estimator": "grpo", "std": "population", "eps": 1e-6},

@@ -7,11 +7,14 @@ import math
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
+from filters.types import FinishReason as CurationFinishReason
+from filters.types import normalize_finish_reason
 from reward_models.spec import NAME_PATTERN as SPEC_NAME_PATTERN
 
-FinishReason = Literal["stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"]
+# the one list of finish reasons (filters.types); deprecated names (tool_error) are read as their new one
+FinishReason = Annotated[CurationFinishReason, BeforeValidator(normalize_finish_reason)]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error")
 

@@ -206,7 +206,7 @@ def test_mixed_sizes_and_reasons_match_reference() -> None:
         _group("one", [1.0]),
         _group("empty", []),
         _group("stale", [1.0, 0.0], policy_version=0),
-        _group("cut", [1.0, 0.0, 0.0, 1.0], ["stop", "length", "tool_error", "max_turns"], max_tokens=1000),
+        _group("cut", [1.0, 0.0, 0.0, 1.0], ["stop", "length", "tool_failure", "max_turns"], max_tokens=1000),
         _group("error", [1.0, None, 0.0]),
     ]
     policy = CurationPolicy(max_staleness=2, finish_reason_actions={"max_turns": "penalize"})

@@ -185,15 +185,16 @@ def test_every_finish_reason_and_action(finish_reason: str, action: str) -> None
 
 
 def test_default_finish_reason_actions() -> None:
-    group = make_group([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], finish_reasons=list(FINISH_REASONS))
+    group = make_group([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], finish_reasons=list(FINISH_REASONS))
     d = curate_group(group, CurationPolicy(), None)
-    assert actions(d) == ["keep", "mask", "mask", "drop", "drop", "drop", "drop"]
-    assert [t.reward_used for t in d.trajectories] == [1.0, 0.0, 0.0, None, None, None, None]
+    # stop, length, max_turns, tool_misuse (the model's: a negative), then the environment's four
+    assert actions(d) == ["keep", "mask", "mask", "keep", "drop", "drop", "drop", "drop"]
+    assert [t.reward_used for t in d.trajectories] == [1.0, 0.0, 0.0, 0.0, None, None, None, None]
 
 
 def test_infrastructure_failures_are_never_negatives() -> None:
     group = make_group(
-        [1.0, 1.0, 0.0], finish_reasons=["stop", "stop", "tool_error"], outcomes=[1.0, 1.0, 0.0]
+        [1.0, 1.0, 0.0], finish_reasons=["stop", "stop", "tool_failure"], outcomes=[1.0, 1.0, 0.0]
     )
     d = curate_group(group, CurationPolicy(), None)
     assert d.drop_reason == "zero_variance"  # the failed call does not make a [1, 1, 0] group

@@ -20,6 +20,16 @@ def error_locs(exc: pytest.ExceptionInfo[ValidationError]) -> list[tuple]:
     return [tuple(e["loc"]) for e in exc.value.errors()]
 
 
+def test_the_old_name_tool_error_reads_as_tool_failure_and_a_contradiction_is_refused() -> None:
+    spec = CurationPolicySpec.model_validate({"name": "p", "finish_reason_actions": {"tool_error": "resample"}})
+    assert spec.to_policy().finish_reason_actions["tool_failure"] == "resample"
+    with pytest.raises(ValidationError, match="old name of 'tool_failure'"):
+        CurationPolicySpec.model_validate(
+            {"name": "p", "finish_reason_actions": {"tool_error": "drop", "tool_failure": "resample"}})
+    assert CurationPolicy(finish_reason_actions={"tool_error": "resample"}).finish_reason_actions[
+        "tool_failure"] == "resample"
+
+
 class TestCurationPolicy:
     def test_defaults(self) -> None:
         policy = CurationPolicy()
@@ -27,7 +37,8 @@ class TestCurationPolicy:
             "stop": "keep",
             "length": "mask",
             "max_turns": "mask",
-            "tool_error": "drop",
+            "tool_misuse": "keep",
+            "tool_failure": "drop",
             "env_error": "drop",
             "timeout": "drop",
             "aborted": "drop",
@@ -89,7 +100,7 @@ class TestCurationPolicySpec:
         policy = spec.to_policy()
         assert policy.zero_variance == ZeroVariance("total", 1e-4, "keep", (0.1, 0.9))
         assert policy.finish_reason_actions["length"] == "penalize"
-        assert policy.finish_reason_actions["tool_error"] == "drop"
+        assert policy.finish_reason_actions["tool_failure"] == "drop"
         assert (policy.max_staleness, policy.min_group_size, policy.overlong_buffer) == (2, 4, 512)
         assert policy.advantage == AdvantageConfig("rloo", "unbiased", 0.0)
 

@@ -79,12 +79,30 @@ def test_tool_failure_and_turn_budget(tok, sampler):
     bad = tok.encode("<call>calc(2+)</call>") + [EOS]
     traj = multi_turn(sampler, tok, prompt, tools=TOOLS, max_turns=3, max_tokens=40, seed=0,
                       prefix_allowed_tokens_fn=forced(prompt + bad))
-    assert traj["finish_reason"] == "tool_error" and traj["messages"][-1]["content"].startswith("error:")
+    # calc rejects "2+" (a syntax error in the model's arguments): the model's mistake, not noise
+    assert traj["finish_reason"] == "tool_misuse" and traj["messages"][-1]["content"].startswith("error:")
     call = tok.encode("<call>calc(2+3)</call>") + [EOS]
     loop = prompt + call + tok.encode("5") + call + tok.encode("5")
     traj = multi_turn(sampler, tok, prompt, tools=TOOLS, max_turns=2, max_tokens=40, seed=0,
                       prefix_allowed_tokens_fn=forced(loop))
     assert traj["finish_reason"] == "max_turns" and len(traj["messages"]) == 4
+
+
+def test_unknown_tool_is_the_models_mistake_and_a_broken_tool_the_environments(tok, sampler):
+    prompt = tok.render_prompt([{"role": "user", "content": "ab="}])
+    call = tok.encode("<call>calc(2+3)</call>") + [EOS]
+    forced_call = forced(prompt + call)
+
+    def backend_down(_args: str) -> str:
+        raise ConnectionError("search backend unreachable")
+
+    unknown = multi_turn(sampler, tok, prompt, tools={"search": calculator}, max_turns=3, max_tokens=40, seed=0,
+                         prefix_allowed_tokens_fn=forced_call)
+    assert unknown["finish_reason"] == "tool_misuse"
+    broken = multi_turn(sampler, tok, prompt, tools={"calc": backend_down}, max_turns=3, max_tokens=40, seed=0,
+                        prefix_allowed_tokens_fn=forced_call)
+    assert broken["finish_reason"] == "tool_failure"
+    assert broken["messages"][-1]["content"] == "error: search backend unreachable"
 
 
 def test_calculator_parses_instead_of_evaluating():

@@ -123,7 +123,7 @@ function params() {
   return Object.fromEntries(new URLSearchParams(q));
 }
 
-const FINISH = ["", "stop", "length", "max_turns", "tool_error", "env_error", "timeout", "aborted"];
+const FINISH = ["", "stop", "length", "max_turns", "tool_misuse", "tool_failure", "env_error", "timeout", "aborted"];
 
 async function groups() {
   const p = params();

@@ -244,3 +244,18 @@ def test_big_integer_in_metadata_is_not_a_server_error(api):
     if r.status_code in (200, 201):  # accepted: an identical retry is a duplicate, not a conflict
         again = api.post("/v1/groups", json=g)
         assert again.status_code in (200, 201), again.text
+
+
+def test_the_old_finish_reason_tool_error_is_stored_as_tool_failure(client) -> None:
+    from tests.helpers import make_group as _group
+
+    body = _group("g-old-reason", prompt_id="p-old-reason")
+    body["trajectories"][1]["finish_reason"] = "tool_error"
+    body["trajectories"][2]["finish_reason"] = "tool_misuse"
+    assert client.post("/v1/groups", json=body).status_code in (200, 201)
+    got = client.get("/v1/groups/g-old-reason").json()
+    assert [t["finish_reason"] for t in got["trajectories"]][:3] == ["stop", "tool_failure", "tool_misuse"]
+    body = _group("g-bad-reason", prompt_id="p-bad-reason")
+    body["trajectories"][0]["finish_reason"] = "tool_eror"
+    r = client.post("/v1/groups", json=body)
+    assert r.status_code == 422 and "finish_reason" in r.text
