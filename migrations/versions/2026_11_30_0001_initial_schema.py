@@ -1,6 +1,6 @@
 """initial schema: prompts, groups, trajectories, rewards, decisions, leases, policy versions, sampling requests.
 
-Arrays (token ids, loss mask, log-probs) are raw little-endian bytea; see service/arrays.py.
+Arrays (token ids, loss mask, log-probs) are raw little-endian bytea; see service/store/arrays.py.
 
 Revision ID: 0001
 Revises:

@@ -145,7 +145,7 @@ EXTRA_EXAMPLES: dict[tuple[str, str], dict[str, tuple[str, dict[str, Any]]]] = {
     },
 }
 # bodies of routes that act on something a run creates (a lease) or that score synchronously: shown in
-# OpenAPI like the others, checked against their schemas (tests/service/test_openapi_docs.py), not replayed
+# OpenAPI like the others, checked against their schemas (tests/service/api/test_openapi_docs.py), not replayed
 SCORE: dict[str, Any] = {
     "reward_spec": "math-boxed",
     "items": [{"prompt": "What is 6 * 7?", "completion": "The answer is \\boxed{42}", "reference": {"answer": "42"},

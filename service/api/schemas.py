@@ -4,17 +4,20 @@ chat messages, and the one error body. Each domain's own request / response type
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Path, Query
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from filters.types import DEPRECATED_FINISH_REASONS, normalize_finish_reason
 from filters.types import FinishReason as CurationFinishReason
-from filters.types import normalize_finish_reason
 from reward_models.spec import NAME_PATTERN as SPEC_NAME_PATTERN
 
 # the one list of finish reasons (filters.types); deprecated names (tool_error) are read as their new one
-FinishReason = Annotated[CurationFinishReason, BeforeValidator(normalize_finish_reason)]
+# on the wire the deprecated names are listed too (a client generated from the OpenAPI document may still send
+# them) and read as their new one
+_WireFinishReason = Literal[(*get_args(CurationFinishReason), *DEPRECATED_FINISH_REASONS)]  # type: ignore[valid-type]
+FinishReason = Annotated[_WireFinishReason, AfterValidator(normalize_finish_reason)]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error")
 

@@ -44,17 +44,17 @@ def start_embedded(data_dir: Path) -> str:
     """
     with warnings.catch_warnings():  # platformdirs warns once about XDG_RUNTIME_DIR; not the user's concern
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import pgserver  # noqa: F401  # imported here so its warning is silenced; service/embedded.py uses it
+        import pgserver  # noqa: F401  # imported here so its warning is silenced; service/store/embedded.py uses it
 
     key = str(data_dir.resolve())
     with _lock:
         if key not in _embedded:
             data_dir.mkdir(parents=True, exist_ok=True)
             prune_dead_handles(data_dir)  # a killed user of the server must not keep it running forever
-            _embedded[key] = start_server(data_dir)  # locked down before it first listens (service/embedded.py)
+            _embedded[key] = start_server(data_dir)  # locked down before it first listens (service/store/embedded.py)
             # atexit runs last-registered first: drop killed co-users before pgserver counts the users left
             atexit.register(prune_dead_handles, data_dir)
-            lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/embedded.py
+            lock_down(_embedded[key].get_uri(), data_dir)  # type: ignore[attr-defined]  # service/store/embedded.py
         server = _embedded[key]
     return server.get_uri()  # type: ignore[attr-defined]
 

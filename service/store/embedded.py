@@ -27,7 +27,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 HBA = (
-    "# written by grpo-curator (service/embedded.py): unix-socket connections only; the socket is 0700,\n"
+    "# written by grpo-curator (service/store/embedded.py): unix-socket connections only; the socket is 0700,\n"
     "# so only the server's OS user (and root) can reach it. There are no host lines: TCP admits nobody.\n"
     "local all all trust\n"
 )

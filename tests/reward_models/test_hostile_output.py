@@ -23,7 +23,7 @@ from tests.reward_models.conftest import FakeOpenAIServer
 from tests.reward_models.test_reward_model import TINY_LLAMA
 
 # verifier.code runs the model's program in the sandbox; its hostile programs and outputs are covered by
-# tests/reward_models/test_code_attacks.py and test_attack_findings.py (the sandbox's own suite)
+# tests/reward_models/test_code_attacks.py, test_code_harness.py, test_sandbox_limits.py (the sandbox's own suite)
 COVERED_ELSEWHERE = {"verifier.code"}
 # python.function reads its allowlist from the environment, which the pool's forkserver (started by an
 # earlier test) does not share with this test's monkeypatch: scored here, in this process

@@ -1,7 +1,6 @@
 """User patterns and the json_schema verifier answer as documented whatever the engine or the answer: RE2 reads a
 "linear" pattern as ``re`` does, a linear pattern still has the component deadline, and a hostile wrong JSON
-answer is a fail (0), never 'could not score'. (Folded from tests/service/test_attack_findings_availability.py;
-to be merged into test_patterns.py / test_verifiers.py.)"""
+answer is a fail (0), never 'could not score'. (Each case reproduces an attack of the availability round.)"""
 
 from __future__ import annotations
 

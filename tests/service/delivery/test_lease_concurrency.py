@@ -1,7 +1,7 @@
 """Exactly-once delivery with real processes: producers, trainers, a killed trainer, racing retries.
 
 The service runs under uvicorn (two worker processes) on its own database; groups are made ready by a
-marker process (test setup in place of the curation worker, see ``delivery_helpers.mark_ready``).
+marker process (test setup in place of the curation worker, see ``tests.service.delivery.helpers.mark_ready``).
 """
 
 from __future__ import annotations

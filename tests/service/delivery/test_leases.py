@@ -2,7 +2,7 @@
 
 The module shares one migrated database (emptied before each test); the app runs in-process with its
 own sessions, so every request commits for real and leases, expiry and fencing behave as in production.
-Groups are made ready by ``delivery_helpers.mark_ready`` (test setup in place of curation).
+Groups are made ready by ``tests.service.delivery.helpers.mark_ready`` (test setup in place of curation).
 """
 
 from __future__ import annotations
