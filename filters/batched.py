@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from filters.advantages import batched_advantages
-from filters.rules import check_component_present, overlong_penalties, resample_budget
+from filters.rules import baseline_actions, check_component_present, overlong_penalties, resample_budget
 from filters.types import (
     ACTIONS,
     DROP_REASONS,
@@ -160,9 +160,14 @@ def _penalties(x: _Inputs, act: np.ndarray, base: np.ndarray, policy: CurationPo
     out = np.zeros(base.shape)
     rows, cols = np.nonzero(base)
     if rows.size:
-        penalize = act[rows, cols] == PENALIZE
+        codes = act[rows, cols]
         out[rows, cols] = overlong_penalties(
-            x.num_tokens[rows, cols], x.max_tokens[rows], penalize, policy, x.num_turns[rows, cols]
+            x.num_tokens[rows, cols],
+            x.max_tokens[rows],
+            codes == PENALIZE,
+            policy,
+            x.num_turns[rows, cols],
+            codes == MASK,
         )
     return out
 
@@ -174,6 +179,7 @@ class _Members:
     act: np.ndarray  # finish-reason action codes
     rerr: np.ndarray  # candidates with a reward error
     base: np.ndarray  # baseline members
+    masked: np.ndarray  # mask members outside the baseline (policy.masked_in_baseline off)
     used: np.ndarray  # reward used for advantages (valid where base)
     metric: np.ndarray  # zero-variance metric (valid where base)
     outcome: np.ndarray  # outcome, or total for groups without an outcome (valid where has_out)
@@ -193,7 +199,8 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
     """Steps 3-4: finish-reason actions, reward errors, rewards used, metric values."""
     fr_action = np.array([ACTIONS.index(policy.finish_reason_actions[f]) for f in FINISH_REASONS])
     act = np.where(x.valid, fr_action[x.fr], DROP)
-    cand = x.valid & ~stale[:, None] & np.isin(act, (KEEP, MASK, PENALIZE))
+    live = x.valid & ~stale[:, None]
+    cand = live & np.isin(act, [ACTIONS.index(a) for a in baseline_actions(policy)])
     has_outcome = (cand & ~x.outcome_missing).any(axis=1)[:, None]
     zv = policy.zero_variance
     needs_outcome = has_outcome & (zv.metric == "outcome" or zv.pass_rate_band is not None)
@@ -213,7 +220,8 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
         metric = x.component[0]
     outcome = np.where(has_outcome, x.outcome, x.total)
     has_out = base & ~(has_outcome & x.outcome_missing)
-    return _Members(act, rerr, base, used, metric, outcome, has_out)
+    masked = live & (act == MASK) & ~cand
+    return _Members(act, rerr, base, masked, used, metric, outcome, has_out)
 
 
 def _masked_mean_std(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -259,13 +267,14 @@ def _trajectory_codes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Final (B, G) action and reason codes."""
     dropped = (reason != _READY)[:, None]
-    act = np.where(m.rerr | (m.base & dropped), DROP, m.act)
+    taken_down = (m.base | m.masked) & dropped
+    act = np.where(m.rerr | taken_down, DROP, m.act)
     act = np.where(stale[:, None], DROP, act)
     why = np.where(m.act == KEEP, _R[REASON_OK], _FR_REASON[x.fr])
     why = np.where(m.rerr, _R[REASON_REWARD_ERROR], why)
     zero_kept = m.base & ~dropped & zero_signal[:, None] & (m.act != MASK)
     why = np.where(zero_kept, _R[REASON_ZERO_VARIANCE], why)
-    why = np.where(m.base & dropped, reason[:, None], why)
+    why = np.where(taken_down, reason[:, None], why)
     why = np.where(stale[:, None], _R[REASON_STALE], why)
     return act, why
 

@@ -7,21 +7,25 @@ groups (numpy, padded (B, G)) and returns the same decisions. Steps, in order:
 2. Staleness: current_policy_version - policy_version > max_staleness -> group dropped "stale".
 3. finish_reason -> action (policy.finish_reason_actions):
    keep     normal member;
-   mask     in the baseline (its reward counts for mean / std / leave-one-out), advantage 0;
+   mask     advantage 0 (no gradient) and, by default, outside the baseline: its reward takes no part in
+            the mean, std, leave-one-out means, zero-variance check or pass rate, so a truncated member
+            never gives the completers signal. With `policy.masked_in_baseline` (DAPO's overlong
+            filtering) it stays in the baseline at its raw reward (never overlong-shaped);
    penalize normal member whose reward is total + DAPO soft overlong penalty (`rules.overlong_penalties`);
             a `length` member was cut at the budget (num_tokens == max_tokens), so the ramp gives it
             exactly -1: for `length`, penalize is a fixed truncation penalty, not DAPO's shaping;
    drop     removed from the group (not in the baseline);
    resample removed like drop, and listed in `GroupDecision.resample` with a larger budget.
-   Baseline candidates are the keep / mask / penalize members. With `policy.soft_overlong` every
-   baseline member's reward gets the DAPO soft overlong penalty by its num_tokens, truncated or not
+   Baseline candidates are the keep / penalize members (and mask with masked_in_baseline:
+   `rules.baseline_actions`, the one rule both paths use). With `policy.soft_overlong` every keep /
+   penalize member's reward gets the DAPO soft overlong penalty by its num_tokens, truncated or not
    (DAPO's overlong reward shaping: answers that stop inside the buffer zone are shaped too).
 4. Reward errors: a candidate whose total is None, or whose metric value (outcome, component) is None
    is dropped with reason "reward_error" -- never a negative. With policy.reward_error "drop_group"
    the whole group is dropped "reward_error" instead.
 5. Group checks on the remaining baseline members, first that applies wins:
-   "below_min_group_size" (keep + penalize + mask < min_group_size), "no_trainable_members" (all
-   masked), "zero_variance" (population std of the metric <= eps; action drop, or keep with every
+   "below_min_group_size" (baseline members < min_group_size), "no_trainable_members" (all
+   masked; only reachable with masked_in_baseline), "zero_variance" (population std of the metric <= eps; action drop, or keep with every
    advantage 0 and reason "zero_variance"), "pass_rate_band" (outcome mean outside [low, high]).
 6. Advantages over the baseline (estimator from policy.advantage); masked members get 0.
 
@@ -30,7 +34,7 @@ to "total". "total" means the reward used for advantages (penalty included), sin
 about advantage signal. A component name uses that component's raw value. `outcome_mean` (the pass
 rate, also what pass_rate_band checks) is the mean outcome over the baseline members that have one,
 or the mean raw total when the group has no outcome.
-In a dropped group, baseline members become "drop" with the group's reason; members dropped earlier
+In a dropped group, baseline and mask members become "drop" with the group's reason; members dropped earlier
 keep their own reason. Resampled members keep "resample" whatever the group status (the prompt needs
 a larger budget either way), except in stale groups where every member is dropped "stale".
 """
@@ -44,7 +48,7 @@ import numpy as np
 from filters.advantages import compute_advantages
 from filters.batched import curate_groups_batched
 from filters.rules import (
-    BASELINE_ACTIONS,
+    baseline_actions,
     check_component_present,
     check_finite,
     finish_reason_action,
@@ -127,7 +131,8 @@ def _baseline(
 ) -> tuple[dict[int, float], set[int], str, bool]:
     """Steps 3-4: (position -> reward used, positions with reward errors, metric, has_outcome)."""
     trajs = group.trajectories
-    candidates = [i for i, a in enumerate(actions) if a in BASELINE_ACTIONS]
+    in_baseline = baseline_actions(policy)
+    candidates = [i for i, a in enumerate(actions) if a in in_baseline]
     metric, has_outcome = _resolve_metric(group, [trajs[i] for i in candidates], policy)
     needs_outcome = has_outcome and (metric == "outcome" or policy.zero_variance.pass_rate_band is not None)
     errors = {i for i in candidates if _reward_missing(trajs[i], metric, needs_outcome)}
@@ -136,9 +141,8 @@ def _baseline(
         if i in errors:
             continue
         total = float(trajs[i].total)  # type: ignore[arg-type]
-        penalize = actions[i] == "penalize"
         used[i] = total + overlong_penalty(
-            trajs[i].num_tokens, group.max_tokens, penalize, policy, trajs[i].num_turns
+            trajs[i].num_tokens, group.max_tokens, actions[i], policy, trajs[i].num_turns
         )
     return used, errors, metric, has_outcome
 
@@ -191,7 +195,7 @@ def curate_group(
         reason = REASON_OK if action == "keep" else finish_reason_reason(t.finish_reason)
         if i in errors:
             action, reason = "drop", REASON_REWARD_ERROR
-        elif i in used and drop_reason is not None:
+        elif (i in used or action == "mask") and drop_reason is not None:
             action, reason = "drop", drop_reason
         elif i in used and zero_signal and action != "mask":
             reason = REASON_ZERO_VARIANCE

@@ -13,7 +13,10 @@ exactly -1 from the ramp.
 This module is the one implementation of the rule. `soft_overlong_penalties` is the vectorised form; the
 scalar `soft_overlong_penalty` (the reference curation path and the `rule.overlong` reward
 component) calls it on one element, and the vectorised curation path calls it on whole batches.
-A buffer of 0 is a hard cut-off (0 up to L_max, -1 past it); a buffer larger than L_max is clamped.
+A buffer of 0 is a hard cut-off: 0 below L_max, -1 from L_max on. Read literally, eq. 13 with L_cache = 0
+gives 0 at |y| == L_max, but a sampler capped at L_max never returns more, so that reading would never
+punish a cut response; at the budget a response always gets -1, whatever the buffer (the ramp's end).
+A buffer larger than L_max is clamped.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ def soft_overlong_penalties(num_tokens: np.ndarray, max_tokens: np.ndarray, buff
     b = np.clip(np.asarray(buffer, dtype=np.float64), 0.0, m)
     expected = m - b
     ramp = (expected - n) / np.where(b > 0, b, 1.0)
-    inside = np.where(n > m, -1.0, ramp)
-    return np.where(n <= expected, 0.0, inside)
+    inside = np.where(n >= m, -1.0, ramp)  # at the budget: -1 (a buffer of 0 has no ramp to end there)
+    return np.where((n <= expected) & (n < m), 0.0, inside)
 
 
 def soft_overlong_penalty(num_tokens: int, max_tokens: int, buffer: int) -> float:

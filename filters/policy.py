@@ -10,6 +10,7 @@ from typing import Annotated, Self, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
 from filters.types import (
+    ENVIRONMENT_REASONS,
     Action,
     AdvantageConfig,
     CurationPolicy,
@@ -20,6 +21,7 @@ from filters.types import (
     StdKind,
     ZeroVariance,
     ZeroVarianceAction,
+    check_environment_action,
     normalize_finish_reason,
 )
 
@@ -85,6 +87,8 @@ class CurationPolicySpec(BaseModel):
     the old name tool_error is read as tool_failure).
     overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
     soft_overlong: DAPO's overlong reward shaping on every member by its length (see `CurationPolicy`).
+    masked_in_baseline: false (default): a `mask` member leaves the group statistics; true: DAPO's.
+    The environment's reasons (tool_failure, env_error, timeout, aborted) take only drop or resample.
     """
 
     model_config = _CONFIG
@@ -103,6 +107,16 @@ class CurationPolicySpec(BaseModel):
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumSpec = CurriculumSpec()
     soft_overlong: bool = Field(default=False, strict=True)
+    masked_in_baseline: bool = Field(default=False, strict=True)
+
+    @field_validator("finish_reason_actions")
+    @classmethod
+    def _environment_never_a_negative(cls, actions: dict[str, str]) -> dict[str, str]:
+        """An environment failure is dropped or sampled again: never a negative, never in a baseline."""
+        for reason, action in actions.items():
+            if reason in ENVIRONMENT_REASONS:
+                check_environment_action(reason, action)
+        return actions
 
     @field_validator("finish_reason_actions", mode="before")
     @classmethod
@@ -140,6 +154,7 @@ class CurationPolicySpec(BaseModel):
             reward_error=self.reward_error,
             curriculum=CurriculumConfig(**self.curriculum.model_dump()),
             soft_overlong=self.soft_overlong,
+            masked_in_baseline=self.masked_in_baseline,
         )
 
     @classmethod
@@ -168,4 +183,5 @@ class CurationPolicySpec(BaseModel):
                 low_priority=policy.curriculum.low_priority,
             ),
             soft_overlong=policy.soft_overlong,
+            masked_in_baseline=policy.masked_in_baseline,
         )

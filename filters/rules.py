@@ -16,7 +16,19 @@ from filters.types import (
     check_choice,
 )
 
-BASELINE_ACTIONS: tuple[str, ...] = ("keep", "mask", "penalize")
+# Members a group keeps (a dropped group takes them down with its reason); of them, the baseline members
+# enter the group statistics: mask members only with the policy's masked_in_baseline.
+MEMBER_ACTIONS: tuple[str, ...] = ("keep", "mask", "penalize")
+
+
+def baseline_actions(policy: CurationPolicy) -> tuple[str, ...]:
+    """The actions whose members enter the group's mean, std, zero-variance and pass-rate statistics.
+
+    keep and penalize always; mask only with `policy.masked_in_baseline` (DAPO's overlong filtering keeps
+    the cut member in the group; by default a cut member leaves it, so a truncation never makes signal).
+    The one rule for both the per-group reference and the vectorised path.
+    """
+    return MEMBER_ACTIONS if policy.masked_in_baseline else ("keep", "penalize")
 
 
 def is_stale(policy_version: int, current_policy_version: int | None, max_staleness: int | None) -> bool:
@@ -48,6 +60,7 @@ def overlong_penalties(
     penalize: np.ndarray,
     policy: CurationPolicy,
     num_turns: np.ndarray | None = None,
+    masked: np.ndarray | None = None,
 ) -> np.ndarray:
     """Overlong penalty added to the reward of baseline members: (N,) x3 -> (N,) floats.
 
@@ -62,6 +75,8 @@ def overlong_penalties(
     a multi-turn member (num_turns (N,) > 1), or one longer than the budget that was not cut by it, is
     left unshaped (0): its turns' lengths are not known here, and shaping its total would teach the
     policy to stop calling tools. A `penalize` member (its last turn was cut) is shaped as before.
+    A `mask` member (masked (N,) bool) is never shaped: masking a cut means not punishing it, so with
+    masked_in_baseline it enters the baseline at its raw reward, never at the ramp's -1.
     """
     n = np.asarray(num_tokens, dtype=np.int64)
     m = np.asarray(max_tokens, dtype=np.int64)
@@ -71,16 +86,24 @@ def overlong_penalties(
     soft = soft_overlong_penalties(n, safe_m, buffer_tokens(policy.overlong_buffer, safe_m))
     turns = np.ones(n.shape, dtype=np.int64) if num_turns is None else np.asarray(num_turns, dtype=np.int64)
     soft_ok = policy.soft_overlong & (turns <= 1) & (n <= m)
+    if masked is not None:
+        soft_ok = soft_ok & ~np.asarray(masked, dtype=bool)
     shaped = pen | soft_ok
     return np.where(shaped, np.where(known, soft, np.where(pen, policy.penalty, 0.0)), 0.0)
 
 
 def overlong_penalty(
-    num_tokens: int, max_tokens: int | None, penalize: bool, policy: CurationPolicy, num_turns: int = 1
+    num_tokens: int, max_tokens: int | None, action: str, policy: CurationPolicy, num_turns: int = 1
 ) -> float:
-    """`overlong_penalties` for one baseline member (max_tokens None: unknown)."""
-    budget = np.array([max_tokens or 0])
-    one = overlong_penalties(np.array([num_tokens]), budget, np.array([penalize]), policy, np.array([num_turns]))
+    """`overlong_penalties` for one baseline member of `action` (max_tokens None: unknown)."""
+    one = overlong_penalties(
+        np.array([num_tokens]),
+        np.array([max_tokens or 0]),
+        np.array([action == "penalize"]),
+        policy,
+        np.array([num_turns]),
+        np.array([action == "mask"]),
+    )
     return float(one[0])
 
 

@@ -37,6 +37,9 @@ def normalize_finish_reason(reason: object) -> object:
 
 Action = Literal["keep", "drop", "mask", "penalize", "resample"]
 ACTIONS: tuple[str, ...] = get_args(Action)
+# The environment's failures are never a negative and never in a baseline: they are dropped, or sampled
+# again. Any other action for an ENVIRONMENT_REASONS member is refused when the policy is made.
+ENVIRONMENT_ACTIONS: tuple[str, ...] = ("drop", "resample")
 
 ZeroVarianceAction = Literal["drop", "keep"]
 ZERO_VARIANCE_ACTIONS: tuple[str, ...] = get_args(ZeroVarianceAction)
@@ -62,8 +65,8 @@ DropReason = Literal[
 ]
 DROP_REASONS: tuple[str, ...] = get_args(DropReason)
 
-# Budget cut-offs stay in the group baseline but give no gradient; infrastructure failures are never
-# negatives (see DESIGN.md, "finish_reason").
+# Budget cut-offs give no gradient and (unless the policy's masked_in_baseline) leave the group baseline;
+# infrastructure failures are never negatives (see DESIGN.md, "finish_reason").
 DEFAULT_FINISH_REASON_ACTIONS: Mapping[str, Action] = MappingProxyType(
     {
         "stop": "keep",
@@ -96,6 +99,15 @@ def check_choice(value: str, valid: Iterable[str], what: str) -> None:
         raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
 
 
+def check_environment_action(reason: str, action: str) -> None:
+    """ValueError unless `action` is one an environment failure may take (ENVIRONMENT_ACTIONS)."""
+    if action not in ENVIRONMENT_ACTIONS:
+        raise ValueError(
+            f"finish_reason {reason!r} is the environment's failure, never a negative nor in a baseline: "
+            f"action {action!r} is not allowed; valid: {', '.join(ENVIRONMENT_ACTIONS)}"
+        )
+
+
 def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[str, Action]:
     """Defaults merged with user overrides, validated; returns a read-only mapping over all reasons."""
     merged: dict[str, Action] = dict(DEFAULT_FINISH_REASON_ACTIONS)
@@ -103,6 +115,8 @@ def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[
         reason = str(normalize_finish_reason(reason))
         check_choice(reason, FINISH_REASONS, "finish_reason")
         check_choice(action, ACTIONS, f"action for finish_reason {reason!r}")
+        if reason in ENVIRONMENT_REASONS:
+            check_environment_action(reason, action)
         merged[reason] = action  # type: ignore[assignment]
     return MappingProxyType(merged)
 
@@ -175,7 +189,8 @@ class CurationPolicy:
     finish_reason_actions: user overrides merged over `DEFAULT_FINISH_REASON_ACTIONS`.
     max_staleness: a group sampled more than this many policy versions behind the trainer is dropped
         ("stale"); None turns the check off.
-    min_group_size: groups with fewer baseline members (keep + penalize + mask) are dropped.
+    min_group_size: groups with fewer baseline members (keep + penalize, + mask with masked_in_baseline)
+        are dropped.
     overlong_buffer: DAPO's overlong buffer L_cache for `penalize` and `soft_overlong`; a value in (0, 1)
         is a fraction of the group's max_tokens (at least one token), a whole number >= 1 is a token
         count, 0 is a hard cut-off.
@@ -186,6 +201,10 @@ class CurationPolicy:
     resample_budget_multiplier: the new budget asked for a `resample` member (x the group max_tokens).
     reward_error: a member whose reward is None is dropped ("drop") or takes its group down
         ("drop_group"); it is never used as a negative.
+    masked_in_baseline: False (default): a `mask` member (cut by a budget) takes no part in the group's
+        mean, std, zero-variance and pass-rate statistics, like a dropped one, so a truncation never
+        gives the completers signal. True: DAPO's published overlong filtering (Yu et al. 2025, §3.4):
+        the loss is masked but the member stays in the group statistics at its raw reward.
     """
 
     zero_variance: ZeroVariance = field(default_factory=ZeroVariance)
@@ -199,6 +218,7 @@ class CurationPolicy:
     reward_error: RewardErrorAction = "drop"
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     soft_overlong: bool = False
+    masked_in_baseline: bool = False
 
     def __post_init__(self) -> None:
         merged = merge_finish_reason_actions(self.finish_reason_actions)
@@ -252,7 +272,8 @@ class TrajectoryDecision:
 
     advantage: 0 unless the action is keep / penalize in a ready group.
     reward_used: the reward this member puts in the group baseline (total, plus the overlong penalty
-        for penalize); None for members outside the baseline (dropped, resampled, stale, no reward).
+        for penalize); None for members outside the baseline (dropped, resampled, stale, no reward, and
+        masked unless the policy's masked_in_baseline).
     """
 
     index: int

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from filters.curate import curate_group, curate_groups
 from filters.types import (
     ACTIONS,
+    ENVIRONMENT_ACTIONS,
+    ENVIRONMENT_REASONS,
     FINISH_REASONS,
     AdvantageConfig,
     CurationPolicy,
@@ -49,6 +51,17 @@ def groups(draw: st.DrawFn, gid: int) -> GroupScore:
     )
 
 
+def actions_for(reason: str) -> st.SearchStrategy[str]:
+    """Every action a policy may give `reason` (the environment's: drop / resample only)."""
+    return st.sampled_from(ENVIRONMENT_ACTIONS if reason in ENVIRONMENT_REASONS else ACTIONS)
+
+
+def action_maps(complete: bool = False) -> st.SearchStrategy[dict[str, str]]:
+    """finish_reason -> action overrides (every reason when `complete`)."""
+    each = {f: actions_for(f) for f in FINISH_REASONS}
+    return st.fixed_dictionaries(each) if complete else st.fixed_dictionaries({}, optional=each)
+
+
 @st.composite
 def policies(draw: st.DrawFn) -> CurationPolicy:
     band = draw(st.sampled_from([None, (0.2, 0.8), (0.0, 0.5)]))
@@ -58,9 +71,7 @@ def policies(draw: st.DrawFn) -> CurationPolicy:
             action=draw(st.sampled_from(["drop", "keep"])),
             pass_rate_band=band,
         ),
-        finish_reason_actions=draw(
-            st.dictionaries(st.sampled_from(FINISH_REASONS), st.sampled_from(ACTIONS))
-        ),
+        finish_reason_actions=draw(action_maps()),
         max_staleness=draw(st.sampled_from([None, 0, 2, 5])),
         min_group_size=draw(st.integers(1, 4)),
         advantage=draw(
@@ -76,6 +87,7 @@ def policies(draw: st.DrawFn) -> CurationPolicy:
         overlong_buffer=draw(st.sampled_from([0.0, 0.2, 100.0])),
         reward_error=draw(st.sampled_from(["drop", "drop_group"])),
         soft_overlong=draw(st.booleans()),
+        masked_in_baseline=draw(st.booleans()),
     )
 
 
@@ -149,13 +161,19 @@ def small_budget_groups(draw: st.DrawFn, gid: int) -> GroupScore:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batch=st.integers(1, 5).flatmap(lambda n: st.tuples(*[small_budget_groups(i) for i in range(n)])),
-    actions=st.fixed_dictionaries({f: st.sampled_from(ACTIONS) for f in FINISH_REASONS}),
+    actions=action_maps(complete=True),
     buffer=st.sampled_from([0.0, 0.1, 0.2, 0.5, 0.9, 1.0, 2.0, 3.0, 8.0, 20.0]),
     soft=st.booleans(),
     metric=st.sampled_from(["outcome", "total"]),
+    masked_in=st.booleans(),
 )
 def test_small_budgets_every_action_match_reference(
-    batch: tuple[GroupScore, ...], actions: dict[str, str], buffer: float, soft: bool, metric: str
+    batch: tuple[GroupScore, ...],
+    actions: dict[str, str],
+    buffer: float,
+    soft: bool,
+    metric: str,
+    masked_in: bool,
 ) -> None:
     policy = CurationPolicy(
         zero_variance=ZeroVariance(metric=metric, action="keep"),
@@ -163,6 +181,7 @@ def test_small_budgets_every_action_match_reference(
         min_group_size=1,
         overlong_buffer=buffer,
         soft_overlong=soft,
+        masked_in_baseline=masked_in,
     )
     expected = [curate_group(g, policy, None) for g in batch]
     got = curate_groups(list(batch), policy, None)
@@ -173,8 +192,9 @@ def test_small_budgets_every_action_match_reference(
             if d.reward_used is None:
                 continue
             penalize = actions[t.finish_reason] == "penalize"
+            masked = actions[t.finish_reason] == "mask"  # never shaped: a masked cut is not punished
             # soft_overlong leaves a member longer than the per-turn budget it was not cut by unshaped
-            shaped = (soft and t.num_tokens <= group.max_tokens) or penalize
+            shaped = (soft and t.num_tokens <= group.max_tokens and not masked) or penalize
             unknown = -1.0 if penalize else 0.0  # num_tokens 0: length unknown, the policy's fixed penalty
             penalty = _dapo(t.num_tokens, group.max_tokens, buffer) if t.num_tokens else unknown
             want = t.total + (penalty if shaped else 0.0)
@@ -186,7 +206,7 @@ def _dapo(length: int, l_max: int, buffer: float) -> float:
     L_max)."""
     cache = int(buffer) if buffer >= 1 else (max(1, math.floor(buffer * l_max)) if buffer > 0 else 0)
     cache = min(cache, l_max)
-    if length > l_max:
+    if length >= l_max:  # a sampler capped at L_max returns L_max for a cut response: the ramp's end
         return -1.0
     if length <= l_max - cache:
         return 0.0
@@ -206,7 +226,9 @@ def test_mixed_sizes_and_reasons_match_reference() -> None:
         _group("one", [1.0]),
         _group("empty", []),
         _group("stale", [1.0, 0.0], policy_version=0),
-        _group("cut", [1.0, 0.0, 0.0, 1.0], ["stop", "length", "tool_failure", "max_turns"], max_tokens=1000),
+        _group(
+            "cut", [1.0, 0.0, 0.0, 0.0, 1.0], ["stop", "length", "tool_failure", "stop", "max_turns"], max_tokens=1000
+        ),
         _group("error", [1.0, None, 0.0]),
     ]
     policy = CurationPolicy(max_staleness=2, finish_reason_actions={"max_turns": "penalize"})
@@ -223,8 +245,9 @@ def test_mixed_sizes_and_reasons_match_reference() -> None:
         None,
     ]
     cut = got[5].trajectories
-    assert [t.action for t in cut] == ["keep", "mask", "drop", "penalize"]
-    assert [t.reward_used for t in cut] == [1.0, 0.0, None, 0.5]  # 900 tokens, 200-token buffer
+    assert [t.action for t in cut] == ["keep", "mask", "drop", "keep", "penalize"]
+    # 900 tokens, 200-token buffer; the masked cut is outside the baseline
+    assert [t.reward_used for t in cut] == [1.0, None, None, 0.0, 0.5]
     assert [t.reason for t in got[6].trajectories] == ["ok", "reward_error", "ok"]
 
 

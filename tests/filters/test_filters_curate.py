@@ -13,6 +13,8 @@ from filters.advantages import grpo_advantages
 from filters.curate import curate_group
 from filters.types import (
     ACTIONS,
+    ENVIRONMENT_ACTIONS,
+    ENVIRONMENT_REASONS,
     FINISH_REASONS,
     AdvantageConfig,
     CurationPolicy,
@@ -145,7 +147,9 @@ class TestZeroVariance:
         assert curate_group(group, wide, None).status == "ready"
 
 
-def _finish_reason_case(finish_reason: str, action: str) -> tuple[GroupScore, CurationPolicy]:
+def _finish_reason_case(
+    finish_reason: str, action: str, masked_in_baseline: bool = False
+) -> tuple[GroupScore, CurationPolicy]:
     """Three normal members [1, 0, 1] and member 3 ending with `finish_reason`, handled by `action`."""
     others = "stop" if finish_reason != "stop" else "length"
     group = make_group(
@@ -155,13 +159,23 @@ def _finish_reason_case(finish_reason: str, action: str) -> tuple[GroupScore, Cu
         max_tokens=1000,
     )
     overrides = {finish_reason: action} | ({} if others == "stop" else {"length": "keep"})
-    return group, CurationPolicy(finish_reason_actions=overrides, zero_variance=ZeroVariance(metric="total"))
+    policy = CurationPolicy(
+        finish_reason_actions=overrides,
+        zero_variance=ZeroVariance(metric="total"),
+        masked_in_baseline=masked_in_baseline,
+    )
+    return group, policy
 
 
-@pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("finish_reason", FINISH_REASONS)
-def test_every_finish_reason_and_action(finish_reason: str, action: str) -> None:
-    group, policy = _finish_reason_case(finish_reason, action)
+ALLOWED = [
+    (f, a) for f in FINISH_REASONS for a in ACTIONS if f not in ENVIRONMENT_REASONS or a in ENVIRONMENT_ACTIONS
+]
+
+
+@pytest.mark.parametrize("masked_in_baseline", [False, True])
+@pytest.mark.parametrize(("finish_reason", "action"), ALLOWED)
+def test_every_finish_reason_and_action(finish_reason: str, action: str, masked_in_baseline: bool) -> None:
+    group, policy = _finish_reason_case(finish_reason, action, masked_in_baseline)
     d = curate_group(group, policy, None)
     member = d.trajectories[3]
     assert d.status == "ready"
@@ -170,18 +184,26 @@ def test_every_finish_reason_and_action(finish_reason: str, action: str) -> None
     # buffer 0.2 * 1000 = 200 tokens: 900 tokens is 100 into the buffer -> penalty -0.5
     baseline = {
         "keep": [1.0, 0.0, 1.0, 0.5],
-        "mask": [1.0, 0.0, 1.0, 0.5],
+        "mask": [1.0, 0.0, 1.0, 0.5] if masked_in_baseline else [1.0, 0.0, 1.0],
         "penalize": [1.0, 0.0, 1.0, 0.0],
         "drop": [1.0, 0.0, 1.0],
         "resample": [1.0, 0.0, 1.0],
     }[action]
     expected = grpo_advantages(np.array(baseline)).tolist() + [0.0] * (4 - len(baseline))
     if action == "mask":
-        expected[3] = 0.0
+        expected[3] = 0.0  # in or out of the baseline, never trained on
     np.testing.assert_allclose(advantages(d), expected)
     assert member.reward_used == (baseline[3] if len(baseline) == 4 else None)
     assert d.resample == ((3,) if action == "resample" else ())
     assert d.resample_max_tokens == (2000 if action == "resample" else None)
+
+
+@pytest.mark.parametrize("reason", sorted(ENVIRONMENT_REASONS))
+@pytest.mark.parametrize("action", sorted(set(ACTIONS) - set(ENVIRONMENT_ACTIONS)))
+def test_an_environment_failure_takes_only_drop_or_resample(reason: str, action: str) -> None:
+    # mask would put the failure's 0 in the baseline, keep / penalize would train it as a negative
+    with pytest.raises(ValueError, match=f"{reason}.*valid: drop, resample"):
+        CurationPolicy(finish_reason_actions={reason: action})
 
 
 def test_default_finish_reason_actions() -> None:
@@ -189,7 +211,8 @@ def test_default_finish_reason_actions() -> None:
     d = curate_group(group, CurationPolicy(), None)
     # stop, length, max_turns, tool_misuse (the model's: a negative), then the environment's four
     assert actions(d) == ["keep", "mask", "mask", "keep", "drop", "drop", "drop", "drop"]
-    assert [t.reward_used for t in d.trajectories] == [1.0, 0.0, 0.0, 0.0, None, None, None, None]
+    # the cut members are outside the baseline by default: only the model's own endings count
+    assert [t.reward_used for t in d.trajectories] == [1.0, None, None, 0.0, None, None, None, None]
 
 
 def test_infrastructure_failures_are_never_negatives() -> None:
@@ -250,9 +273,18 @@ class TestGroupSize:
         ]
         assert actions(d) == ["drop"] * 4
 
-    def test_masked_members_count(self) -> None:
+    def test_masked_members_do_not_count_by_default(self) -> None:
         group = make_group([1.0, 0.0, 0.0, 0.0], finish_reasons=["stop", "stop", "length", "max_turns"])
         d = curate_group(group, CurationPolicy(min_group_size=4), None)
+        assert (d.status, d.drop_reason) == ("dropped", "below_min_group_size")  # 2 completers < 4
+        assert [t.reason for t in d.trajectories] == ["below_min_group_size"] * 4
+        ready = curate_group(group, CurationPolicy(min_group_size=2), None)
+        assert actions(ready) == ["keep", "keep", "mask", "mask"]
+        np.testing.assert_allclose(advantages(ready), [1.0, -1.0, 0, 0], rtol=1e-5)  # [1, 0] alone
+
+    def test_masked_members_count_with_masked_in_baseline(self) -> None:
+        group = make_group([1.0, 0.0, 0.0, 0.0], finish_reasons=["stop", "stop", "length", "max_turns"])
+        d = curate_group(group, CurationPolicy(min_group_size=4, masked_in_baseline=True), None)
         assert d.status == "ready"
         assert actions(d) == ["keep", "keep", "mask", "mask"]
         # the masked zeros stay in the baseline: mean 0.25, population std sqrt(3)/4
@@ -261,8 +293,13 @@ class TestGroupSize:
         )
 
     def test_all_masked_has_no_trainable_members(self) -> None:
-        d = curate_group(make_group([1.0, 0.0], finish_reasons=["length", "length"]), CurationPolicy(), None)
+        group = make_group([1.0, 0.0], finish_reasons=["length", "length"])
+        d = curate_group(group, CurationPolicy(masked_in_baseline=True), None)
         assert (d.status, d.drop_reason) == ("dropped", "no_trainable_members")
+        # out of the baseline, nothing is left to compare: too small
+        d = curate_group(group, CurationPolicy(), None)
+        assert (d.status, d.drop_reason) == ("dropped", "below_min_group_size")
+        assert actions(d) == ["drop", "drop"]
 
     def test_empty_group(self) -> None:
         d = curate_group(make_group([]), CurationPolicy(min_group_size=1), None)
@@ -327,10 +364,11 @@ class TestPenalizeAndResample:
             [1.0, 1.0, 1.0, 0.0], ["stop", "stop", "stop", "length"], num_tokens=[6, 7, 9, 10], max_tokens=10
         )
         off = curate_group(group, CurationPolicy(overlong_buffer=0.4), None)
-        assert [t.reward_used for t in off.trajectories] == [1.0, 1.0, 1.0, 0.0]  # stop members untouched
+        assert [t.reward_used for t in off.trajectories] == [1.0, 1.0, 1.0, None]  # stop members untouched
         on = curate_group(group, CurationPolicy(overlong_buffer=0.4, soft_overlong=True), None)
-        assert [t.reward_used for t in on.trajectories] == pytest.approx([1.0, 0.75, 0.25, -1.0])
-        assert actions(on) == ["keep", "keep", "keep", "mask"]  # the cut member still masked by default
+        assert [t.reward_used for t in on.trajectories][:3] == pytest.approx([1.0, 0.75, 0.25])
+        assert on.trajectories[3].reward_used is None  # the cut member is masked, outside the baseline
+        assert actions(on) == ["keep", "keep", "keep", "mask"]
         # shaping alone gives signal to an all-correct group only when the metric is the shaped total
         solved = make_group([1.0] * 3, outcomes=[1.0] * 3, num_tokens=[2, 9, 9], max_tokens=10)
         policy = CurationPolicy(overlong_buffer=0.4, soft_overlong=True)

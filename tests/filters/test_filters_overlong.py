@@ -23,8 +23,10 @@ def test_regions(num_tokens: int, expected: float) -> None:
     assert soft_overlong_penalty(num_tokens, 1000, 200) == pytest.approx(expected)
 
 
-def test_zero_buffer_is_a_hard_cutoff() -> None:
-    assert soft_overlong_penalty(1000, 1000, 0) == 0.0
+def test_zero_buffer_is_a_hard_cutoff_that_punishes_at_the_budget() -> None:
+    # a sampler capped at 1000 never returns 1001: a cut response has exactly the budget, and gets -1
+    assert soft_overlong_penalty(999, 1000, 0) == 0.0
+    assert soft_overlong_penalty(1000, 1000, 0) == -1.0
     assert soft_overlong_penalty(1001, 1000, 0) == -1.0
 
 
