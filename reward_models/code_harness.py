@@ -135,7 +135,8 @@ class _Session:
         except ChannelBroken as exc:
             raise self.abort("failed", str(exc)) from None
         except MemoryError:
-            raise self.abort("failed", "the program's message did not fit in the supervisor's memory") from None
+            reason = "the program's message did not fit in the supervisor's memory"
+            raise self.abort("failed", reason) from None
 
 
 def _names(listed: Any) -> list[str]:

@@ -138,7 +138,8 @@ class Session:
             try:
                 return from_plain(reply["value"])
             except (PlainDataError, RecursionError, MemoryError) as exc:
-                raise self.abort(f"{name} returned something that is not plain data: {describe_error(exc)}") from None
+                what = describe_error(exc)
+                raise self.abort(f"{name} returned something that is not plain data: {what}") from None
         if "raised" in reply:
             raise _candidate_exception(str(reply["raised"]), str(reply.get("message", ""))[:2000])
         reason = reply.get("not_plain", "a malformed reply")

@@ -39,7 +39,7 @@ from reward_models.sandbox_zygote import zygote_source
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 2**20
 MAX_LISTING_BYTES = 64 * 2**10  # the program's first frame (its function names), parsed by the supervisor
-TMPFS_INODES = 8192  # files + directories per task: bounds the kernel memory (inodes, dentries) a task can pin
+TMPFS_INODES = 8192  # files + directories per task: bounds the kernel memory (inodes, dentries) it can pin
 _STARTUP_S = 30.0
 _FINISH_S = 10.0
 _HARNESS_PRELOAD = ("ast", "keyword", "traceback", "types", "unittest")

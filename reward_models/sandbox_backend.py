@@ -74,9 +74,11 @@ os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 os.execv(argv[0], argv)
 """
 PROBE = (
-    "import ctypes, os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd'); "
+    "import ctypes, os; assert os.getpid() == 1 and os.getuid() == 65534; "
+    "assert not os.path.exists('/etc/passwd'); "
     "assert not os.access('/proc/slabinfo', os.R_OK), 'the sandbox uid maps to the host root'; "
-    "assert ctypes.CDLL(None).unshare(0x20000) == 0, 'no mount namespace per task (CAP_SYS_ADMIN in the sandbox)'"
+    "assert ctypes.CDLL(None).unshare(0x20000) == 0, "
+    "'no mount namespace per task (CAP_SYS_ADMIN in the sandbox)'"
 )
 # Kept by the zygote only, in the sandbox's own user namespace (never the host's): it gives each task a
 # PID and mount namespace, a tmpfs and a /proc of its own, then the child drops every capability.

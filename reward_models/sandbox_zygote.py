@@ -351,13 +351,15 @@ def enter_fresh_namespaces(mnt):
     could move and read back in a later task)."""
     must(syscall(MOVE_MOUNT, mnt, b"", -100, b"/tmp", 4), "move_mount /tmp")  # MOVE_MOUNT_F_EMPTY_PATH
     os.close(mnt)
-    must(LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"subset=pid"), "mount /proc")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    must(LIBC.mount(b"proc", b"/proc", b"proc", flags, b"subset=pid"), "mount /proc")
 
 
 def drop_capabilities():
     """No capability left, none to regain: securebits locked, bounding and ambient sets emptied, then
     effective / permitted / inheritable cleared (the program's uid is not 0 anyway)."""
-    must(LIBC.prctl(28, 0xEF, 0, 0, 0), "securebits")  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS, NO_AMBIENT_RAISE (+ locks)
+    # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS, NO_CAP_AMBIENT_RAISE, each locked
+    must(LIBC.prctl(28, 0xEF, 0, 0, 0), "securebits")
     must(LIBC.prctl(47, 4, 0, 0, 0), "ambient clear")  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
     cap = 0
     while LIBC.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP until EINVAL (past the last capability)
@@ -488,7 +490,8 @@ def self_test():
         try:
             enter_fresh_namespaces(mnt)
             drop_capabilities()
-            ok = os.getpid() == 1 and sorted(os.listdir("/tmp")) == [".output", "work"] and os.listdir("/proc")
+            ok = os.getpid() == 1 and sorted(os.listdir("/tmp")) == [".output", "work"]
+            ok = ok and os.listdir("/proc")
             os._exit(0 if ok else 1)
         except BaseException:
             traceback.print_exc()

@@ -459,7 +459,8 @@ def test_a_vsock_port_is_not_shared_between_the_tests_and_the_program() -> None:
         "import errno, socket\ndef hold():\n    try:\n"
         "        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n"
         "        s.bind((socket.VMADDR_CID_ANY, 40555))\n        s.listen(1)\n        return s\n"
-        "    except OSError as exc:\n        return 'refused' if exc.errno == errno.EAFNOSUPPORT else repr(exc)\n"
+        "    except OSError as exc:\n"
+        "        return 'refused' if exc.errno == errno.EAFNOSUPPORT else repr(exc)\n"
     )  # the machine's vsock port space is one for every sandbox: a channel between them
     tests = bind + "held = hold()\nR = probe()\nassert held == 'refused' and R == 'refused', (held, R)\n"
     result = score(bind + "def probe():\n    return str(hold())\n", {"tests": tests})
@@ -469,7 +470,8 @@ def test_a_vsock_port_is_not_shared_between_the_tests_and_the_program() -> None:
 def test_with_allow_network_the_program_gets_inet_sockets_but_still_no_vsock() -> None:
     tests = "R = probe()\nassert 'AF_INET' in R and 'AF_VSOCK' not in R and 'AF_NETLINK' not in R, R\n"
     with checkout(SandboxSettings(allow_network=True)) as sandbox:
-        outcome = run_function_tests(sandbox, SandboxLimits(timeout_s=10.0), SOCKETS + "probe = sockets\n", tests, None)
+        answer = SOCKETS + "probe = sockets\n"
+        outcome = run_function_tests(sandbox, SandboxLimits(timeout_s=10.0), answer, tests, None)
     assert outcome.verdict == "passed", outcome.reason
 
 
@@ -490,5 +492,5 @@ def flood():
 def test_a_task_cannot_create_more_files_than_its_inode_limit() -> None:
     result = score(INODES, {"tests": "R = flood()\nassert R[0] < 10_000 and R[1] == 28, R\n"})  # ENOSPC
     assert result.details["verdict"] == "passed", result.details
-    again = score(INODES, {"tests": "R = flood()\nassert 8_000 < R[0] < 10_000, R\n"})  # the next task: all free again
+    again = score(INODES, {"tests": "R = flood()\nassert 8_000 < R[0] < 10_000, R\n"})  # all free again
     assert again.details["verdict"] == "passed", again.details
