@@ -157,20 +157,24 @@ def test_a_correct_program_with_many_imported_names_still_passes() -> None:
 # --- the tests killed from outside while the program had not answered: an error ---------------------------
 
 
-def _tree(pid: int) -> list[int]:
-    found, todo = [], [pid]
+def _task_child(pid: int) -> int | None:
+    """The deepest process below ``pid`` (bubblewrap -> zygote -> the task's child), host view."""
+    deepest, todo = (0, None), [(pid, 0)]
     while todo:
-        current = todo.pop()
-        found.append(current)
-        for task in os.listdir(f"/proc/{current}/task"):
-            with open(f"/proc/{current}/task/{task}/children") as fh:
-                todo += [int(p) for p in fh.read().split()]
-    return found
+        current, depth = todo.pop()
+        deepest = max(deepest, (depth, current), key=lambda d: d[0])
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    todo += [(int(p), depth + 1) for p in fh.read().split()]
+        except OSError:
+            pass
+    return deepest[1] if deepest[0] >= 2 else None
 
 
-def _threads(pid: int) -> int:
+def _threads(pid: int | None) -> int:
     try:
-        return len(os.listdir(f"/proc/{pid}/task"))
+        return len(os.listdir(f"/proc/{pid}/task")) if pid else 0
     except OSError:
         return 0
 
@@ -196,11 +200,10 @@ def test_tests_killed_from_outside_while_the_program_computes_are_an_error_not_a
 
         thread = threading.Thread(target=run)
         thread.start()
-        program, tests = _tree(sandbox.proc.pid)[-1], _tree(harness.proc.pid)[-1]  # the task children
-        for _ in range(2000):  # the program started its thread: the call is with the program
-            if _threads(program) >= 2 or not thread.is_alive():
-                break
-            threading.Event().wait(0.01)
+        while thread.is_alive() and _threads(_task_child(sandbox.proc.pid)) < 2:
+            threading.Event().wait(0.01)  # until the program started its thread: the call is with it
+        tests = _task_child(harness.proc.pid)
+        assert tests is not None and thread.is_alive()
         os.kill(tests, signal.SIGKILL)  # the machine, not the program, ends the tests
         thread.join()
     assert isinstance(outcome["value"], SandboxError), outcome["value"]
