@@ -16,7 +16,7 @@ host's) for one purpose: every task starts from nothing. The child is created wi
 ``/proc/1`` are the same in every task; when it exits the kernel kills whatever it left), and in a
 mount namespace of its own it gets a fresh tmpfs as ``/tmp`` (made by the zygote with ``fsopen``,
 sized, with an inode limit: inode numbers start over, nothing of an earlier task is on it) and a fresh
-``/proc`` with the kernel's knobs and machine-wide counters covered. Then it drops every capability
+``/proc`` holding its processes only (no kernel knobs, no machine-wide counters). Then it drops every capability
 (bounding, ambient, effective, permitted; securebits locked), sets ``no_new_privs`` and installs the
 seccomp filter before any program code runs. The program cannot see the zygote (another PID
 namespace), signal it or ptrace it (it is not dumpable). ``kill(-1, SIGKILL)`` from the zygote still
