@@ -32,13 +32,25 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
-from reward_models.sandbox import Channel, ChannelBroken, ChannelTimeout, Sandbox, SandboxLimits, checkout
+from reward_models.sandbox import (
+    MAX_LISTING_BYTES,
+    Channel,
+    ChannelBroken,
+    ChannelTimeout,
+    Sandbox,
+    SandboxLimits,
+    checkout,
+)
+from reward_models.sandbox_backend import SandboxError
 
 Verdict = Literal["passed", "failed", "timeout"]
 _MAX_NAMES = 10_000
 _HARNESS_MIN_MB = 256  # the tests' interpreter needs room of its own; what it spends is still bounded
+# What the supervisor parses itself is small: the program's listing and in-process reply, the tests'
+# control messages. The calls and replies it only forwards (up to MAX_FRAME_BYTES) are never parsed here.
+_MAX_CONTROL_BYTES = MAX_LISTING_BYTES
 MESSY = "the program left files the sandbox could not remove"
 
 
@@ -62,11 +74,25 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
+class _TestsStopped(Exception):  # noqa: N818 - control flow inside the supervisor only
+    """The tests' channel went quiet or closed without a verdict; judged once their exit status is known."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Session:
-    """The program's side of one task; remembers the first fatal problem."""
+    """The program's side of one task; remembers the first fatal problem.
+
+    ``calls`` counts the program's replies that reached the tests (not the calls forwarded): only
+    then is anything of the program in the tests. ``pending`` is True while a call is with the
+    program: the tests are waiting, doing nothing, so if they die then, it is not the program's doing.
+    """
 
     def __init__(self, channel: Channel, timeout_s: float = 0.0) -> None:
         self.channel, self.calls, self.timeout_s = channel, 0, timeout_s
+        self.pending = False
         self.fatal: Outcome | None = None
         self.listed_after = 0.0  # seconds of the task the program took to list its functions
 
@@ -76,11 +102,13 @@ class _Session:
         return CandidateAborted(self.fatal.reason)
 
     def request(self, message: dict) -> dict:
-        """Send one frame and read the reply as a JSON object, aborting on anything else."""
-        reply = self._exchange(json.dumps(message, separators=(",", ":")).encode())
+        """Send one frame and read the reply (at most _MAX_CONTROL_BYTES) as a JSON object, aborting on
+        anything else: what the program makes the supervisor parse, and any resource it costs, is the
+        program's, never an error."""
+        reply = self._exchange(json.dumps(message, separators=(",", ":")).encode(), _MAX_CONTROL_BYTES)
         try:
             parsed = json.loads(reply)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError, MemoryError):
             raise self.abort("failed", "the program sent a malformed message") from None
         if not isinstance(parsed, dict):
             raise self.abort("failed", "the program sent a malformed message")
@@ -88,19 +116,27 @@ class _Session:
 
     def forward(self, call: bytes) -> bytes:
         """One call of the tests, as the tests encoded it; the program's reply, unread."""
-        self.calls += 1
+        self.pending = True
         return self._exchange(call)
 
-    def _exchange(self, data: bytes) -> bytes:
+    def delivered(self) -> None:
+        """The program's reply reached the tests."""
+        self.pending = False
+        self.calls += 1
+
+    def _exchange(self, data: bytes, limit: int | None = None) -> bytes:
         if self.fatal is not None:
             raise CandidateAborted(self.fatal.reason)
         try:
             self.channel.send_encoded(data)
-            return self.channel.recv()
+            return self.channel.recv() if limit is None else self.channel.recv(limit)
         except ChannelTimeout:
             raise self.abort("timeout", "the time limit passed") from None
         except ChannelBroken as exc:
             raise self.abort("failed", str(exc)) from None
+        except MemoryError:
+            reason = "the program's message did not fit in the supervisor's memory"
+            raise self.abort("failed", reason) from None
 
 
 def _names(listed: Any) -> list[str]:
@@ -110,9 +146,21 @@ def _names(listed: Any) -> list[str]:
     return [n for n in listed if type(n) is str and n.isidentifier()][:_MAX_NAMES]
 
 
-def _tests_stopped(session: _Session, exc: Exception) -> Outcome:
-    """The tests' sandbox went quiet or away without a verdict."""
+def _tests_stopped(session: _Session, exc: Exception) -> NoReturn:
+    """The tests' sandbox went quiet or away without a verdict: decided by ``_judge_stop`` once the
+    harness's exit status is known."""
+    raise _TestsStopped(exc)
+
+
+def _judge_stop(session: _Session, exc: Exception, harness_exit: int | None) -> Outcome:
+    """Who stopped the tests. Killed by a signal while they were waiting for the program's reply:
+    nothing of that reply had reached them, so it is the environment's doing (an error, never 0)."""
     timeout = isinstance(exc, ChannelTimeout)
+    if not timeout and session.pending and harness_exit is not None and harness_exit < 0:
+        raise SandboxError(
+            f"the tests' sandbox was killed (signal {-harness_exit}) while the tests waited for the "
+            "program's reply"
+        )
     if session.calls == 0:  # nothing of the program is in the tests yet: the reference's own fault...
         if not timeout:
             raise ReferenceProblem(f"the tests stopped before calling the program ({exc})")
@@ -127,9 +175,11 @@ def _tests_stopped(session: _Session, exc: Exception) -> Outcome:
 def _verdict(session: _Session, body: bytes) -> Outcome:
     """The tests' control message: their verdict, the program's foul, or a problem of the reference."""
     try:
+        if len(body) > _MAX_CONTROL_BYTES:
+            raise ValueError("too big")
         message = json.loads(body)
         op, reason = message["op"], str(message.get("reason", ""))[:2000]
-    except (ValueError, TypeError, KeyError, RecursionError):
+    except (ValueError, TypeError, KeyError, RecursionError, MemoryError):
         return _tests_stopped(session, ChannelBroken("the tests sent a malformed message"))
     if op == "done":
         return Outcome("passed" if message.get("verdict") == "passed" else "failed", reason)
@@ -171,6 +221,7 @@ def _broker(session: _Session, tests: Channel) -> Outcome:
             tests.send_encoded(reply)
         except (ChannelTimeout, ChannelBroken) as exc:
             return _after_broken_send(session, tests, exc)
+        session.delivered()
 
 
 def _harness_limits(limits: SandboxLimits) -> SandboxLimits:
@@ -209,14 +260,27 @@ def run_function_tests(
         tests_channel.deadline = channel.deadline  # one clock for the task, both sides
         session = _Session(channel, limits.timeout_s)
         setup = {"tests": tests, "prompt": prompt, "entry_point": entry_point}
+        stopped: _TestsStopped | None = None
         try:
             outcome = _start(session, tests_channel, source, setup)
         except ReferenceProblem as exc:
-            _, tail = _end(sandbox, channel, harness, tests_channel)
-            raise ReferenceProblem(f"{exc}{'; the tests wrote: ' + tail if tail else ''}") from None
+            _, tests_done = _end(sandbox, channel, harness, tests_channel)
+            raise ReferenceProblem(f"{exc}{_tests_wrote(tests_done)}") from None
+        except _TestsStopped as exc:
+            stopped = exc
+        done, tests_done = _end(sandbox, channel, harness, tests_channel)
+        if stopped is not None:
+            try:
+                outcome = _judge_stop(session, stopped.cause, tests_done.get("exit"))
+            except ReferenceProblem as exc:
+                raise ReferenceProblem(f"{exc}{_tests_wrote(tests_done)}") from None
         outcome.calls = session.calls
-        done, _ = _end(sandbox, channel, harness, tests_channel)
         return _observed(outcome, done)
+
+
+def _tests_wrote(tests_done: dict) -> str:
+    tail = str(tests_done.get("output", "")).strip()[-500:]
+    return "; the tests wrote: " + tail if tail else ""
 
 
 def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outcome:
@@ -224,6 +288,7 @@ def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outco
         tests.send(setup)
     except (ChannelTimeout, ChannelBroken) as exc:
         raise ReferenceProblem(f"the tests' sandbox did not take the reference ({exc})") from None
+    session.pending = True  # the tests wait for the program's listing
     try:
         first = session.request({"source": source})
     except CandidateAborted:
@@ -235,18 +300,19 @@ def _start(session: _Session, tests: Channel, source: str, setup: dict) -> Outco
         tests.send({"defined": _names(first["defined"]), "own": _names(first.get("own"))})
     except (ChannelTimeout, ChannelBroken) as exc:
         return _after_broken_send(session, tests, exc)
+    session.pending = False
     return _broker(session, tests)
 
 
-def _end(sandbox: Sandbox, channel: Channel, harness: Sandbox, tests: Channel) -> tuple[dict, str]:
-    """Stop both sides at once; (the program's finish report, the tests' output tail)."""
+def _end(sandbox: Sandbox, channel: Channel, harness: Sandbox, tests: Channel) -> tuple[dict, dict]:
+    """Stop both sides at once; (the program's finish report, the tests' finish report)."""
     harness.stop(tests, kill=True)
     sandbox.stop(channel, kill=True)
     try:
-        tail = str(harness.finished().get("output", "")).strip()[-500:]
+        tests_done = harness.finished()
     finally:
         done = sandbox.finished()
-    return done, tail
+    return done, tests_done
 
 
 def _observed(outcome: Outcome, done: dict) -> Outcome:

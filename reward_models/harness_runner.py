@@ -89,6 +89,7 @@ class Session:
 
     def __init__(self, sock):
         self.sock, self.calls, self.fatal = sock, 0, None
+        self.replies = 0  # the program's replies that reached the tests: before the first, nothing of it has
 
     def abort(self, reason):
         if self.fatal is None:
@@ -114,28 +115,31 @@ class Session:
             raise self._too_big(f"{len(body)} bytes (limit {MAX_CALL_BYTES})")
         self.calls += 1
         self.sock.sendall(_FRAME.pack(len(body) + 1) + b"C" + body)
-        return self._result(name, _recv(self.sock))
+        raw = _recv(self.sock)
+        self.replies += 1
+        return self._result(name, raw)
 
     def _too_big(self, what):
         """Arguments too deep or too big to cross: the reference's fault while nothing of the program
         has reached the tests, the program's once its results have (the tests may be passing them
         back, wrapped or doubled)."""
-        if self.calls == 0:
+        if self.replies == 0:
             return ReferenceProblem(f"the tests pass arguments that cannot cross: {what}")
         return self.abort(f"the tests could not pass the program's results back to it: {what}")
 
     def _result(self, name, raw):
         try:
             reply = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise self.abort("the program sent a malformed message") from None
+        except (ValueError, RecursionError, MemoryError):
+            raise self.abort("the program sent a malformed message (or one too big to decode)") from None
         if type(reply) is not dict:
             raise self.abort("the program sent a malformed message")
         if "value" in reply:
             try:
                 return from_plain(reply["value"])
-            except (PlainDataError, RecursionError) as exc:
-                raise self.abort(f"{name} returned something that is not plain data: {exc}") from None
+            except (PlainDataError, RecursionError, MemoryError) as exc:
+                what = describe_error(exc)
+                raise self.abort(f"{name} returned something that is not plain data: {what}") from None
         if "raised" in reply:
             raise _candidate_exception(str(reply["raised"]), str(reply.get("message", ""))[:2000])
         reason = reply.get("not_plain", "a malformed reply")
@@ -190,14 +194,66 @@ def visible(name, entry_point):
     return not (name.startswith("__") or hasattr(builtins, name) or keyword.iskeyword(name))
 
 
+def describe_error(exc):
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError) else str(exc)
+
+
+def bound_names(code_tree, module):
+    """Every name the tests or the prompt bind themselves (assignments, defs, imports, arguments)."""
+    names = set(module.__dict__)
+    for node in ast.walk(code_tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def program_missing(exc, bound):
+    """A NameError in the tests' own code for a name they do not define: one they expected from the
+    program (which did not define it, or not as a function). The program's fail."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    name = getattr(exc, "name", None)
+    return (
+        type(exc) is NameError
+        and isinstance(name, str)
+        and name not in bound
+        and bool(frames)
+        and frames[-1].filename == "<tests>"
+    )
+
+
+def reference_failure(exc):
+    """Why tests that raised before any result of the program reached them are the reference's fault."""
+    what = test_failure(exc)
+    if isinstance(exc, ImportError):
+        return (
+            f"the tests need a module the harness sandbox does not have ({what}); the harness sandbox has "
+            "only the standard library"
+        )
+    if isinstance(exc, MemoryError):
+        return f"the tests ran out of memory before calling the program ({what})"
+    return f"the tests raised before calling the program: {what}"
+
+
 def test_failure(exc):
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<tests>"]
     where = f" (tests line {frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}{where}: {str(exc)[:500]}"
 
 
-def run_tests(session, code, module, prompt_stubs, listing, entry_point):
-    """("passed" | "failed", reason) of the tests against proxies of the listed functions."""
+def run_tests(session, code, module, prompt_stubs, listing, entry_point, bound=frozenset()):
+    """("passed" | "failed", reason) of the tests against proxies of the listed functions. Tests that
+    raise before any result of the program reached them (``session.replies == 0``) fail the program
+    only by an AssertionError or a NameError for a name they expected from it (``bound``: the names
+    the tests and the prompt define themselves); anything else (a missing module, MemoryError, a bug)
+    is a ReferenceProblem."""
     names, own = listing["defined"], listing["own"]
     proxies = {name: CandidateFunction(session, name) for name in names}
     if entry_point is not None:
@@ -230,7 +286,12 @@ def run_tests(session, code, module, prompt_stubs, listing, entry_point):
     except (CandidateAborted, Exception) as exc:  # noqa: BLE001 - any failure of the tests is a fail
         if isinstance(exc, ReferenceProblem):
             raise
-        return "failed", session.fatal or test_failure(exc)
+        if session.fatal:
+            return "failed", session.fatal
+        if session.replies == 0 and not isinstance(exc, (AssertionError, CandidateAborted)):
+            if not program_missing(exc, bound):
+                raise ReferenceProblem(reference_failure(exc)) from None
+        return "failed", test_failure(exc)
     return ("failed", session.fatal) if session.fatal else ("passed", "")
 
 
@@ -240,12 +301,15 @@ def run_harness(sock):
     try:
         module, prompt_stubs = trusted_module(setup.get("prompt"))
         try:
-            code = compile(setup["tests"], "<tests>", "exec")
+            tree = ast.parse(setup["tests"], "<tests>")
+            code = compile(tree, "<tests>", "exec")
         except (SyntaxError, ValueError) as exc:
             raise ReferenceProblem(f"reference tests do not compile: {exc}") from None
+        bound = bound_names(tree, module)
         listing = json.loads(_recv(sock))
         session = Session(sock)
-        verdict, reason = run_tests(session, code, module, prompt_stubs, listing, setup.get("entry_point"))
+        entry_point = setup.get("entry_point")
+        verdict, reason = run_tests(session, code, module, prompt_stubs, listing, entry_point, bound)
     except ReferenceProblem as exc:
         _send(sock, b"M", {"op": "reference_problem", "reason": str(exc)[:2000]})
         return

@@ -38,6 +38,8 @@ from reward_models.sandbox_zygote import zygote_source
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 2**20
+MAX_LISTING_BYTES = 64 * 2**10  # the program's first frame (its function names), parsed by the supervisor
+TMPFS_INODES = 8192  # files + directories per task: bounds the kernel memory (inodes, dentries) it can pin
 _STARTUP_S = 30.0
 _FINISH_S = 10.0
 _HARNESS_PRELOAD = ("ast", "keyword", "traceback", "types", "unittest")
@@ -65,7 +67,7 @@ class SandboxLimits:
     open_files: int = 64
     max_output_bytes: int = 4096
 
-    def rlimits(self, allow_subprocess: bool) -> dict:
+    def rlimits(self, allow_subprocess: bool, allow_network: bool = False) -> dict:
         return {
             "memory_bytes": self.memory_mb * 2**20,
             "cpu_s": int(self.timeout_s) + 2,
@@ -73,6 +75,7 @@ class SandboxLimits:
             "open_files": self.open_files,
             "extra_processes": self.max_processes,  # processes and threads (RLIMIT_NPROC)
             "subprocess": allow_subprocess,  # False: a seccomp filter refuses fork / exec
+            "network": allow_network,  # False: sockets of AF_UNIX only (seccomp)
         }
 
 
@@ -141,11 +144,12 @@ class Channel:
             left -= len(chunk)
         return b"".join(chunks)
 
-    def recv(self) -> bytes:
-        """One frame's body (JSON bytes, not yet parsed); ChannelBroken at end of stream."""
+    def recv(self, limit: int = MAX_FRAME_BYTES) -> bytes:
+        """One frame's body (JSON bytes, not yet parsed), at most ``limit`` bytes; ChannelBroken at end
+        of stream or for a bigger frame (nothing of it is read)."""
         (size,) = _HEADER.unpack(self._exact(_HEADER.size))
-        if size > MAX_FRAME_BYTES:
-            raise ChannelBroken(f"the program sent a {size}-byte message (limit {MAX_FRAME_BYTES})")
+        if size > limit:
+            raise ChannelBroken(f"the program sent a {size}-byte message (limit {limit})")
         return self._exact(size)
 
     def read_until_eof(self, cap: int) -> tuple[bytes, bool]:
@@ -177,7 +181,11 @@ class Sandbox:
             "ctrl_fd": theirs.fileno(),
             "scratch": backend.scratch or self._tmp,
             "preload": _HARNESS_PRELOAD if role == "harness" else (),
-            "verify_free": backend.scratch is not None,  # the sandbox's own tmpfs: every block comes back
+            # bubblewrap: every task in a PID + mount namespace of its own, on a fresh tmpfs
+            "fresh_namespaces": backend.scratch is not None,
+            "tmpfs_bytes": settings.tmpfs_mb * 2**20,
+            "tmpfs_inodes": TMPFS_INODES,
+            "listing_bytes": MAX_LISTING_BYTES,
         }
         cmd = [*backend.prefix, interpreter(), "-I", "-S", "-c", zygote_source(), json.dumps(config)]
         try:
@@ -235,7 +243,7 @@ class Sandbox:
             "seq": self._seq,
             "mode": mode,
             "output_bytes": limits.max_output_bytes,
-            "limits": limits.rlimits(self.settings.allow_subprocess),
+            "limits": limits.rlimits(self.settings.allow_subprocess, self.settings.allow_network),
         }
         try:
             socket.send_fds(self.ctrl, [json.dumps(message).encode()], [theirs.fileno()])

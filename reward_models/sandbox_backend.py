@@ -3,9 +3,11 @@
 ``bubblewrap`` (the ``bwrap`` tool) is the standard backend: new user, PID, network, IPC, UTS and
 cgroup namespaces, no further user namespaces inside (``--disable-userns``); read-only binds of
 ``/usr`` and the interpreter's prefix only (its ``site-packages`` hidden under an empty read-only
-tmpfs), a fresh ``/proc`` and ``/dev``, a private size-limited tmpfs as ``/tmp`` and working
-directory (the only writable place: ``/`` and ``/dev`` are remounted read-only), uid/gid 65534
-inside, no capabilities, ``--die-with-parent``, ``--new-session`` and the zygote as PID 1. No host
+tmpfs), a fresh ``/proc`` and ``/dev``, ``/`` and ``/dev`` remounted read-only, uid/gid 65534
+inside, ``--die-with-parent``, ``--new-session`` and the zygote as PID 1. The zygote keeps
+``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` of the sandbox's own user namespace (``ZYGOTE_CAPS``) to give
+each task a PID and mount namespace, a sized tmpfs ``/tmp`` and a covered ``/proc`` of its own; the
+task drops every capability before the program runs (``reward_models.sandbox_zygote``). No host
 runtime directory (no database socket), no project directory, no ``/etc``, no home directory, no
 inherited environment.
 
@@ -72,9 +74,15 @@ os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 os.execv(argv[0], argv)
 """
 PROBE = (
-    "import os; assert os.getpid() == 1 and os.getuid() == 65534; assert not os.path.exists('/etc/passwd'); "
-    "assert not os.access('/proc/slabinfo', os.R_OK), 'the sandbox uid maps to the host root'"
+    "import ctypes, os; assert os.getpid() == 1 and os.getuid() == 65534; "
+    "assert not os.path.exists('/etc/passwd'); "
+    "assert not os.access('/proc/slabinfo', os.R_OK), 'the sandbox uid maps to the host root'; "
+    "assert ctypes.CDLL(None).unshare(0x20000) == 0, "
+    "'no mount namespace per task (CAP_SYS_ADMIN in the sandbox)'"
 )
+# Kept by the zygote only, in the sandbox's own user namespace (never the host's): it gives each task a
+# PID and mount namespace, a tmpfs and a /proc of its own, then the child drops every capability.
+ZYGOTE_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 
 class SandboxError(RuntimeError):
@@ -152,39 +160,18 @@ def _system_binds() -> list[str]:
     return args
 
 
-def _proc_covers() -> list[str]:
-    """Hide the kernel knobs of the fresh /proc. When the worker runs as root the sandbox's uid maps
-    to root outside, and file permissions alone would let it write /proc/sys (core_pattern,
-    modprobe: a way out of the sandbox) or the files below; bubblewrap's own cover skips /proc/sys
-    because the directory itself is not writable."""
-    args: list[str] = []
-    for directory in ("sys", "irq", "bus", "pressure", "acpi", "scsi", "fs", "driver"):
-        if os.path.isdir(f"/proc/{directory}"):
-            args += ["--tmpfs", f"/proc/{directory}", "--remount-ro", f"/proc/{directory}"]
-    for name in (
-        "sysrq-trigger",
-        "mtrr",
-        "kcore",
-        "kmsg",
-        "kpagecount",
-        "kpageflags",
-        "kpagecgroup",
-        "timer_list",
-    ):
-        if os.path.exists(f"/proc/{name}"):
-            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
-    return args
-
-
 def bwrap_prefix(settings: SandboxSettings, bwrap: str) -> tuple[str, ...]:
     """The bubblewrap command line up to (not including) the interpreter."""
     args = [*_launcher(interpreter()), bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     args += ["--die-with-parent", "--new-session", "--as-pid-1"]
     if settings.allow_network:
         args.append("--share-net")
-    args += ["--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    args += ["--cap-drop", "ALL", *[a for cap in ZYGOTE_CAPS for a in ("--cap-add", cap)]]
+    args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     args += _system_binds() + _interpreter_binds(interpreter())
-    args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
+    # The zygote's /proc stays whole (the kernel lets a task mount its own /proc only then); each
+    # task's fresh /proc gets the covers (reward_models.sandbox_zygote.PROC_DIRS / PROC_FILES).
+    args += ["--proc", "/proc", "--dev", "/dev"]
     if _supports_size(bwrap):  # bubblewrap >= 0.8; older ones give /tmp the kernel's default size
         args += ["--size", str(settings.tmpfs_mb * 2**20)]
     args += ["--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]

@@ -9,16 +9,24 @@ tests and say "finished"). When the child exits, or when the harness says "kill"
 every other process it can see, reaps them, wipes the scratch directory and reports the child's exit
 status and the tail of its stderr.
 
-Under bubblewrap the zygote is PID 1 of its PID namespace (``--as-pid-1``): a program inside cannot
-signal it (the kernel drops signals to a namespace's init that it has no handler for), and it is not
-dumpable, so same-uid programs cannot ptrace it or open its ``/proc/1/fd``. Killing "everything but
-me" is then ``kill(-1, SIGKILL)``, which no double-fork or ``setsid`` escapes.
+Under bubblewrap the zygote is PID 1 of its PID namespace (``--as-pid-1``) and keeps two
+capabilities of the sandbox's own user namespace (``CAP_SYS_ADMIN``, ``CAP_SETPCAP``; nothing of the
+host's) for one purpose: every task starts from nothing. The child is created with ``clone(CLONE_NEWPID
+| CLONE_NEWNS)``: it is PID 1 of a PID namespace of its own (its pids, ``/proc/loadavg`` and
+``/proc/1`` are the same in every task; when it exits the kernel kills whatever it left), and in a
+mount namespace of its own it gets a fresh tmpfs as ``/tmp`` (made by the zygote with ``fsopen``,
+sized, with an inode limit: inode numbers start over, nothing of an earlier task is on it) and a fresh
+``/proc`` holding its processes only (no kernel knobs, no machine-wide counters). Then it drops every capability
+(bounding, ambient, effective, permitted; securebits locked), sets ``no_new_privs`` and installs the
+seccomp filter before any program code runs. The program cannot see the zygote (another PID
+namespace), signal it or ptrace it (it is not dumpable). ``kill(-1, SIGKILL)`` from the zygote still
+removes every process a program left.
 """
 
 from pathlib import Path
 
 _BODY = r'''
-import builtins, json, os, resource, select, signal, socket, stat, struct, sys, traceback, types
+import builtins, json, os, random, resource, select, signal, socket, stat, struct, sys, traceback, types
 import ctypes
 CFG = json.loads(sys.argv[1])
 for _name in ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
@@ -28,6 +36,7 @@ for _name in ("math", "re", "collections", "itertools", "functools", "heapq", "b
 CTRL = socket.socket(fileno=CFG["ctrl_fd"])
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd by the programs
 PID1 = os.getpid() == 1
+FRESH = bool(CFG.get("fresh_namespaces")) and PID1  # a PID + mount namespace and a new tmpfs per task
 SCRATCH = CFG["scratch"]
 OUT = os.path.join(SCRATCH, ".output")
 HEADER = struct.Struct(">I")
@@ -70,8 +79,8 @@ def count_tasks(uid):
     return total
 
 
-def set_limits(lim):
-    nproc = count_tasks(os.getuid()) + lim["extra_processes"]  # threads count too
+def set_limits(lim, tasks):
+    nproc = tasks + lim["extra_processes"]  # threads count too
     for name, value in (("RLIMIT_AS", lim["memory_bytes"]), ("RLIMIT_CPU", lim["cpu_s"]),
                         ("RLIMIT_FSIZE", lim["file_bytes"]), ("RLIMIT_CORE", 0),
                         ("RLIMIT_NOFILE", lim["open_files"]), ("RLIMIT_NPROC", nproc)):
@@ -82,10 +91,12 @@ def set_limits(lim):
 
 SYSCALLS = {
     "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+                            "socket": 41, "socketpair": 53, "capset": 126,
                             "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "memfd_create": 319,
                             "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308,
                             "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
     "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281, "shmget": 194, "semget": 190,
+                             "socket": 198, "socketpair": 199, "capset": 91,
                              "msgget": 186, "mq_open": 180, "memfd_create": 279, "add_key": 217,
                              "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268,
                              "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
@@ -99,22 +110,32 @@ NO_KEEPERS = ("shmget", "semget", "msgget", "mq_open", "memfd_create", "add_key"
 NO_PROCESSES = ("fork", "vfork", "execve", "execveat")
 CLONE_THREAD = 0x10000
 CLONE_NEW_NAMESPACES = 0x7E020080  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 
 
-def seccomp_program(deny_processes):
+def seccomp_program(deny_processes, network):
     """A seccomp filter: no IPC objects, memfds, keyrings, namespaces (``unshare``, ``setns``, ``clone``
-    with a CLONE_NEW* flag) or io_uring; with ``deny_processes`` also no fork / vfork / exec and clone
-    only for threads. ``clone3`` (whose flags a filter cannot read) answers ENOSYS, so the C library
-    falls back to ``clone``. It holds whatever uid the program runs as. Built once, installed in each
-    child."""
+    with a CLONE_NEW* flag) or io_uring; sockets of ``AF_UNIX`` only (``AF_INET`` / ``AF_INET6`` too
+    with ``network``; never ``AF_VSOCK``, netlink, packet, ...: a vsock port space is shared by every
+    sandbox of the machine), others answer EAFNOSUPPORT; with ``deny_processes`` also no fork / vfork
+    / exec and clone only for threads. ``clone3`` (whose flags a filter cannot read) answers ENOSYS, so
+    the C library falls back to ``clone``. It holds whatever uid the program runs as. Built once,
+    installed in each child."""
     arch, nrs = SYSCALLS[os.uname().machine]
-    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+    allow, eperm, enosys, eafnosupport, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x00050061, 0x80000000
     prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), (0x20, 0, 0, 0),
             (0x35, 0, 1, 0x40000000), (0x06, 0, 0, kill)]
     for name in NO_KEEPERS + (NO_PROCESSES if deny_processes else ()):
         if name in nrs:
             prog += [(0x15, 0, 1, nrs[name]), (0x06, 0, 0, eperm)]
     prog += [(0x15, 0, 1, 435), (0x06, 0, 0, enosys)]
+    families = (AF_UNIX, AF_INET, AF_INET6) if network else (AF_UNIX,)
+    for name in ("socket", "socketpair"):  # load the family (args[0]); the accumulator is the nr again after
+        block = [(0x20, 0, 0, 16)]
+        for family in families:
+            block += [(0x15, 0, 1, family), (0x06, 0, 0, allow)]
+        block.append((0x06, 0, 0, eafnosupport))
+        prog += [(0x15, 0, len(block), nrs[name]), *block]
     # clone: load the flags (args[0], low 32 bits); namespaces never, processes only when allowed
     branch = [(0x20, 0, 0, 16), (0x45, 0, 1, CLONE_NEW_NAMESPACES), (0x06, 0, 0, eperm)]
     if deny_processes:
@@ -132,12 +153,13 @@ def seccomp_program(deny_processes):
     return Program(len(prog), filters), filters
 
 
-SECCOMP = {deny: seccomp_program(deny) for deny in (False, True)}
+SECCOMP = {(deny, net): seccomp_program(deny, net) for deny in (False, True) for net in (False, True)}
 LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.syscall.restype = ctypes.c_long
 
 
-def install_filter(deny_processes):
-    program = SECCOMP[deny_processes][0]
+def install_filter(deny_processes, network):
+    program = SECCOMP[deny_processes, network][0]
     if LIBC.prctl(38, 1, 0, 0, 0) != 0 or LIBC.prctl(22, 2, ctypes.byref(program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
@@ -168,6 +190,22 @@ def callables(namespace):
     return names, own
 
 
+def listing(names, own, budget):
+    """The names for the supervisor, within its size limit: the program's own first, then imported
+    ones (``from math import *``) while they fit."""
+    own_names = set(own)
+    kept, kept_own, size = [], [], 0
+    for name in own + [n for n in names if n not in own_names]:
+        cost = (len(json.dumps(name)) + 1) * (2 if name in own_names else 1)
+        if size + cost > budget:
+            break
+        size += cost
+        kept.append(name)
+        if name in own_names:
+            kept_own.append(name)
+    return {"defined": kept, "own": kept_own}
+
+
 def answer(namespace, call):
     try:
         args = [from_plain(arg) for arg in call["args"]]  # one by one: what came out can go back in
@@ -194,7 +232,7 @@ def run_fn(sock, task):
         send_frame(sock, {"error": describe(exc)})
         return
     names, own = callables(namespace)
-    send_frame(sock, {"defined": names, "own": own})
+    send_frame(sock, listing(names, own, CFG.get("listing_bytes", 65536) - 64))
     while (call := recv_frame(sock)) is not None:
         body = answer(namespace, call)
         sock.sendall(HEADER.pack(len(body)) + body)
@@ -230,22 +268,28 @@ def run_inproc(sock, task):
 MODES = {"fn": run_fn, "io": run_io, "inproc": run_inproc}  # "harness": run_harness, its own protocol
 
 
-def child(task, fd):
+def child(task, fd, fresh_tmp, out, tasks):
     code = 0
     try:
         os.setsid()
         CTRL.close()
+        if fresh_tmp is not None:
+            enter_fresh_namespaces(fresh_tmp)
         workdir = os.path.join(SCRATCH, "work")
         os.chdir(workdir)
-        out = os.open(OUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if out is None:
+            out = os.open(OUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         null = os.open("/dev/null", os.O_RDWR)
         for target, source in ((0, null), (1, out), (2, out)):
             os.dup2(source, target)
         os.close(out)
         os.close(null)
         sock = socket.socket(fileno=fd)
-        set_limits(task["limits"])
-        install_filter(deny_processes=not task["limits"]["subprocess"])
+        if fresh_tmp is not None:
+            drop_capabilities()
+            random.seed()  # what os.fork's hooks do; clone() skips them
+        set_limits(task["limits"], tasks)
+        install_filter(not task["limits"]["subprocess"], task["limits"].get("network", False))
         if hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(0)  # the program's own CPU time: behave like an unlimited int
         if task["mode"] == "harness":
@@ -260,6 +304,74 @@ def child(task, fd):
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def must(result, what):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+    return result
+
+
+def syscall(nr, *args):
+    return LIBC.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+
+
+# The new mount API (same numbers on every architecture): the zygote makes each task's tmpfs detached,
+# the child attaches it as /tmp in its own mount namespace.
+FSOPEN, FSCONFIG, FSMOUNT, MOVE_MOUNT = 430, 431, 432, 429
+CLONE_NEWNS, CLONE_NEWPID, SIGCHLD = 0x20000, 0x20000000, 17
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+if FRESH:
+    must(LIBC.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")  # a mount namespace the zygote may change
+    must(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    TMPFS = [(b"size", str(CFG["tmpfs_bytes"]).encode()), (b"nr_inodes", str(CFG["tmpfs_inodes"]).encode()),
+             (b"mode", b"0700")]
+    CLONE = {"x86_64": 56, "aarch64": 220}[os.uname().machine]
+
+
+def fresh_tmpfs():
+    """A new, detached tmpfs holding ``work/`` and the task's output file; (mount fd, output fd)."""
+    fs = must(syscall(FSOPEN, b"tmpfs", 1), "fsopen tmpfs")  # FSOPEN_CLOEXEC
+    try:
+        for key, value in TMPFS:
+            must(syscall(FSCONFIG, fs, 1, key, value, 0), "fsconfig")  # FSCONFIG_SET_STRING
+        must(syscall(FSCONFIG, fs, 6, None, None, 0), "fsconfig create")  # FSCONFIG_CMD_CREATE
+        mnt = must(syscall(FSMOUNT, fs, 1, 0x2 | 0x4), "fsmount")  # MOUNT_ATTR_NOSUID | NODEV
+    finally:
+        os.close(fs)
+    os.mkdir("work", 0o700, dir_fd=mnt)
+    out = os.open(".output", os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600, dir_fd=mnt)
+    return mnt, out
+
+
+def enter_fresh_namespaces(mnt):
+    """In the new child (PID 1 of a new PID namespace, in a new mount namespace): the task's tmpfs as
+    /tmp and a fresh /proc of its PID namespace holding processes only (``subset=pid``: no kernel
+    knobs, no machine-wide counters such as the forks since boot in ``/proc/stat``, which a program
+    could move and read back in a later task)."""
+    must(syscall(MOVE_MOUNT, mnt, b"", -100, b"/tmp", 4), "move_mount /tmp")  # MOVE_MOUNT_F_EMPTY_PATH
+    os.close(mnt)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    must(LIBC.mount(b"proc", b"/proc", b"proc", flags, b"subset=pid"), "mount /proc")
+
+
+def drop_capabilities():
+    """No capability left, none to regain: securebits locked, bounding and ambient sets emptied, then
+    effective / permitted / inheritable cleared (the program's uid is not 0 anyway)."""
+    # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS, NO_CAP_AMBIENT_RAISE, each locked
+    must(LIBC.prctl(28, 0xEF, 0, 0, 0), "securebits")
+    must(LIBC.prctl(47, 4, 0, 0, 0), "ambient clear")  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    cap = 0
+    while LIBC.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP until EINVAL (past the last capability)
+        cap += 1
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    must(syscall(SYSCALLS[os.uname().machine][1]["capset"], header, data), "capset")
+
+
+def clone_task():
+    """fork(), but the child is PID 1 of a new PID namespace in a new mount namespace."""
+    return must(syscall(CLONE, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0), "clone")
 
 
 def kill_child(pid):
@@ -284,10 +396,11 @@ def kill_rest(pid):
             return
 
 
-def output_tail(limit):
-    """The tail of the task's output file; never blocks on, or follows, what the program put there."""
+def output_tail(limit, fd=None):
+    """The tail of the task's output file (``fd``: the one the zygote made; else found by name, never
+    blocking on, or following, what the program put there)."""
     try:
-        fd = os.open(OUT, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(OUT, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK) if fd is None else os.dup(fd)
     except OSError:
         return ""
     try:
@@ -338,23 +451,14 @@ def wipe(path):
         os.close(fd)
 
 
-BASELINE = []
-
-
 def fresh_scratch():
     """Empty the scratch directory and make the next work dir, then prove it: nothing but the work
-    dir is left and (on the sandbox's own tmpfs) every block and inode is free again. False when the
-    program's leftovers resist (the harness then replaces this whole sandbox)."""
+    dir is left. False when the program's leftovers resist (the harness then replaces this whole
+    sandbox). Only for the ``none`` backend: under bubblewrap each task has a tmpfs of its own."""
     try:
         wipe(SCRATCH)
         os.mkdir(os.path.join(SCRATCH, "work"))
-        if os.listdir(SCRATCH) != ["work"] or os.listdir(os.path.join(SCRATCH, "work")):
-            return False
-        if CFG.get("verify_free"):
-            usage = os.statvfs(SCRATCH)
-            BASELINE[:] = BASELINE or [usage.f_bfree, usage.f_ffree]
-            return [usage.f_bfree, usage.f_ffree] == BASELINE
-        return True
+        return os.listdir(SCRATCH) == ["work"] and not os.listdir(os.path.join(SCRATCH, "work"))
     except (OSError, RecursionError):
         return False
 
@@ -377,9 +481,33 @@ def supervise(pid):
     return os.waitstatus_to_exitcode(status)
 
 
+def self_test():
+    """One task's setup, once at start: a kernel that refuses any of it stops the sandbox from starting
+    (an error of the environment) instead of failing every program."""
+    mnt, out = fresh_tmpfs()
+    pid = clone_task()
+    if pid == 0:
+        try:
+            enter_fresh_namespaces(mnt)
+            drop_capabilities()
+            ok = os.getpid() == 1 and sorted(os.listdir("/tmp")) == [".output", "work"]
+            ok = ok and os.listdir("/proc")
+            os._exit(0 if ok else 1)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+    os.close(mnt)
+    os.close(out)
+    if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+        sys.stderr.write("sandbox zygote: a task cannot get its own namespaces here\n")
+        os._exit(125)
+
+
 def serve():
     if not fresh_scratch():
         os._exit(125)
+    if FRESH:
+        self_test()
     CTRL.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         message, fds, _, _ = socket.recv_fds(CTRL, 65536, 1)
@@ -390,14 +518,26 @@ def serve():
             for fd in fds:
                 os.close(fd)
             continue  # a "kill" that arrived after its task had ended
-        pid = os.fork()
+        fresh_tmp = out = None
+        try:
+            tasks = count_tasks(os.getuid())  # in the zygote's /proc: RLIMIT_NPROC counts them all
+            if FRESH:
+                fresh_tmp, out = fresh_tmpfs()
+            pid = clone_task() if FRESH else os.fork()
+        except OSError:
+            traceback.print_exc()
+            os._exit(124)  # the sandbox cannot make a task: the harness replaces it (its error)
         if pid == 0:
-            child(task, fds[0])
+            child(task, fds[0], fresh_tmp, out, tasks)
         os.close(fds[0])
+        if fresh_tmp is not None:
+            os.close(fresh_tmp)
         code = supervise(pid)
         kill_rest(pid)
-        reply = {"done": task["seq"], "exit": code, "output": output_tail(task["output_bytes"])}
-        clean = fresh_scratch()
+        reply = {"done": task["seq"], "exit": code, "output": output_tail(task["output_bytes"], out)}
+        if out is not None:
+            os.close(out)  # the task's tmpfs goes with its last reference
+        clean = True if FRESH else fresh_scratch()
         reply["clean"] = clean
         try:
             CTRL.send(json.dumps(reply).encode())

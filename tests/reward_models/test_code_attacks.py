@@ -192,8 +192,8 @@ def test_writes_do_not_reach_the_host(tmp_path: Path) -> None:
 )
 def test_database_and_network_are_unreachable(family: str, address: object) -> None:
     found = probe(
-        f"s = socket.socket(socket.{family}, socket.SOCK_STREAM)\ns.settimeout(1)\n"
-        f"try:\n    s.connect({address!r})\nexcept OSError:\n    return None\nreturn 'CONNECTED'\n"
+        f"try:\n    s = socket.socket(socket.{family}, socket.SOCK_STREAM)\n    s.settimeout(1)\n"
+        f"    s.connect({address!r})\nexcept OSError:\n    return None\nreturn 'CONNECTED'\n"
     )
     assert found is None
 

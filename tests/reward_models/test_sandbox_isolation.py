@@ -279,3 +279,218 @@ def test_reference_code_runs_unprivileged_apart_from_the_program() -> None:
     )
     result = score(answer, {"tests": tests})
     assert result.details["verdict"] == "passed", result.details
+
+
+# --- counters of the long-lived zygote: every task starts from the same state (issue 19, round 2) -------
+
+STATE = r"""
+import os, threading
+def state():
+    got = {'pid': os.getpid()}
+    tids = []
+    t = threading.Thread(target=lambda: tids.append(threading.get_native_id()))
+    t.start()
+    t.join()
+    got['thread'] = tids[0]
+    fd = os.open('new-file', os.O_CREAT | os.O_WRONLY, 0o600)
+    got['ino'] = [os.fstat(fd).st_ino, os.stat('/tmp').st_ino, os.stat('.').st_ino]
+    os.close(fd)
+    os.unlink('new-file')
+    usage = os.statvfs('/tmp')
+    got['tmp'] = [usage.f_ffree, usage.f_bfree]
+    times = []
+    for pid in ('1', 'self'):
+        try:
+            with open(f'/proc/{pid}/stat') as fh:
+                times.append(fh.read().rsplit(')', 1)[1].split()[13:15])  # cutime, cstime
+        except OSError as exc:
+            times.append(type(exc).__name__)
+    got['children_times'] = [times, os.times()[2:4]]
+    got['proc'] = sorted(os.listdir('/proc'))[:12]
+    for name in ('loadavg', 'stat', 'uptime'):  # last pid; forks since boot; time since boot
+        got[name] = os.path.exists('/proc/' + name)
+    return got
+"""
+
+MOVER = r"""
+import os, threading, time
+def move():
+    for _ in range(300):  # pids, tids
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+    for i in range(300):  # inode numbers
+        fd = os.open(f'f{i}', os.O_CREAT | os.O_WRONLY)
+        os.close(fd)
+        os.unlink(f'f{i}')
+    start = time.process_time()
+    while time.process_time() - start < 0.3:  # the zygote's cutime, once it reaps this task
+        pass
+    return 0
+"""
+
+
+def _state_of_both() -> str:
+    """What the program and the tests see of the sandbox state, as the failure message."""
+    tests = STATE + "R = (state(), probe())\nassert False, repr(R)\n"
+    result = score(STATE + "probe = state\n", {"tests": tests})
+    assert result.details["verdict"] == "failed", result.details
+    return result.details["reason"]
+
+
+def test_every_task_starts_from_the_same_state_whatever_the_last_one_did() -> None:
+    before = _state_of_both()
+    for _ in range(2):
+        moved = score(MOVER, {"tests": MOVER + "assert move() == 0\nmove()\nassert False\n"})
+        assert moved.details["verdict"] == "failed", moved.details
+        assert _state_of_both() == before  # pid, tids, inode numbers, children's CPU time, /proc
+
+
+
+
+def _pid_learner() -> str:
+    """learn_pid.py's learner: never solves the task, keeps its state in the next task's pid."""
+    return r'''
+import os, threading
+M, K, N = 1000, 5, 3
+def _states():
+    out, frontier = [], [()]
+    for n in range(N + 1):
+        nxt = []
+        for known in frontier:
+            for g in range(K):
+                out.append((known, g))
+            nxt += [known + (a,) for a in range(K)]
+        frontier = nxt
+    return out
+STATES = _states()
+def decode(s):
+    return STATES[s - 1] if 1 <= s <= len(STATES) else ((), 0)
+def encode(known, guess):
+    return 1 + STATES.index((tuple(known), guess % K))
+def set_state(s):
+    def rec():
+        LAST[0] = threading.get_native_id()
+    while (LAST[0] + 1) % M != s:
+        t = threading.Thread(target=rec)
+        t.start()
+        t.join()
+LAST = [os.getpid()]
+KNOWN, GUESS = decode(os.getpid() % M)
+KNOWN = list(KNOWN)
+def solve(i):
+    global GUESS
+    if i > len(KNOWN):
+        KNOWN.append(GUESS)
+        GUESS = 0
+    if i < len(KNOWN):
+        ans = KNOWN[i]
+        set_state(encode(KNOWN, GUESS))
+    else:
+        ans = GUESS
+        set_state(encode(KNOWN, GUESS + 1))
+    return ans
+'''
+
+
+def test_a_program_cannot_learn_across_samples_through_the_pid_counter() -> None:
+    tests = "assert solve(0) == 3\nassert solve(1) == 1\nassert solve(2) == 4\n"
+    values = [score(_pid_learner(), {"tests": tests}).value for _ in range(16)]
+    assert values == [0.0] * 16  # blind guessing: the same first guess, wrong, every time
+
+
+CAPS = r"""
+import ctypes, errno, os
+def caps():
+    with open('/proc/self/status') as fh:
+        fields = dict(line.split(':', 1) for line in fh if ':' in line)
+    got = {k: fields[k].strip() for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs')}
+    libc = ctypes.CDLL(None, use_errno=True)
+    ctypes.set_errno(0)
+    got['mount'] = (libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())
+    ctypes.set_errno(0)
+    got['unshare'] = (libc.unshare(0x20000), ctypes.get_errno())
+    want = {k: '0000000000000000' for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')}
+    want.update(NoNewPrivs='1', mount=(-1, errno.EPERM), unshare=(-1, errno.EPERM))
+    return None if got == want else got
+"""
+
+
+def test_neither_the_program_nor_the_tests_hold_a_capability_or_can_mount() -> None:
+    tests = CAPS + "assert caps() is None, caps()\nassert probe() is None, probe()\n"
+    result = score(CAPS + "probe = caps\n", {"tests": tests})
+    assert result.details["verdict"] == "passed", result.details
+
+
+# --- sockets: AF_UNIX only (AF_INET / AF_INET6 with allow_network) --------------------------------------
+
+SOCKETS = r"""
+import socket
+def sockets():
+    made = {}
+    for name in ('AF_VSOCK', 'AF_NETLINK', 'AF_PACKET', 'AF_INET', 'AF_INET6', 'AF_ALG', 'AF_BLUETOOTH'):
+        family = getattr(socket, name, None)
+        if family is None:
+            continue
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW):
+            try:
+                socket.socket(family, kind).close()
+                made.setdefault(name, []).append(int(kind))
+            except OSError:
+                pass
+        try:
+            a, b = socket.socketpair(family)
+            made.setdefault(name, []).append('pair')
+        except OSError:
+            pass
+    a, b = socket.socketpair(socket.AF_UNIX)  # still works
+    return made
+"""
+
+
+def test_only_unix_sockets_can_be_made_in_either_sandbox() -> None:
+    tests = SOCKETS + "assert sockets() == {}, sockets()\nassert probe() == {}, probe()\n"
+    result = score(SOCKETS + "probe = sockets\n", {"tests": tests})
+    assert result.details["verdict"] == "passed", result.details
+
+
+def test_a_vsock_port_is_not_shared_between_the_tests_and_the_program() -> None:
+    bind = (
+        "import errno, socket\ndef hold():\n    try:\n"
+        "        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n"
+        "        s.bind((socket.VMADDR_CID_ANY, 40555))\n        s.listen(1)\n        return s\n"
+        "    except OSError as exc:\n"
+        "        return 'refused' if exc.errno == errno.EAFNOSUPPORT else repr(exc)\n"
+    )  # the machine's vsock port space is one for every sandbox: a channel between them
+    tests = bind + "held = hold()\nR = probe()\nassert held == 'refused' and R == 'refused', (held, R)\n"
+    result = score(bind + "def probe():\n    return str(hold())\n", {"tests": tests})
+    assert result.details["verdict"] == "passed", result.details
+
+
+def test_with_allow_network_the_program_gets_inet_sockets_but_still_no_vsock() -> None:
+    tests = "R = probe()\nassert 'AF_INET' in R and 'AF_VSOCK' not in R and 'AF_NETLINK' not in R, R\n"
+    with checkout(SandboxSettings(allow_network=True)) as sandbox:
+        answer = SOCKETS + "probe = sockets\n"
+        outcome = run_function_tests(sandbox, SandboxLimits(timeout_s=10.0), answer, tests, None)
+    assert outcome.verdict == "passed", outcome.reason
+
+
+# --- inodes: a task may not pin unbounded kernel memory in empty files --------------------------------
+
+INODES = r"""
+import os
+def flood():
+    for i in range(20_000):
+        try:
+            os.close(os.open(f'{i:08d}', os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError as exc:
+            return [i, exc.errno]
+    return [20_000, 0]
+"""
+
+
+def test_a_task_cannot_create_more_files_than_its_inode_limit() -> None:
+    result = score(INODES, {"tests": "R = flood()\nassert R[0] < 10_000 and R[1] == 28, R\n"})  # ENOSPC
+    assert result.details["verdict"] == "passed", result.details
+    again = score(INODES, {"tests": "R = flood()\nassert 8_000 < R[0] < 10_000, R\n"})  # all free again
+    assert again.details["verdict"] == "passed", again.details
