@@ -11,7 +11,7 @@ restricts sampling to a set of tokens. Streaming and ``n > 1`` are refused (400)
 
 The model is any local Hugging Face directory (``--model DIR``) or the tiny random model of
 ``trainer.worker.tiny_model_config`` (``--tiny``). A directory without tokenizer files, and the tiny
-model, use ``ByteTokenizer`` (one token per UTF-8 byte) with a ChatML-like template; assistant tool calls
+model, use ``AsciiTokenizer`` (one token per ASCII character) with a ChatML-like template; assistant tool calls
 are written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and parsed back out of a
 completion into ``message.tool_calls`` (the Hermes convention vLLM's tool parsers read).
 """
@@ -36,19 +36,35 @@ _SPECIALS = 3
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-class ByteTokenizer:
-    """One token per UTF-8 byte after PAD / BOS / EOS (``vocab_size`` 259); no download needed."""
+class AsciiTokenizer:
+    """PAD / BOS / EOS, then one token per character of tab, newline and printable ASCII (``vocab_size``
+    100); no download needed. Any other character encodes as ``?``. Special tokens decode to their text
+    (``<pad>``, ``<s>``, ``<|im_end|>``) and that text encodes back to them, as a real tokenizer's
+    special tokens do: a completion's text round-trips to its exact ids."""
 
-    pad_token_id, bos_token_id, eos_token_id, vocab_size = PAD, BOS, EOS, _SPECIALS + 256
+    pad_token_id, bos_token_id, eos_token_id = PAD, BOS, EOS
+    alphabet = "\t\n" + "".join(chr(c) for c in range(32, 127))
+    vocab_size = _SPECIALS + len(alphabet)
+    _special_text = {PAD: "<pad>", BOS: "<s>", EOS: "<|im_end|>"}
+    _special_re = re.compile("(" + "|".join(re.escape(t) for t in _special_text.values()) + ")")
 
     def encode(self, text: str) -> list[int]:
-        return [_SPECIALS + b for b in text.encode()]
+        specials = {t: i for i, t in self._special_text.items()}
+        ids: list[int] = []
+        for part in self._special_re.split(text):
+            if part in specials:
+                ids.append(specials[part])
+            else:
+                ids += [_SPECIALS + self.alphabet.index(c if c in self.alphabet else "?") for c in part]
+        return ids
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i - _SPECIALS for i in ids if i >= _SPECIALS).decode(errors="replace")
+        return "".join(self.token_text(i) for i in ids)
 
     def token_text(self, token: int) -> str:
-        return {PAD: "<pad>", BOS: "<s>", EOS: "<|im_end|>"}.get(token) or self.decode([token])
+        if token in self._special_text:
+            return self._special_text[token]
+        return self.alphabet[token - _SPECIALS] if 0 <= token - _SPECIALS < len(self.alphabet) else "?"
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         """BOS, a tools preamble when ``tools``, then ``<|im_start|>role\\n`` + body + EOS + ``\\n`` per
@@ -121,7 +137,7 @@ class Engine:
         self.lock = threading.Lock()
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
-        if isinstance(self.tokenizer, ByteTokenizer):
+        if isinstance(self.tokenizer, AsciiTokenizer):
             return self.tokenizer.render(messages, tools)
         return list(self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                        tokenize=True))
@@ -134,7 +150,7 @@ class Engine:
             return list(prompt)
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
-            return [BOS] + ids if isinstance(self.tokenizer, ByteTokenizer) else list(ids)
+            return [BOS] + ids if isinstance(self.tokenizer, AsciiTokenizer) else list(ids)
         raise BadRequest("prompt: a string or a non-empty list of token ids")
 
     @torch.no_grad()
@@ -258,7 +274,9 @@ def completion(engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
     params = sampling_params(body, engine.model.config.vocab_size)
     prompt = engine.encode(body.get("prompt"))
     gen = engine.generate(prompt, params)
-    choice: dict[str, Any] = {"index": 0, "text": engine.tokenizer.decode(gen.tokens), "logprobs": None,
+    eos = engine.tokenizer.eos_token_id
+    choice: dict[str, Any] = {"index": 0, "text": engine.tokenizer.decode([t for t in gen.tokens if t != eos]),
+                              "logprobs": None,
                               "finish_reason": gen.finish_reason}
     if body.get("logprobs") is not None and body.get("logprobs") is not False:
         choice["logprobs"] = {"tokens": [_token_text(engine, t) for t in gen.tokens],
@@ -271,7 +289,7 @@ def completion(engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
 
 def _token_text(engine: Engine, token: int) -> str:
     tok = engine.tokenizer
-    return tok.token_text(token) if isinstance(tok, ByteTokenizer) else tok.decode([token])
+    return tok.token_text(token) if isinstance(tok, AsciiTokenizer) else tok.decode([token])
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -326,26 +344,26 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 
 
 def tiny_model(seed: int = 0) -> Any:
-    """The tiny random Qwen2-style model sized for ``ByteTokenizer`` (fp32, the same weights per seed)."""
+    """The tiny random Qwen2-style model sized for ``AsciiTokenizer`` (fp32, the same weights per seed)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainer.worker import tiny_model_config
 
-    params = tiny_model_config(vocab_size=ByteTokenizer.vocab_size)
+    params = tiny_model_config(vocab_size=AsciiTokenizer.vocab_size)
     config = AutoConfig.for_model(params.pop("model_type"), **params)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def load_engine(model: str | None, seed: int = 0, policy_version: int | None = None) -> Engine:
-    """``model`` a local HF directory (its tokenizer when it has one, else ``ByteTokenizer``), or None for
+    """``model`` a local HF directory (its tokenizer when it has one, else ``AsciiTokenizer``), or None for
     the tiny random model."""
     if model is None:
-        return Engine(tiny_model(seed), ByteTokenizer(), "tiny", policy_version)
+        return Engine(tiny_model(seed), AsciiTokenizer(), "tiny", policy_version)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(model)
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-    tokenizer = AutoTokenizer.from_pretrained(path) if has_tokenizer else ByteTokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(path) if has_tokenizer else AsciiTokenizer()
     return Engine(lm, tokenizer, path.name, policy_version)

@@ -10,8 +10,9 @@ import httpx
 import openai
 import pytest
 
+from rollout.infer import AsciiTokenizer
 from tests.service.sessions.upstreams import (
-    ASCII_AND_EOS,
+    LETTERS_AND_EOS,
     Upstream,
     recompute_logprobs,
     save_tiny_model,
@@ -51,14 +52,14 @@ def test_chat_returns_prompt_and_completion_ids_with_the_trainers_logprobs(upstr
 
 def test_completions_take_token_ids_and_give_them_back(upstream: Upstream) -> None:
     client = openai.OpenAI(base_url=upstream.url, api_key="unused")
-    prompt = [1, 3 + ord("h"), 3 + ord("i")]
+    prompt = [1, *AsciiTokenizer().encode("hi")]
     answer = client.completions.create(
         model="tiny", prompt=prompt, max_tokens=5, logprobs=1, seed=1,
-        extra_body={"return_token_ids": True, "allowed_token_ids": ASCII_AND_EOS},
+        extra_body={"return_token_ids": True, "allowed_token_ids": LETTERS_AND_EOS},
     ).model_dump()
     choice = answer["choices"][0]
     assert choice["prompt_token_ids"] == prompt
-    assert set(choice["token_ids"]) <= set(ASCII_AND_EOS)
+    assert set(choice["token_ids"]) <= set(LETTERS_AND_EOS)
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
 
 
@@ -84,3 +85,9 @@ def test_tool_calls_are_parsed_from_the_hermes_block() -> None:
     assert content == "hi" and calls[0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
     content, calls = parse_tool_calls("<tool_call>not json</tool_call>")
     assert calls == [] and content == "<tool_call>not json</tool_call>"
+
+
+def test_the_tiny_tokenizer_round_trips_every_id_sequence_through_text() -> None:
+    tok = AsciiTokenizer()
+    ids = list(range(tok.vocab_size)) * 2
+    assert tok.encode(tok.decode(ids)) == ids

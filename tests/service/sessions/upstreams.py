@@ -61,8 +61,8 @@ def stop(upstream: Upstream) -> None:
             upstream.kill()
 
 
-# printable ASCII and EOS: a random model's text then round-trips through JSON and the template exactly
-ASCII_AND_EOS = [2] + [3 + b for b in range(32, 127)]
+# EOS and the letters a-e (rollout.infer.AsciiTokenizer ids): a restricted sampling set
+LETTERS_AND_EOS = [2] + [3 + 2 + (ord(c) - 32) for c in "abcde"]
 
 
 def recompute_logprobs(model_dir: Path, token_ids: list[int], temperature: float = 1.0) -> list[float]:
