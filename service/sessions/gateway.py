@@ -51,9 +51,9 @@ def check_body(kind: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("body: a JSON object")
     if body.get("stream"):
-        raise BadRequest("stream: the gateway does not stream; send stream: false (docs/agents.md)")
+        raise BadRequest("stream: the gateway does not stream; send stream: false (docs/agents.md)", status_code=400)
     if body.get("n", 1) != 1:
-        raise BadRequest("n: one completion per call (a session is one trajectory)")
+        raise BadRequest("n: one completion per call (a session is one trajectory)", status_code=400)
     if kind == "chat" and not isinstance(body.get("messages"), list):
         raise BadRequest("messages: a list of messages")
     if kind == "completions" and "prompt" not in body:
