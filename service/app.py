@@ -26,6 +26,7 @@ from service.sampling import router as sampling
 from service.scoring import rescore_router
 from service.scoring import router as scoring
 from service.scoring.path_key import PathKeyMiddleware
+from service.sessions import router as sessions
 from service.settings import Settings, get_settings
 from service.specs import router as specs
 from service.stats import router as stats
@@ -46,6 +47,7 @@ ROUTERS = (
     policy.router,
     rescore_router.router,
     sampling.router,
+    sessions.router,
     specs.router,
     stats.router,
 )

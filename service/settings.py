@@ -92,6 +92,17 @@ class Settings(BaseSettings):
     # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
     judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
     worker_metrics_port: int | None = None  # a score worker serves its Prometheus metrics here when set
+    # agent sessions (service.sessions): the upstream inference servers (one URL or a comma-separated list,
+    # each ending in /v1; sticky per session), a call's deadline (retries with backoff inside it), per-session
+    # limits (calls -> max_turns, prompt + completion tokens -> length, wall time -> timeout) and how long a
+    # group waits for its missing sessions
+    inference_url: str = ""
+    session_call_timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    session_retry_base_s: float = Field(default=0.2, gt=0, allow_inf_nan=False)
+    session_max_calls: int = Field(default=64, ge=1)
+    session_max_tokens: int = Field(default=131_072, ge=1)
+    session_max_seconds: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    session_group_deadline_s: float = Field(default=7200.0, gt=0, allow_inf_nan=False)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -103,6 +103,7 @@ LATER = {
     "import": ("service.cli.import_prompts", "import prompts from verl Parquet or JSONL"),
     "export": ("service.cli.export", "export SFT / DPO / KTO / rollout datasets (Parquet or JSONL)"),
     "keys": ("service.cli.keys", "API keys: create --role R --name N [--dataset D], list, revoke NAME"),
+    "infer": ("service.cli.infer", "an OpenAI-compatible inference server over transformers (token ids, log-probs)"),
 }
 
 

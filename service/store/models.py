@@ -277,3 +277,56 @@ class StatsCell(Base):
         BigInteger, server_default=text("nextval('stats_cells_version_seq')")
     )
     updated_at: Mapped[datetime] = _now()
+
+
+class AgentSession(Base):
+    """An agent episode run through the gateway (service.sessions); its token is ``gcs_<id>_<secret>``,
+    only sha256(secret) stored. Status open -> finished (-> ingested_at set once its group is posted)."""
+
+    __tablename__ = "agent_sessions"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    group_id: Mapped[str] = mapped_column(Text, index=True)
+    group_size: Mapped[int] = mapped_column(Integer)
+    prompt_id: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # an inline prompt, posted with the group
+    dataset: Mapped[str | None] = mapped_column(Text)
+    policy_version: Mapped[int] = mapped_column(Integer)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
+    producer_key: Mapped[str | None] = mapped_column(Text)
+    producer_role: Mapped[str] = mapped_column(String(16))
+    producer_datasets: Mapped[list[Any] | None] = mapped_column(JSONB)
+    upstream: Mapped[str] = mapped_column(Text)  # sticky: every call of the session goes there
+    status: Mapped[str] = mapped_column(String(16), server_default="open")
+    n_calls: Mapped[int] = mapped_column(Integer, server_default="0")
+    n_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    misuse: Mapped[str | None] = mapped_column(Text)  # the first tool misuse the gateway saw
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    final_answer: Mapped[str | None] = mapped_column(Text)
+    rewards: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ingested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SessionCall(Base):
+    """One call a session made, stored before its answer went back (token arrays as service.store.arrays)."""
+
+    __tablename__ = "session_calls"
+    session_id: Mapped[str] = mapped_column(ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # chat | completions
+    request: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    completion_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
+    finish_reason: Mapped[str | None] = mapped_column(Text)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    upstream: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    misuse: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()

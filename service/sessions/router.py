@@ -1,0 +1,64 @@
+"""Agent sessions: create, the OpenAI-compatible calls, finish, read (docs/agents.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from service.api.deps import SessionDep, SettingsDep
+from service.api.errors import BadRequest
+from service.auth.service import PRODUCER, SERVICE, KeyDep, allow, public
+from service.sessions import gateway
+from service.sessions import service as sessions
+from service.sessions.schemas import FinishIn, FinishOut, SessionCreated, SessionIn, SessionOut
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+# the session's own routes are declared public at the API-key layer: their credential is the session
+# key (or an API key), checked by service.sessions.authorize for every call
+_SESSION_ROUTE = [public()]
+
+
+@router.post("", response_model=SessionCreated, status_code=201, dependencies=[allow(PRODUCER, dataset=SERVICE)])
+def create_session(body: SessionIn, request: Request, session: SessionDep, settings: SettingsDep,
+                   key: KeyDep) -> SessionCreated:
+    return sessions.create_session(session, body, key, settings, str(request.base_url))
+
+
+async def _body(request: Request) -> Any:
+    import orjson
+
+    try:
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        raise BadRequest("body: not JSON") from None
+
+
+async def _call(request: Request, session_id: str, kind: str) -> JSONResponse:
+    body = await _body(request)
+    state = request.app.state
+    answer = await run_in_threadpool(gateway.call, request, state.sessionmaker, gateway.client_for(state),
+                                     state.settings, session_id, kind, body)
+    return JSONResponse(answer.payload, status_code=answer.status, headers=answer.headers)
+
+
+@router.post("/{session_id}/chat/completions", dependencies=_SESSION_ROUTE)
+async def chat_completions(session_id: str, request: Request) -> JSONResponse:
+    return await _call(request, session_id, "chat")
+
+
+@router.post("/{session_id}/completions", dependencies=_SESSION_ROUTE)
+async def completions(session_id: str, request: Request) -> JSONResponse:
+    return await _call(request, session_id, "completions")
+
+
+@router.post("/{session_id}/finish", response_model=FinishOut, dependencies=_SESSION_ROUTE)
+def finish(session_id: str, body: FinishIn, request: Request, session: SessionDep, settings: SettingsDep) -> FinishOut:
+    return sessions.finish(request, session, session_id, body, settings)
+
+
+@router.get("/{session_id}", response_model=SessionOut, dependencies=_SESSION_ROUTE)
+def get_session(session_id: str, request: Request, session: SessionDep, include_tokens: bool = False) -> SessionOut:
+    return sessions.get(request, session, session_id, include_tokens)

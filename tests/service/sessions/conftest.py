@@ -1,0 +1,47 @@
+"""Gateway fixtures: our own transformers upstream (a subprocess over a tiny saved model), and the API
+under uvicorn (a subprocess) pointed at it, on a database of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.service.sessions.upstreams import Upstream, save_tiny_model, start_infer, stop
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def upstream(model_dir: Path) -> Iterator[Upstream]:
+    server = start_infer(model_dir)
+    yield server
+    stop(server)
+
+
+GATEWAY_ENV = {"GRPO_CURATOR_SESSION_CALL_TIMEOUT_S": "3", "GRPO_CURATOR_SESSION_RETRY_BASE_S": "0.1"}
+
+
+@pytest.fixture(scope="module")
+def gateway_for(make_db: Callable[..., str]) -> Iterator[Callable[..., LiveServer]]:
+    """Factory: the API on a new database, its upstream ``url``; stopped at the end of the module."""
+    started: list[LiveServer] = []
+
+    def start(url: str, **env: str) -> LiveServer:
+        server = start_server(make_db(), env={**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": url, **env})
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_for: Callable[..., LiveServer], upstream: Upstream) -> LiveServer:
+    return gateway_for(upstream.url)

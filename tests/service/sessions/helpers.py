@@ -1,0 +1,55 @@
+"""Small helpers for the gateway tests: open a session, run an agent turn with the `openai` SDK."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import openai
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "add two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"], "additionalProperties": False}}}]
+
+
+def open_session(url: str, group_id: str | None = None, group_size: int = 1, **extra: Any) -> dict[str, Any]:
+    body = {"group_id": group_id or f"g-{uuid.uuid4().hex[:8]}", "group_size": group_size, "policy_version": 0,
+            "prompt_id": extra.pop("prompt_id", "agent-add"),
+            "prompt": {"dataset": "agents", "messages": [{"role": "user", "content": "add 2 and 3"}],
+                       "reference": {"answer": "5"}}, **extra}
+    r = httpx.post(url + "/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    return {**r.json(), "group_id": body["group_id"]}
+
+
+def agent(session: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+
+
+def turn(client: openai.OpenAI, messages: list[dict[str, Any]], seed: int, **extra: Any) -> Any:
+    """One model turn of the tiny random model (its text round-trips to its ids: rollout.infer)."""
+    return client.chat.completions.create(
+        model="tiny", messages=messages, tools=TOOLS, max_tokens=6, temperature=1.0, seed=seed, extra_body=extra,
+    )
+
+
+def finish(session: dict[str, Any], **body: Any) -> dict[str, Any]:
+    r = httpx.post(session["base_url"] + "/finish", json=body,
+                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def read(session: dict[str, Any], tokens: bool = True) -> dict[str, Any]:
+    r = httpx.get(session["base_url"], params={"include_tokens": tokens},
+                  headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def group(url: str, group_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/groups/{group_id}", params={"include_tokens": True})
+    assert r.status_code == 200, r.text
+    return r.json()

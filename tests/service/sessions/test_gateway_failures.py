@@ -1,0 +1,105 @@
+"""Whose failure is it, and what survives: a dead upstream is the environment's (env_error, never a
+negative); a session key reaches only its own session; a SIGKILL of the API loses no answered call;
+limits end a session as max_turns; streaming is refused with a 400 naming the field."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.service.sessions.conftest import GATEWAY_ENV
+from tests.service.sessions.helpers import agent, finish, group, open_session, read, turn
+from tests.service.sessions.upstreams import start_infer, stop
+
+USER = [{"role": "user", "content": "add 2 and 3"}]
+
+
+def test_upstream_killed_mid_session_ends_it_as_an_environment_failure(
+    gateway_for: Callable[..., LiveServer], model_dir: Path
+) -> None:
+    own = start_infer(model_dir)
+    try:
+        gateway = gateway_for(own.url)
+        session = open_session(gateway.url)
+        client = agent(session)
+        first = turn(client, USER, seed=0)
+        own.kill()
+        with pytest.raises(openai.APIStatusError) as failed:
+            turn(client, [*USER, {"role": "assistant", "content": first.choices[0].message.content},
+                          {"role": "user", "content": "go on"}], seed=1)
+        assert failed.value.status_code == 502
+    finally:
+        stop(own)
+    state = read(session, tokens=False)
+    assert state["finish_reason"] == "env_error" and state["calls"][1]["attempts"] > 1
+    assert finish(session, finish_reason="stop")["finish_reason"] == "env_error"  # the agent cannot undo it
+    (t,) = group(gateway.url, session["group_id"])["trajectories"]
+    assert t["finish_reason"] == "env_error" and t["outcome"] is None
+
+
+def test_a_session_key_cannot_read_or_write_another_session(gateway: LiveServer) -> None:
+    a, b = open_session(gateway.url), open_session(gateway.url)
+    a_key = {"Authorization": f"Bearer {a['api_key']}"}
+    body = {"model": "tiny", "messages": USER, "max_tokens": 2}
+    assert httpx.post(b["base_url"] + "/chat/completions", json=body, headers=a_key).status_code == 403
+    assert httpx.get(b["base_url"], headers=a_key).status_code == 403
+    assert httpx.post(b["base_url"] + "/finish", json={}, headers=a_key).status_code == 403
+    forged = {"Authorization": f"Bearer gcs_{b['session_id']}_guess"}
+    assert httpx.get(b["base_url"], headers=forged).status_code == 401
+    assert read(b)["n_calls"] == 0 and read(b)["status"] == "open"
+
+
+def test_streaming_is_refused_with_a_400_naming_the_field(gateway: LiveServer) -> None:
+    session = open_session(gateway.url)
+    r = httpx.post(session["base_url"] + "/chat/completions", json={"messages": USER, "stream": True},
+                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert r.status_code == 400 and r.json()["error"].startswith("stream")
+    assert read(session)["n_calls"] == 0
+
+
+def test_the_call_limit_ends_the_session_as_max_turns(gateway_for: Callable[..., LiveServer], upstream) -> None:
+    gateway = gateway_for(upstream.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+    session = open_session(gateway.url)
+    client, history = agent(session), list(USER)
+    for seed in (0, 1):
+        answer = turn(client, history, seed=seed)
+        history += [{"role": "assistant", "content": answer.choices[0].message.content},
+                    {"role": "user", "content": "go on"}]
+    with pytest.raises(openai.APIStatusError) as refused:
+        turn(client, history, seed=2)
+    assert refused.value.status_code == 409
+    assert read(session)["finish_reason"] == "max_turns"
+    (t,) = group(gateway.url, session["group_id"])["trajectories"]
+    assert t["finish_reason"] == "max_turns"
+
+
+def test_a_sigkill_of_the_api_between_two_calls_loses_no_answered_call(make_db, upstream) -> None:
+    url = make_db()
+    env = {**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": upstream.url}
+    server = start_server(url, env=env)
+    try:
+        session = open_session(server.url)
+        first = turn(agent(session), USER, seed=0)
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=10)
+        server = start_server(url, env=env)  # the same database, a new port: the session goes on
+        session = {**session, "base_url": f"{server.url}/v1/sessions/{session['session_id']}"}
+        history = [*USER, {"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "go on"}]
+        turn(agent(session), history, seed=1)
+        finish(session, final_answer="5")
+        calls = read(session)["calls"]
+        assert [c["index"] for c in calls] == [0, 1]
+        assert calls[0]["completion_token_ids"] and len(calls[0]["completion_token_ids"]) == len(
+            first.choices[0].message.content or "") + (calls[0]["finish_reason"] == "stop")
+        (t,) = group(server.url, session["group_id"])["trajectories"]
+        assert t["token_ids"] == calls[1]["prompt_token_ids"] + calls[1]["completion_token_ids"]
+    finally:
+        stop_server(server)

@@ -1,0 +1,28 @@
+"""The model's tool misuse, seen in a completion's tool_calls against the request's tools."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.sessions.misuse import tool_misuse
+from tests.service.sessions.helpers import TOOLS
+
+
+def _call(name: str, arguments: str) -> list[dict]:
+    return [{"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}]
+
+
+@pytest.mark.parametrize(("name", "arguments", "expected"), [
+    ("search", '{"q": 1}', "unknown tool"),
+    ("add", "{not json", "not JSON"),
+    ("add", "[1, 2]", "not a JSON object"),
+    ("add", '{"a": 1}', "schema"),
+    ("add", '{"a": 1, "b": "two"}', "schema"),
+])
+def test_a_bad_tool_call_is_named(name: str, arguments: str, expected: str) -> None:
+    assert expected in (tool_misuse(TOOLS, _call(name, arguments)) or "")
+
+
+def test_a_valid_call_or_no_call_is_no_misuse() -> None:
+    assert tool_misuse(TOOLS, _call("add", '{"a": 1, "b": 2}')) is None
+    assert tool_misuse(TOOLS, None) is None

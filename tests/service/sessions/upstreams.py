@@ -1,0 +1,82 @@
+"""Upstreams for the gateway tests: our own transformers server (``grpo-curator infer``) in a subprocess,
+over a tiny random model saved to a directory (so a test can load the very same weights)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ROOT, free_port
+
+
+class Upstream:
+    def __init__(self, url: str, proc: subprocess.Popen) -> None:
+        self.url, self.proc = url, proc  # url ends in /v1
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def save_tiny_model(path: Path, seed: int = 0) -> Path:
+    from rollout.infer import tiny_model
+
+    tiny_model(seed).save_pretrained(path)
+    return path
+
+
+def start_infer(model_dir: Path, policy_version: int | None = None) -> Upstream:
+    port = free_port()
+    cmd = [sys.executable, "-m", "service.cli", "infer", "--model", str(model_dir), "--port", str(port)]
+    if policy_version is not None:
+        cmd += ["--policy-version", str(policy_version)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"infer exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return Upstream(base + "/v1", proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("infer did not become healthy in 120 s")
+
+
+def stop(upstream: Upstream) -> None:
+    if upstream.proc.poll() is None:
+        upstream.proc.terminate()
+        try:
+            upstream.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            upstream.kill()
+
+
+# EOS and the letters a-e (rollout.infer.AsciiTokenizer ids): a restricted sampling set
+LETTERS_AND_EOS = [2] + [3 + 2 + (ord(c) - 32) for c in "abcde"]
+
+
+def recompute_logprobs(model_dir: Path, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """The trainer's own log-probs (trainer.policy.PolicyLogprobs) of token_ids[1:] given the prefix."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.policy import PolicyLogprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = PolicyLogprobs(model, temperature=temperature).eval()
+    ids = torch.tensor([token_ids])  # (1, L)
+    targets = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # (1, L): position t predicts token t+1
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)  # (1, L)
+    with torch.no_grad():
+        logp, _ = policy(ids, positions, None, targets)  # (1, L)
+    return logp[0, :-1].tolist()  # (L-1,): log-prob of token_ids[t+1]
