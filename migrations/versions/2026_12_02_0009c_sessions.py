@@ -1,7 +1,7 @@
 """agent sessions: the gateway's sessions and every call they made (service.sessions).
 
 Revision ID: 0009c
-Revises: 0008
+Revises: 0009b
 Create Date: 2026-12-02 10:00:00
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision: str = "0009c"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009b"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
