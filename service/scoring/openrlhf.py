@@ -6,7 +6,8 @@ is the text after the prompt at the start of the query, with padding and end-of-
 a query with no end-of-sequence token is scored as truncated (``finish_reason: length``) unless the setting
 ``openrlhf_eos_means_stop`` is off; a label becomes ``reference.answer`` (a dict label is the whole reference).
 
-When an item cannot be scored (any component errored, or the query does not start with the prompt) the
+A query that does not start with its prompt is the caller's mistake: 422 naming ``query[i]``. When an item
+cannot be scored (any component errored) the
 deployment setting ``openrlhf_on_error`` decides: ``fail`` answers 503 (OpenRLHF's client retries, then
 stops the run) and ``value`` substitutes ``openrlhf_error_value`` and flags the item in
 ``extra_logs["reward_error"]`` (1.0 per substituted item), so the substitution is visible in its logs.
@@ -113,6 +114,11 @@ async def get_reward(session: Session, run: ScoreRun, spec: str, body: OpenRLHFI
     ``key`` may supply one (``service.specs.references``; the error names ``labels[i]``)."""
     prompts, labels = _check(body)
     responses = [split_response(q, p) for q, p in zip(body.query, prompts, strict=True)]
+    unsplit = [i for i, r in enumerate(responses) if r is None]
+    if unsplit:  # the caller sent a query that is not prompt + response: its mistake, never a 5xx to retry
+        raise BadRequest(f"query[{unsplit[0]}]: does not start with prompts[{unsplit[0]}] (OpenRLHF sends the "
+                         f"prompt followed by the response); {len(unsplit)} of {len(responses)} queries",
+                         detail={"field": f"query[{unsplit[0]}]", "queries": unsplit})
     items = {i: _item(prompts[i], r, labels[i], eos_means_stop) for i, r in enumerate(responses) if r is not None}
     results: dict[int, ScoreResult] = {}
     if items:

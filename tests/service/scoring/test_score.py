@@ -190,13 +190,12 @@ def test_openrlhf_error_value_setting_is_counted(client, spec: str, monkeypatch)
     settings = client.app.state.settings
     monkeypatch.setattr(settings, "openrlhf_on_error", "value")
     monkeypatch.setattr(settings, "openrlhf_error_value", -1.0)
-    body = openrlhf_request([R42, R42, "x"], ["42", None, "42"])
-    body["query"][2] = "a query that does not contain its prompt"
+    body = openrlhf_request([R42, R42], ["42", None])
     out = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body).json()
-    assert out["rewards"] == [1.5, -1.0, -1.0]
-    assert out["extra_logs"]["reward_error"] == [0.0, 1.0, 1.0]
-    assert out["extra_logs"]["correct"] == [1.0, -1.0, -1.0]
-    assert out["extra_logs"]["truncated"] == [0.0, 0.0, 0.0]  # query[2] was not scored at all
+    assert out["rewards"] == [1.5, -1.0]
+    assert out["extra_logs"]["reward_error"] == [0.0, 1.0]
+    assert out["extra_logs"]["correct"] == [1.0, -1.0]
+    assert out["extra_logs"]["truncated"] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -379,3 +378,12 @@ def test_score_store_same_completion_with_another_max_tokens_is_not_a_409(app_cl
     # the same request again is idempotent (same ids, nothing new)
     again = c.post("/v1/score", json={"reward_spec": "st", "store": True, "items": [{**item, "max_tokens": 200}]})
     assert again.status_code == 200 and again.json()["stored_groups"] == second.json()["stored_groups"]
+
+
+def test_openrlhf_query_that_does_not_start_with_its_prompt_is_a_422_naming_it(client, spec: str) -> None:
+    """Found by the schema fuzzer: a malformed query was a 503 'could not be scored' (OpenRLHF retries a 5xx
+    and re-scores each time); the caller's mistake is a 4xx naming the query."""
+    body = openrlhf_request([R42, R42], ["42", "42"])
+    body["query"][1] = "something else entirely " + body["query"][1]
+    r = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body)
+    assert r.status_code == 422 and "query[1]" in r.json()["error"]
