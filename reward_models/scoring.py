@@ -168,6 +168,8 @@ class Scorer:
             return False, f"canary also timed out ({outcome.message})"
         if outcome.error is not None:
             return False, f"canary failed: {outcome.error}"
+        if ms > self.timeout_s * 1000.0:  # by our clock, not only the pool's: within the same deadline
+            return False, f"canary verified in {ms:.0f} ms, past the {self.timeout_s:g} s deadline"
         return True, f"canary verified in {ms:.0f} ms"
 
     def close(self) -> None:

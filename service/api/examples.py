@@ -158,10 +158,17 @@ OPENRLHF: dict[str, Any] = {
 }
 NACK: dict[str, Any] = {"reason": "trajectory 3 has no logprobs and this trainer needs them", "drop": True}
 EXTEND: dict[str, Any] = {"lease_seconds": 600}
+SESSION: dict[str, Any] = {"group_id": "g-agent-17", "group_size": 4, "policy_version": 12, "prompt_id": "p-research-3",
+                           "metadata": {"episode": 17}}
+SESSION_FINISH: dict[str, Any] = {"finish_reason": "stop", "final_answer": "42", "rewards": {"tool_ok": 1.0}}
 STATEFUL_EXAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("post", "/v1/score"): ("score one completion synchronously with the math-boxed spec", SCORE),
     ("post", "/compat/openrlhf/{spec}/get_reward"): ("OpenRLHF's remote reward request", OPENRLHF),
     ("post", "/v1/batches/{batch_id}/nack"): ("give a batch back; ask to drop groups it cannot use", NACK),
     ("post", "/v1/batches/{batch_id}/extend"): ("heartbeat: keep the lease 10 more minutes", EXTEND),
+    ("post", "/v1/sessions"): ("open one of the four agent sessions of a group (needs an inference upstream)",
+                               SESSION),
+    ("post", "/v1/sessions/{session_id}/finish"): ("the agent answered; the environment reports a component",
+                                                   SESSION_FINISH),
 }
 EXAMPLE_PATHS = {"/v1/datasets/{name}": "/v1/datasets/gsm8k"}  # the concrete path each example is sent to
