@@ -94,19 +94,33 @@ SYSCALLS = {
                             "socket": 41, "socketpair": 53, "capset": 126,
                             "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240, "memfd_create": 319,
                             "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308,
-                            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
+                            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                            "fadvise64": 221, "readahead": 187, "mincore": 27, "preadv2": 327, "pwritev2": 328,
+                            "cachestat": 451, "sched_setaffinity": 203, "perf_event_open": 298,
+                            "madvise": 28}),
     "aarch64": (0xC00000B7, {"clone": 220, "execve": 221, "execveat": 281, "shmget": 194, "semget": 190,
                              "socket": 198, "socketpair": 199, "capset": 91,
                              "msgget": 186, "mq_open": 180, "memfd_create": 279, "add_key": 217,
                              "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268,
-                             "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}),
+                             "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                             "fadvise64": 223, "readahead": 213, "mincore": 232, "preadv2": 286,
+                             "pwritev2": 287, "cachestat": 451, "sched_setaffinity": 122,
+                             "perf_event_open": 241, "madvise": 233}),
 }
 # Always refused: SysV / POSIX IPC objects outlive the task in the sandbox's shared IPC namespace
 # (a channel to the next sample) and, like memfds, hold memory that RLIMIT_AS does not count; kernel
 # keyrings are shared by every task of the uid (and reach the host's when it is the worker's); new or
 # other namespaces and io_uring are kernel attack surface a program never needs.
+# The host's page cache is shared with every sandbox (the read-only /usr, the interpreter): a task that evicts
+# pages of a shared file (fadvise, madvise COLD / PAGEOUT) and the next one that probes which are cached
+# (mincore, preadv2 RWF_NOWAIT, cachestat, readahead) pass bits between samples. Pinning to a CPU
+# (sched_setaffinity) lets a task steer the per-CPU inode-number counter of pipes and sockets for the next
+# one; perf_event_open is kernel attack surface. A program needs none of them.
+NO_CHANNELS = ("fadvise64", "readahead", "mincore", "preadv2", "pwritev2", "cachestat", "sched_setaffinity",
+               "perf_event_open")
 NO_KEEPERS = ("shmget", "semget", "msgget", "mq_open", "memfd_create", "add_key", "request_key", "keyctl",
-              "unshare", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register")
+              "unshare", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register") + NO_CHANNELS
+MADV_COLD, MADV_PAGEOUT = 20, 21
 NO_PROCESSES = ("fork", "vfork", "execve", "execveat")
 CLONE_THREAD = 0x10000
 CLONE_NEW_NAMESPACES = 0x7E020080  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
@@ -136,6 +150,10 @@ def seccomp_program(deny_processes, network):
             block += [(0x15, 0, 1, family), (0x06, 0, 0, allow)]
         block.append((0x06, 0, 0, eafnosupport))
         prog += [(0x15, 0, len(block), nrs[name]), *block]
+    # madvise: load the advice (args[2]); COLD / PAGEOUT push pages out of the shared page cache
+    block = [(0x20, 0, 0, 32), (0x15, 0, 1, MADV_COLD), (0x06, 0, 0, eperm), (0x15, 0, 1, MADV_PAGEOUT),
+             (0x06, 0, 0, eperm), (0x06, 0, 0, allow)]
+    prog += [(0x15, 0, len(block), nrs["madvise"]), *block]
     # clone: load the flags (args[0], low 32 bits); namespaces never, processes only when allowed
     branch = [(0x20, 0, 0, 16), (0x45, 0, 1, CLONE_NEW_NAMESPACES), (0x06, 0, 0, eperm)]
     if deny_processes:
@@ -156,6 +174,16 @@ def seccomp_program(deny_processes, network):
 SECCOMP = {(deny, net): seccomp_program(deny, net) for deny in (False, True) for net in (False, True)}
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.syscall.restype = ctypes.c_long
+
+
+def blur_inode_counter():
+    """Move the host's inode-number counter of pipes and sockets by a random amount (0-1023) before the
+    program starts: the low bits a previous task could have set are noise (with sched_setaffinity refused it
+    cannot pin itself to the CPU whose counter it moved). A residual, documented: the coarse global counter."""
+    for _ in range(int.from_bytes(os.urandom(2), "little") % 1024):
+        r, w = os.pipe()
+        os.close(r)
+        os.close(w)
 
 
 def install_filter(deny_processes, network):
@@ -288,6 +316,7 @@ def child(task, fd, fresh_tmp, out, tasks):
         if fresh_tmp is not None:
             drop_capabilities()
             random.seed()  # what os.fork's hooks do; clone() skips them
+        blur_inode_counter()
         set_limits(task["limits"], tasks)
         install_filter(not task["limits"]["subprocess"], task["limits"].get("network", False))
         if hasattr(sys, "set_int_max_str_digits"):

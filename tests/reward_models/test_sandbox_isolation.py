@@ -494,3 +494,87 @@ def test_a_task_cannot_create_more_files_than_its_inode_limit() -> None:
     assert result.details["verdict"] == "passed", result.details
     again = score(INODES, {"tests": "R = flood()\nassert 8_000 < R[0] < 10_000, R\n"})  # all free again
     assert again.details["verdict"] == "passed", again.details
+
+
+# --- the host's page cache and the per-CPU inode counter (second re-attack of issue 19) ------------------
+
+PAGE_CACHE = r"""
+import ctypes, errno, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return ret, ctypes.get_errno()
+def probe():
+    path = os.__file__  # a file of the read-only interpreter: its pages are the host's page cache
+    fd = os.open(path, os.O_RDONLY)
+    mapped = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer_copy(b"x"))  # any address: the check comes first
+    vec = ctypes.create_string_buffer(8)
+    iov = (ctypes.c_char * 16)()
+    got = {
+        'fadvise DONTNEED': call(221, fd, 0, 0, 4),
+        'readahead': call(187, fd, 0, 4096),
+        'mincore': call(27, addr & ~4095, 4096, vec),
+        'preadv2 RWF_NOWAIT': call(327, fd, ctypes.byref(iov), 1, 0, 0, 8),
+        'cachestat': call(451, fd, 0, 0, 0),
+        'sched_setaffinity': call(203, 0, 8, ctypes.byref(ctypes.c_ulong(1))),
+        'perf_event_open': call(298, 0, 0, -1, -1, 0),
+        'madvise PAGEOUT': call(28, addr & ~4095, 4096, 21),
+        'madvise COLD': call(28, addr & ~4095, 4096, 20),
+    }
+    mapped.close()
+    os.close(fd)
+    refused = {name: ret == -1 and err == errno.EPERM for name, (ret, err) in got.items()}
+    return None if all(refused.values()) else {n: got[n] for n, ok in refused.items() if not ok}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 syscall numbers")
+def test_the_page_cache_cannot_carry_bits_from_one_task_to_the_next() -> None:
+    """Attack: a task evicted pages of a shared read-only file and the next one probed which were cached
+    (preadv2 RWF_NOWAIT): 10 bits per task, every time. Every call that evicts or probes is refused, in both
+    sandboxes; madvise itself (which malloc needs) still works."""
+    tests = PAGE_CACHE + "assert probe() is None, probe()\nRESULT = theirs()\nassert RESULT is None, RESULT\n"
+    result = score(PAGE_CACHE + "theirs = probe\n", {"tests": tests})
+    assert result.details["verdict"] == "passed", result.details
+
+
+INODE_COUNTER = r"""
+import os
+def pin():
+    try:
+        os.sched_setaffinity(0, {0})
+    except OSError:
+        pass
+def ino():
+    r, w = os.pipe()
+    value = os.fstat(r).st_ino
+    os.close(r)
+    os.close(w)
+    return value
+def write(target):
+    pin()
+    for _ in range(4096):
+        if ino() % 1024 // 64 == target:
+            return True
+    return False
+def read():
+    pin()
+    return ino() % 1024 // 64
+"""
+
+
+def test_the_pipe_inode_counter_does_not_carry_a_value_to_the_next_task() -> None:
+    """Attack: a task pinned itself to a CPU and moved that CPU's inode counter of pipes to a chosen value;
+    the next task, pinned to the same CPU, read it back (4 bits a task, 4 of 4 rounds). Pinning is refused and
+    each task starts with the counter moved by a random amount: what the next task reads is noise."""
+    hits = 0
+    with checkout(SandboxSettings()) as sandbox:
+        limits = SandboxLimits(timeout_s=10.0)
+        for target in (3, 11, 7, 14, 1, 9, 5, 12):
+            run_function_tests(sandbox, limits, INODE_COUNTER, f"assert write({target})\n", None)
+            outcome = run_function_tests(sandbox, limits, INODE_COUNTER, "assert False, read()\n", None)
+            hits += outcome.reason.endswith(f": {target}")
+    assert hits <= 3, hits  # chance alone: 1 in 16 a round
