@@ -403,19 +403,21 @@ def ack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
 
 
 def nack(
-    session: Session, batch_id: str, reason: str | None = None, drop: bool = False, key: Principal = OPEN
+    session: Session, batch_id: str, reason: str | None = None, drop: bool = False, key: Principal = OPEN,
+    vocab_size: int | None = None,
 ) -> LeaseState:
     """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
 
     ``reason`` is kept on the lease. ``drop``: the trainer says it cannot use these groups (a poison batch).
     The service does not take its word for it: each group is re-checked, and only one that really is
-    untrainable (a trajectory without token ids / loss mask) leaves the queue ('dropped' / 'untrainable');
-    the others go back to 'ready' like a plain nack, with a 'keep' decision recording the refusal."""
+    untrainable (a trajectory without token ids / loss mask; with the trainer's ``vocab_size``, also a stored
+    token id >= vocab_size) leaves the queue ('dropped' / 'untrainable'); the others go back to 'ready'
+    like a plain nack, with a 'keep' decision recording the refusal."""
     lease = _locked(session, batch_id, key)
     if lease.status == "active":
         lease_repo.set_reason(session, batch_id, reason)
         if drop:
-            lease_repo.drop_held_groups(session, batch_id, reason or "no reason given")
+            lease_repo.drop_held_groups(session, batch_id, reason or "no reason given", vocab_size)
     if lease.status == "nacked":
         return _state(session, lease)
     if lease.status != "active":
