@@ -309,13 +309,13 @@ def drop_stale_ready(
     *,
     max_staleness: int | None = None,
     datasets: frozenset[str] | None = None,
-) -> int:
+) -> list[int]:
     """Ready groups sampled more than ``max_staleness`` versions behind the latest published policy ->
     'dropped' ('stale'), each with a decision. Returns how many.
 
     ``max_staleness`` None: each group's curation policy's ``max_staleness`` (groups without one stay).
     Given (a lease's ``max_staleness``): that limit, over ``datasets`` (None: every dataset) -- the groups
-    such a lease passes over and would otherwise leave 'ready' for ever."""
+    such a lease passes over and would otherwise leave 'ready' for ever. -> their pks."""
     params = {"n": limit, "ms": max_staleness, "all_datasets": datasets is None,
               "datasets": sorted(datasets or ())}
     rows = session.execute(text(_STALE_SQL), params).all()
@@ -324,7 +324,7 @@ def drop_stale_ready(
         (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, {source} max_staleness {ms}")
         for pk, pv, ms, v in rows
     ])
-    return len(rows)
+    return [pk for pk, *_ in rows]
 
 
 def _decisions(session: Session, rows: list[tuple[int, str, str]], action: str = "drop") -> None:
