@@ -151,6 +151,10 @@ def _corr(n: float, sx: float, sxx: float, sy: float, syy: float, sxy: float) ->
 def _distribution(n: float, s: float, ss: float, hist: Mapping[str, float]) -> dict[str, float | None]:
     mean, std = _moments(n, s, ss)
     p10, p50, p90 = quantiles(hist)
+    if mean is not None and sum(1 for c in hist.values() if c > 0) == 1:
+        # every value lies in one bucket, and so does their exact mean: report it (a single value 0.1 is
+        # 0.1, not its bucket's representative 0.101; a spread inside one bucket stays within ALPHA)
+        p10 = p50 = p90 = mean
     return {"count": round(n), "mean": mean, "std": std, "p10": p10, "p50": p50, "p90": p90}
 
 
