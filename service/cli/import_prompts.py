@@ -137,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with http_client(args.url, args.api_key) as client:
             summary = import_prompts(client, args.file, args.format)
+    except httpx.TransportError as exc:  # unreachable / unknown host: "[Errno -2] ..." alone names nothing
+        print(f"error: cannot reach the service at {args.url} ({exc or type(exc).__name__}); start it "
+              "(`grpo-curator serve`) or fix --url", file=sys.stderr)
+        return 1
     except (RuntimeError, httpx.HTTPError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
