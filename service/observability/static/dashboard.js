@@ -202,12 +202,15 @@ async function trainer() {
   const [history, summary] = await Promise.all([api("/v1/policy/history?limit=1000"), api("/v1/summary")]);
   const rows = history.versions.map((v) => ({ x: v.version, m: v.metrics || {}, t: Date.parse(v.created_at) }));
   const g = summary.groups || {};
-  const span = rows.length > 1 ? (Math.max(...rows.map((r) => r.t)) - Math.min(...rows.map((r) => r.t))) / 60000 : null;
-  const consumed = rows.reduce((a, r) => a + (r.m.groups || 0), 0);
+  // rates over the last 10 minutes, divided by at least one minute: a burst of versions published within
+  // a second reads as that many per minute, not thousands (the span between its first and last was ~0)
+  const now = Date.now(), recent = rows.filter((r) => now - r.t <= 600000);
+  const span = recent.length ? Math.max(1, (now - Math.min(...recent.map((r) => r.t))) / 60000) : null;
+  const consumed = recent.reduce((a, r) => a + (r.m.groups || 0), 0);
   main.append(el("h2", {}, "Trainer"), el("div", { class: "cards" }, card("policy version", summary.policy_version),
     card("active leases", summary.active_leases), card("ready groups", g.ready || 0), card("consumed groups", g.consumed || 0),
-    card("versions per minute", span ? fmt((rows.length - 1) / span) : "–"),
-    card("groups trained per minute", span && consumed ? fmt(consumed / span) : "–")));
+    card("versions per minute (last 10 min)", span ? fmt(recent.length / span) : "–"),
+    card("groups trained per minute (last 10 min)", span && consumed ? fmt(consumed / span) : "–")));
   const m = (k) => rows.map((r) => [r.x, r.m[k] ?? null]);
   const clip = rows.map((r) => [r.x, r.m.clip_fraction ?? (r.m.clip_frac_low !== undefined ? (r.m.clip_frac_low || 0) + (r.m.clip_frac_high || 0) : null)]);
   const grid = el("div", { class: "grid" });
