@@ -51,3 +51,19 @@ def test_untrainable_and_stale_drops_count_in_the_drop_fraction(api, scorer):
     with api.factory.begin() as s:
         stats.rebuild(s)
     assert _drops(api) == drops
+
+
+def test_the_upgrade_recomputes_a_rollup_written_before_group_drops_counted(api, scorer, fresh_db):
+    """Migration 0009e rebuilds the rollup: cells written by older code (no whole-group drops) are replaced."""
+    from service.store.migrate import downgrade, upgrade
+
+    agent = make_group("agent-2", prompt_id="p-agent-2", dataset="agent", answers=["42", "41"])
+    for t in agent["trajectories"]:
+        t.pop("token_ids"), t.pop("loss_mask"), t.pop("logprobs")
+    assert api.post("/v1/groups", json=agent).status_code in (200, 201)
+    drain(api.factory, scorer)
+    assert _drops(api)["agent"] == {"untrainable": 1.0}
+    downgrade(fresh_db, "0008")  # empties the derived rollup, as an older version's cells would be stale
+    assert "agent" not in _drops(api)
+    upgrade(fresh_db)
+    assert _drops(api)["agent"] == {"untrainable": 1.0}
