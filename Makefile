@@ -41,6 +41,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 serve: install
+	@echo "grpo-curator is in $(BIN): in another shell, \`source $(BIN)/activate\` puts it on the PATH"
 	@$(BIN)/grpo-curator serve
 
 # in parallel (pytest-xdist), one test file per worker at a time (module fixtures are built once);

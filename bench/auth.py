@@ -46,6 +46,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=500)
     args = ap.parse_args()
+    if not os.environ.get("DATABASE_URL"):
+        raise SystemExit("error: bench.auth needs a PostgreSQL server it may create databases on: set "
+                         "DATABASE_URL, e.g. DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres "
+                         "python -m bench.auth")
     server = to_sqlalchemy_url(os.environ["DATABASE_URL"])
     urls = {mode: create_database(server, "gcbench") for mode in ("off", "on")}
     try:

@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,22 @@ def start_service(out: Path, env: dict[str, str], procs: list[subprocess.Popen],
     return url
 
 
+class DemoInterrupted(Exception):
+    """Ctrl-C during a run: carries what the run had seen so far (its per-version rows)."""
+
+    def __init__(self, partial: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.partial = partial
+
+
+_SIGINT = threading.Event()  # set by Ctrl-C: a connection error after it is the service stopping, not a failure
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _SIGINT.set()
+    raise KeyboardInterrupt
+
+
 def _policy(curated: bool, truncation: str) -> dict[str, Any]:
     if not curated:
         return UNCURATED
@@ -115,15 +133,23 @@ def run_once(args: argparse.Namespace, curated: bool) -> dict[str, Any]:
     keys = provision_local(out / "state", {"demo-admin": "admin", "demo-trainer": "trainer", "demo-producer": "producer"})
     headers = {"Authorization": f"Bearer {keys['demo-admin']}"}
     procs: list[subprocess.Popen] = []
+    rows: list[dict[str, Any]] = []  # what the run has seen so far (kept when it is interrupted)
     try:  # everything started is in procs from the moment it exists: a signal or a failure stops it all
         url = start_service(out, env, procs, args.startup_timeout)
         configure(url, _policy(curated, args.truncation), headers)
         procs += start_workers(url, out, env, args, keys)
-        rows = _watch(url, procs, args, label, headers)
+        rows = _watch(url, procs, args, label, headers, rows)
+    except (KeyboardInterrupt, httpx.TransportError, RuntimeError) as exc:
+        if not (isinstance(exc, KeyboardInterrupt) or _SIGINT.is_set()):
+            raise
+        raise DemoInterrupted(_result(label, rows, args.threshold, out)) from None
     finally:
         stop_all(reversed(procs))  # SIGTERM first, also on Ctrl-C / SIGTERM / failure: the service stops its PostgreSQL
-    reached = versions_to_reach(rows, args.threshold)
-    return {"label": label, "rows": rows, "steps_to_threshold": reached, "out": str(out)}
+    return _result(label, rows, args.threshold, out)
+
+
+def _result(label: str, rows: list[dict[str, Any]], threshold: float, out: Path) -> dict[str, Any]:
+    return {"label": label, "rows": rows, "steps_to_threshold": versions_to_reach(rows, threshold), "out": str(out)}
 
 
 def versions_to_reach(rows: list[dict[str, Any]], threshold: float, window: int = 10) -> int | None:
@@ -138,9 +164,10 @@ def versions_to_reach(rows: list[dict[str, Any]], threshold: float, window: int 
     return None
 
 
-def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, label: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, label: str, headers: dict[str, str],
+           rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Print progress until the run is done; ``rows`` (the caller's list) holds the latest per-version rows."""
     start = time.monotonic()
-    rows: list[dict[str, Any]] = []
     version = 0
     while time.monotonic() - start < args.minutes * 60 and version < args.versions:
         time.sleep(3)
@@ -148,12 +175,13 @@ def _watch(url: str, procs: list[subprocess.Popen], args: argparse.Namespace, la
         if dead:
             raise RuntimeError(f"a demo process exited early (see the logs under {args.out})")
         version = int(httpx.get(url + "/v1/policy", timeout=10, headers=headers).json()["version"])
-        rows = per_version(url, headers)
+        rows[:] = per_version(url, headers)
         last = rows[-1] if rows else {}
         print(f"[{label}] {time.monotonic() - start:5.0f}s  policy v{version:<4d} sampled-at v{last.get('key', '-')}: "
               f"pass rate {_f(last.get('pass_rate'))}  groups dropped {_f(_dropped(last))}  "
               f"truncated {_f(_truncated(last))}", flush=True)
-    return per_version(url, headers)
+    rows[:] = per_version(url, headers)
+    return rows
 
 
 def _f(x: float | None) -> str:
@@ -222,7 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for the service to be healthy")
     args = ap.parse_args(argv)
     modes = [True, False] if args.compare else [not args.no_curation]
-    results = [run_once(args, curated) for curated in modes]
+    results: list[dict[str, Any]] = []
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        for curated in modes:
+            results.append(run_once(args, curated))
+    except DemoInterrupted as exc:  # Ctrl-C: say so, and keep what the run had (table, plot, data)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report short
+        results.append(exc.partial)
+        print("interrupted", file=sys.stderr, flush=True)
+        report(results, Path(args.out), args.threshold)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     report(results, Path(args.out), args.threshold)
     return 0
 

@@ -189,9 +189,11 @@ class CuratorClient:
         """Consume the batch's groups; 409 (CuratorError) when the lease expired and was taken over."""
         return self._json("POST", f"/v1/batches/{segment(batch_id)}/ack")
 
-    def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False) -> dict[str, Any]:
-        """Give the batch's groups back to the queue (``drop``: they cannot be trained on; drop them)."""
-        body = _params(reason=reason, drop=drop or None)
+    def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False,
+             vocab_size: int | None = None) -> dict[str, Any]:
+        """Give the batch's groups back to the queue (``drop``: they cannot be trained on; drop them;
+        ``vocab_size``: the trainer's vocabulary, so the service can verify an out-of-vocabulary refusal)."""
+        body = _params(reason=reason, drop=drop or None, vocab_size=vocab_size)
         return self._json("POST", f"/v1/batches/{segment(batch_id)}/nack", json=body or None)
 
     def extend(self, batch_id: str, lease_seconds: float) -> dict[str, Any]:

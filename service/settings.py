@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     max_score_attempts: int = 10
     score_backoff_base_s: float = 1.0
     score_backoff_max_s: float = 300.0
-    score_claim_seconds: float = 600.0
+    score_claim_seconds: float = 30.0  # renewed every third of it while scored: a dead worker's groups return in <= 30 s
     lease_seconds_default: float = 300.0
     # long polls: waiters per API process (beyond it: 429 + Retry-After), and the periodic re-check
     lease_max_waiters: int = Field(default=1024, ge=0)

@@ -33,7 +33,8 @@ class DeliveryClient(Protocol):
 
     def lease(self, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None: ...
     def ack(self, batch_id: str) -> dict[str, Any]: ...
-    def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False) -> dict[str, Any]: ...
+    def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False,
+             vocab_size: int | None = None) -> dict[str, Any]: ...
     def extend(self, batch_id: str, lease_seconds: float) -> dict[str, Any]: ...
     def publish_policy(self, version: int, metrics: dict[str, Any]) -> dict[str, Any]: ...
     def get_policy(self) -> dict[str, Any]: ...
@@ -138,11 +139,12 @@ class Ledger:
         return None
 
 
-def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str) -> None:
+def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str, vocab_size: int | None = None) -> None:
     """Nack a batch this trainer cannot use, asking to drop its groups; the service drops those it finds
-    untrainable itself and returns the others to the queue (another trainer may use them)."""
+    untrainable itself (``vocab_size``: also those with a token id outside this trainer's vocabulary) and
+    returns the others to the queue (another trainer may use them)."""
     log.error("batch %s refused: %s", batch["batch_id"], reason)
-    _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True), "nack")
+    _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True, vocab_size=vocab_size), "nack")
 
 
 def _outside_vocab(tokens: list[int], vocab_size: int | None) -> str | None:

@@ -212,7 +212,7 @@ def usable(
     if reason is None:
         return batch
     log.warning("batch %s refused and nacked (its groups are dropped): %s", batch.get("batch_id"), reason)
-    refuse(client, batch, reason)
+    refuse(client, batch, reason, vocab_size)
     return None
 
 

@@ -24,6 +24,7 @@ import orjson
 from pydantic import ValidationError
 
 from service.api.validation import format_errors
+from service.client import default_url
 from service.export.schemas import ImportSummary
 from service.ingest.schemas import PromptUpsert
 
@@ -128,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("what", choices=["prompts"])
     ap.add_argument("file", type=Path)
     ap.add_argument("--format", choices=["verl", "jsonl"], required=True)
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--url", default=default_url(),
+                    help="the service (default: GRPO_CURATOR_URL, else http://127.0.0.1:GRPO_CURATOR_PORT or 8000)")
     ap.add_argument("--api-key", help="default: GRPO_CURATOR_API_KEY")
     args = ap.parse_args(argv)
     if not args.file.is_file():
@@ -137,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with http_client(args.url, args.api_key) as client:
             summary = import_prompts(client, args.file, args.format)
+    except httpx.TransportError as exc:  # unreachable / unknown host: "[Errno -2] ..." alone names nothing
+        print(f"error: cannot reach the service at {args.url} ({exc or type(exc).__name__}); start it "
+              "(`grpo-curator serve`) or fix --url", file=sys.stderr)
+        return 1
     except (RuntimeError, httpx.HTTPError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -33,6 +34,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     host = args.host or settings.host
+    port = args.port or settings.port
+    check_port_free(host, port)  # before anything is printed, migrated or started
     url = resolve_database_url(settings)
     upgrade(url)
     auth = auth_gate(url, host, insecure=args.insecure_no_auth, require=settings.require_auth)
@@ -41,7 +44,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # workers (and any process the service starts) reuse the resolved server instead of starting their own
     os.environ["DATABASE_URL"] = url
     get_settings.cache_clear()
-    port = args.port or settings.port
     workers = args.workers or settings.workers
     print(f"grpo-curator serving on http://{host}:{port} (auth {auth}; docs at /docs, dashboard at /dashboard)",
           flush=True)
@@ -65,6 +67,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CommandFailed(f"the server could not start on {host}:{port} (port in use? the reason is logged at "
                             "--log-level error or lower)") from None
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind (and release) ``host:port`` the way uvicorn will; a port in use is one clear error up front,
+    not "serving on ..." followed by uvicorn's errno 98 and a second error."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CommandFailed(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise CommandFailed(f"cannot serve on {host}:{port}: {reason} (another server there? stop it, or pick "
+                                "another with --port / GRPO_CURATOR_PORT)") from None
 
 
 def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> str | None:
@@ -115,15 +137,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(warn and fatal are aliases; default warning), --debug (full tracebacks).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="run the API (and an in-process worker); migrates to head first")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--workers", type=int)
-    p.add_argument("--insecure-no-auth", action="store_true", help="serve a non-loopback host with no API key")
+    defaults = get_settings()
+    p = sub.add_parser(
+        "serve", help="run the API (and an in-process worker); migrates to head first",
+        description="Run the API (and, unless GRPO_CURATOR_EMBEDDED_WORKER=false, an in-process score worker). "
+        "Migrates the database to head first. With DATABASE_URL unset, an embedded PostgreSQL is started. "
+        "Every option also reads its GRPO_CURATOR_* variable (shown as the default).",
+    )
+    p.add_argument("--host", metavar="HOST",
+                   help=f"interface to listen on; a non-loopback host needs an API key (default: {defaults.host}, "
+                        "GRPO_CURATOR_HOST)")
+    p.add_argument("--port", type=int, metavar="PORT",
+                   help=f"TCP port (default: {defaults.port}, GRPO_CURATOR_PORT)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help=f"uvicorn worker processes (default: {defaults.workers}, GRPO_CURATOR_WORKERS)")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="serve a non-loopback host although no API key exists (default: off: refused)")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("migrate", help="alembic upgrade head (or --downgrade REV)")
-    p.add_argument("--revision", default="head")
-    p.add_argument("--downgrade")
+    p.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
+    p.add_argument("--downgrade", metavar="REV", help="downgrade to this revision instead")
     p.set_defaults(func=cmd_migrate)
     for name, (_module, help_text) in LATER.items():  # dispatched in main(); listed here for --help
         sub.add_parser(name, help=help_text + f" (grpo-curator {name} --help)")

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
+import numpy as np
 from psycopg.rows import namedtuple_row
 from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session, selectinload
 
+from service.store.arrays import TOKEN_DTYPE, decode
 from service.store.models import Decision, Group, Lease, Trajectory
 
 # trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
@@ -232,11 +234,30 @@ def set_reason(session: Session, lease_id: str, reason: str | None) -> None:
                         .execution_options(synchronize_session=False))
 
 
-def drop_held_groups(session: Session, lease_id: str, reason: str) -> tuple[list[int], list[int]]:
+def _outside_vocab(g: Group, vocab_size: int | None) -> str | None:
+    """The first stored token id >= ``vocab_size`` (or < 0) in ``g``, as a reason, or None."""
+    if vocab_size is None:
+        return None
+    for t in g.trajectories:
+        tokens = decode(t.token_ids, TOKEN_DTYPE)
+        if tokens is None or tokens.size == 0:
+            continue
+        outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+        if outside.size:
+            pos = int(outside[0])
+            return (f"untrainable: trajectory {t.idx} token id {int(tokens[pos])} at position {pos} is outside"
+                    f" the trainer's vocabulary (vocab_size {vocab_size})")
+    return None
+
+
+def drop_held_groups(
+    session: Session, lease_id: str, reason: str, vocab_size: int | None = None
+) -> tuple[list[int], list[int]]:
     """A trainer's ``nack(drop=True)``, re-checked: of the groups still held by this lease, those the
-    service itself finds untrainable (a trajectory without token ids / loss mask) -> 'dropped'
-    ('untrainable'); the others are kept (they go back to the queue with the lease) and get a 'keep'
-    decision recording the refusal. -> (dropped pks, kept pks)."""
+    service itself finds untrainable (a trajectory without token ids / loss mask, or, when the trainer
+    sent its ``vocab_size``, a stored token id outside [0, vocab_size)) -> 'dropped' ('untrainable'); the
+    others are kept (they go back to the queue with the lease) and get a 'keep' decision recording the
+    refusal. -> (dropped pks, kept pks)."""
     from service.curation.service import untrainable_reason
 
     held = (
@@ -248,7 +269,7 @@ def drop_held_groups(session: Session, lease_id: str, reason: str) -> tuple[list
     )
     bad, kept = [], []
     for g in session.execute(held).scalars():
-        why = untrainable_reason(g)
+        why = untrainable_reason(g) or _outside_vocab(g, vocab_size)
         (bad if why else kept).append((g.pk, why))
     if bad:
         session.execute(
@@ -258,7 +279,8 @@ def drop_held_groups(session: Session, lease_id: str, reason: str) -> tuple[list
         )
     _decisions(session, [(pk, "untrainable", f"{why}; the trainer refused it: {reason}") for pk, why in bad])
     _decisions(session, [(pk, "nack", f"kept: the trainer asked to drop it ({reason}) but it has token ids and"
-                                      " a loss mask; back to the queue") for pk, _ in kept], action="keep")
+                                      " a loss mask" + ("" if vocab_size is None else f", every token id below {vocab_size}")
+                                      + "; back to the queue") for pk, _ in kept], action="keep")
     return [pk for pk, _ in bad], [pk for pk, _ in kept]
 
 
@@ -287,13 +309,13 @@ def drop_stale_ready(
     *,
     max_staleness: int | None = None,
     datasets: frozenset[str] | None = None,
-) -> int:
+) -> list[int]:
     """Ready groups sampled more than ``max_staleness`` versions behind the latest published policy ->
     'dropped' ('stale'), each with a decision. Returns how many.
 
     ``max_staleness`` None: each group's curation policy's ``max_staleness`` (groups without one stay).
     Given (a lease's ``max_staleness``): that limit, over ``datasets`` (None: every dataset) -- the groups
-    such a lease passes over and would otherwise leave 'ready' for ever."""
+    such a lease passes over and would otherwise leave 'ready' for ever. -> their pks."""
     params = {"n": limit, "ms": max_staleness, "all_datasets": datasets is None,
               "datasets": sorted(datasets or ())}
     rows = session.execute(text(_STALE_SQL), params).all()
@@ -302,7 +324,7 @@ def drop_stale_ready(
         (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, {source} max_staleness {ms}")
         for pk, pv, ms, v in rows
     ])
-    return len(rows)
+    return [pk for pk, *_ in rows]
 
 
 def _decisions(session: Session, rows: list[tuple[int, str, str]], action: str = "drop") -> None:

@@ -71,7 +71,7 @@ def ack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep) -> LeaseState
 @router.post("/{batch_id}/nack", response_model=LeaseState, responses={404: {}, 409: {}}, dependencies=[allow(TRAINER, dataset=SERVICE)])
 def nack_batch(batch_id: BatchId, session: SessionDep, key: KeyDep, body: NackIn | None = None) -> LeaseState:
     body = body or NackIn()
-    return leases.nack(session, batch_id, body.reason, body.drop, key=key)
+    return leases.nack(session, batch_id, body.reason, body.drop, key=key, vocab_size=body.vocab_size)
 
 
 @router.post(

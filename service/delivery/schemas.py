@@ -73,6 +73,10 @@ class NackIn(Strict):
 
     reason: str | None = Field(default=None, max_length=2000)
     drop: bool = Field(default=False, description="the groups cannot be trained on: drop them, do not redeliver")
+    vocab_size: int | None = Field(
+        default=None, ge=1, le=2**31 - 1,
+        description="with drop: the trainer's vocabulary size; a group with a stored token id >= vocab_size is"
+                    " dropped as untrainable (the service checks it; other groups go back to the queue)")
 
 
 class LeasedTrajectory(BaseModel):

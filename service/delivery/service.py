@@ -35,6 +35,7 @@ from service.delivery.arrow import BatchColumns
 from service.delivery.ready import ReadyHub, Waiter
 from service.delivery.schemas import MAX_LEASE_TOKENS, LeaseIn, LeaseState, SizingField
 from service.policy.service import current_version
+from service.stats import service as stats
 from service.store.arrays import TOKEN_DTYPE
 from service.store.models import Lease
 
@@ -403,19 +404,22 @@ def ack(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:
 
 
 def nack(
-    session: Session, batch_id: str, reason: str | None = None, drop: bool = False, key: Principal = OPEN
+    session: Session, batch_id: str, reason: str | None = None, drop: bool = False, key: Principal = OPEN,
+    vocab_size: int | None = None,
 ) -> LeaseState:
     """Return the lease's groups to 'ready'; idempotent once nacked; 409 when acked or expired.
 
     ``reason`` is kept on the lease. ``drop``: the trainer says it cannot use these groups (a poison batch).
     The service does not take its word for it: each group is re-checked, and only one that really is
-    untrainable (a trajectory without token ids / loss mask) leaves the queue ('dropped' / 'untrainable');
-    the others go back to 'ready' like a plain nack, with a 'keep' decision recording the refusal."""
+    untrainable (a trajectory without token ids / loss mask; with the trainer's ``vocab_size``, also a stored
+    token id >= vocab_size) leaves the queue ('dropped' / 'untrainable'); the others go back to 'ready'
+    like a plain nack, with a 'keep' decision recording the refusal."""
     lease = _locked(session, batch_id, key)
     if lease.status == "active":
         lease_repo.set_reason(session, batch_id, reason)
         if drop:
-            lease_repo.drop_held_groups(session, batch_id, reason or "no reason given")
+            dropped, _ = lease_repo.drop_held_groups(session, batch_id, reason or "no reason given", vocab_size)
+            stats.record_late_drops(session, dropped)
     if lease.status == "nacked":
         return _state(session, lease)
     if lease.status != "active":
@@ -451,7 +455,9 @@ def drop_stale(
     """Ready groups past a staleness limit leave the queue ('dropped', 'stale', with a decision): the
     pipeline passes none (each group's curation policy's ``max_staleness``); a lease passes its own, so
     the groups it can never take do not sit in 'ready' -- counted as the producer's backlog -- for ever."""
-    return lease_repo.drop_stale_ready(session, max_staleness=max_staleness, datasets=datasets)
+    pks = lease_repo.drop_stale_ready(session, max_staleness=max_staleness, datasets=datasets)
+    stats.record_late_drops(session, pks)  # their members count as dropped ('stale') in the statistics
+    return len(pks)
 
 
 def state(session: Session, batch_id: str, key: Principal = OPEN) -> LeaseState:

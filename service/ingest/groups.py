@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from service.api.errors import BadRequest, NotFound
 from service.api.schemas import INT8_MAX
 from service.auth.service import OPEN, Principal
+from service.ingest import prompts_repository as prompt_repo
 from service.ingest import repository as group_repo
 from service.ingest.schemas import ComponentOut, DecisionOut, GroupOut, GroupPage, GroupSummary, TrajectoryOut
 from service.store import arrays
@@ -90,10 +91,16 @@ def get_group(
         staleness=g.staleness,
         trajectories=[_trajectory_out(t, by_idx[t.idx], include_tokens) for t in g.trajectories],
         decisions=decisions,
+        prompt_messages=_prompt_messages(session, g.prompt_id),
     )
 
 
-def _summary(g: Group) -> GroupSummary:
+def _prompt_messages(session: Session, prompt_id: str) -> list[dict[str, Any]] | None:
+    prompt = prompt_repo.get_prompt(session, prompt_id)
+    return None if prompt is None else prompt.messages
+
+
+def _summary(g: Group, mean_reward: float | None = None) -> GroupSummary:
     return GroupSummary(
         id=g.id,
         prompt_id=g.prompt_id,
@@ -104,6 +111,7 @@ def _summary(g: Group) -> GroupSummary:
         n_trajectories=g.n_trajectories,
         n_tokens=g.n_tokens,
         created_at=g.created_at.isoformat(),
+        mean_reward=mean_reward,
     )
 
 
@@ -133,4 +141,5 @@ def list_groups(
         **member_filters,
     )
     next_cursor = str(rows[-1].pk) if len(rows) == limit else None
-    return GroupPage(groups=[_summary(g) for g in rows], next_cursor=next_cursor)
+    means = group_repo.mean_rewards(session, [g.pk for g in rows])
+    return GroupPage(groups=[_summary(g, means.get(g.pk)) for g in rows], next_cursor=next_cursor)

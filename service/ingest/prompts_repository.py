@@ -29,17 +29,37 @@ def _upsert_statement():  # built once: a cached statement executed with many pa
 _UPSERT = _upsert_statement()
 
 
+# One lock order for prompt rows, everywhere: ascending id. Curation's outcome update locks them FOR UPDATE
+# in id order; an ingest's foreign-key checks take KEY SHARE locks on its groups' prompts, and an upsert
+# locks the rows it updates. Taken in request order, two such transactions can wait on each other in a
+# cycle (DeadlockDetected "while locking tuple ... in relation prompts"); in one order they cannot.
+
+
 def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
-    """Insert or update prompts by id; rows that are unchanged are not rewritten. Returns len(rows)."""
+    """Insert or update prompts by id (rows locked in id order); rows that are unchanged are not rewritten.
+    Returns len(rows)."""
     if rows:
-        session.execute(_UPSERT, rows)
+        session.execute(_UPSERT, sorted(rows, key=lambda r: r["id"]))
     return len(rows)
 
 
 def insert_prompts_if_new(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Insert prompts whose id is new; existing prompts are left exactly as they are."""
+    """Insert prompts whose id is new (in id order); existing prompts are left exactly as they are."""
     if rows:
-        session.execute(insert(Prompt.__table__).on_conflict_do_nothing(index_elements=["id"]), rows)
+        session.execute(insert(Prompt.__table__).on_conflict_do_nothing(index_elements=["id"]),
+                        sorted(rows, key=lambda r: r["id"]))
+
+
+def lock_prompts_for_groups(session: Session, ids: Iterable[str]) -> dict[str, str]:
+    """prompt id -> dataset for the ids that exist, each row locked FOR KEY SHARE in id order: the lock
+    the foreign-key checks of the groups about to be inserted take anyway, taken up front in the one
+    order, so inserting groups in request order never holds one prompt while waiting for another."""
+    ids = sorted(set(ids))
+    if not ids:
+        return {}
+    stmt = (select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)).order_by(Prompt.id)
+            .with_for_update(read=True, key_share=True))
+    return {pid: ds for pid, ds in session.execute(stmt)}
 
 
 def stored_fields(session: Session, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -47,15 +67,6 @@ def stored_fields(session: Session, ids: Iterable[str]) -> dict[str, dict[str, A
     cols = [Prompt.__table__.c[c] for c in ("id", *_UPDATABLE)]
     rows = session.execute(select(*cols).where(Prompt.id.in_(list(set(ids))))).mappings()
     return {r["id"]: {c: r[c] for c in _UPDATABLE} for r in rows}
-
-
-def prompt_datasets(session: Session, ids: Iterable[str]) -> dict[str, str]:
-    """prompt id -> dataset for the ids that exist."""
-    ids = list(set(ids))
-    if not ids:
-        return {}
-    rows = session.execute(select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)))
-    return {pid: ds for pid, ds in rows}
 
 
 def get_prompt(session: Session, prompt_id: str) -> Prompt | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, exists, select
+from sqlalchemy import Row, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
@@ -114,3 +114,12 @@ def list_groups(
     if after_pk is not None:
         stmt = stmt.where(Group.pk > after_pk)
     return list(session.execute(stmt).scalars())
+
+
+def mean_rewards(session: Session, group_pks: list[int]) -> dict[int, float | None]:
+    """group pk -> the mean total reward of its scored members (None: none scored), for a page of groups."""
+    if not group_pks:
+        return {}
+    stmt = (select(Trajectory.group_pk, func.avg(Trajectory.total_reward))
+            .where(Trajectory.group_pk.in_(group_pks)).group_by(Trajectory.group_pk))
+    return {pk: (None if mean is None else float(mean)) for pk, mean in session.execute(stmt)}

@@ -192,6 +192,8 @@ class GroupOut(BaseModel):
     staleness: int | None = None
     trajectories: list[TrajectoryOut]
     decisions: list[DecisionOut] = Field(default_factory=list)
+    prompt_messages: list[dict[str, Any]] | None = Field(
+        default=None, description="the prompt's messages (its reference is not shown); None: prompt unknown")
 
 
 class GroupSummary(BaseModel):
@@ -204,6 +206,7 @@ class GroupSummary(BaseModel):
     n_trajectories: int
     n_tokens: int
     created_at: str
+    mean_reward: float | None = Field(default=None, description="mean total reward of its scored members")
 
 
 class GroupPage(BaseModel):

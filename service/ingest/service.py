@@ -207,7 +207,7 @@ def ingest_groups(
     check_reference_source(session, inline, key, caller_specs)
     check_reference(session, inline)
     _inline_prompts(session, groups, batched, key)
-    datasets = prompt_repo.prompt_datasets(session, {g.prompt_id for g in groups})
+    datasets = prompt_repo.lock_prompts_for_groups(session, {g.prompt_id for g in groups})  # one lock order
     acks = []
     for i, g in enumerate(groups):
         where = f"groups[{i}]." if batched else ""

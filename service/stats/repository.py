@@ -12,12 +12,21 @@ from sqlalchemy.orm import Session
 
 from service.store.models import Group, StatsCell
 
+# a group dropped as a whole (untrainable at curation, stale or refused by a trainer later) leaves every
+# member out of training, whatever the member's own action said: its members count as drops of its reason.
+# :group_drops false reads the facts as they were before such a late drop (to retract them).
+_GROUP_DROPPED = (
+    "(CAST(:group_drops AS boolean) AND g.status = 'dropped' AND coalesce(t.action, '') NOT IN ('drop', 'resample'))"
+)
+
 # one row per trajectory of a curated group, with its components under the spec version its group was
 # scored with (two arrays). The hour bucket is taken in UTC and returned as epoch seconds (cheap to decode).
 _FACTS = text(
     "SELECT g.pk, t.idx, g.dataset, g.policy_version,"
     " CAST(extract(epoch FROM date_trunc('hour', g.created_at, 'UTC')) AS bigint) AS bucket,"
-    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome, t.action, t.reason, c.names, c.vals"
+    " t.finish_reason, t.num_tokens, t.total_reward, t.outcome,"
+    f" CASE WHEN {_GROUP_DROPPED} THEN 'drop' ELSE t.action END AS action,"
+    f" CASE WHEN {_GROUP_DROPPED} THEN g.drop_reason ELSE t.reason END AS reason, c.names, c.vals"
     " FROM groups g JOIN trajectories t ON t.group_pk = g.pk"
     " LEFT JOIN LATERAL (SELECT array_agg(r.component ORDER BY r.component) AS names,"
     "  array_agg(r.value ORDER BY r.component) AS vals FROM rewards r"
@@ -43,11 +52,14 @@ _UPSERT = text(
 )
 
 
-def trajectory_facts(session: Session, group_pks: Sequence[int]) -> list[Any]:
+def trajectory_facts(session: Session, group_pks: Sequence[int], group_drops: bool = True) -> list[Any]:
     """(group_pk, idx, dataset, policy_version, hour as epoch seconds, finish_reason, num_tokens, total,
     outcome, action, reason, component names | None, component values | None) for every trajectory of
-    the curated groups among ``group_pks`` (a value is None where the component failed)."""
-    return list(session.execute(_FACTS, {"pks": list(group_pks)})) if group_pks else []
+    the curated groups among ``group_pks`` (a value is None where the component failed). A member of a
+    dropped group reads as action 'drop' with the group's drop reason, unless ``group_drops`` is False."""
+    if not group_pks:
+        return []
+    return list(session.execute(_FACTS, {"pks": list(group_pks), "group_drops": group_drops}))
 
 
 def add_to_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:

@@ -12,14 +12,16 @@ within ``ALPHA`` relative error, DDSketch, Masson et al. 2019), interpolated bet
 of all-time cells by cell version, so a cell that did not change is neither read nor summarised again.
 
 Counted per trajectory of the curated groups, at the time of the group's ``created_at``:
-``drop_fraction`` is the fraction left out of training (action drop or resample) by reason;
+``drop_fraction`` is the fraction left out of training (action drop or resample, or a member of a group
+dropped as a whole: ``untrainable``, ``stale``) by reason;
 ``zero_variance_fraction`` the fraction in groups found to have zero variance (dropped or kept);
 ``truncation_rate`` the fraction per finish_reason other than ``stop``; ``length_reward_corr`` Pearson's r
 between generated tokens and total reward (clearly positive while the pass rate stays flat: the classic
 length-hacking signal). Groups that never finished scoring (``reward_error``) are not counted.
 
 The rollup follows the groups through ``record_groups`` (the curation stage, after its writes) and
-``retract_groups`` (before a rescore / recurate sends curated groups back); ``rebuild`` recomputes it.
+``retract_groups`` (before a rescore / recurate sends curated groups back) and ``record_late_drops`` (a
+group dropped after curation: stale, or refused by a trainer); ``rebuild`` recomputes it.
 """
 
 from __future__ import annotations
@@ -149,6 +151,10 @@ def _corr(n: float, sx: float, sxx: float, sy: float, syy: float, sxy: float) ->
 def _distribution(n: float, s: float, ss: float, hist: Mapping[str, float]) -> dict[str, float | None]:
     mean, std = _moments(n, s, ss)
     p10, p50, p90 = quantiles(hist)
+    if mean is not None and sum(1 for c in hist.values() if c > 0) == 1:
+        # every value lies in one bucket, and so does their exact mean: report it (a single value 0.1 is
+        # 0.1, not its bucket's representative 0.101; a spread inside one bucket stays within ALPHA)
+        p10 = p50 = p90 = mean
     return {"count": round(n), "mean": mean, "std": std, "p10": p10, "p50": p50, "p90": p90}
 
 
@@ -223,8 +229,18 @@ def summarize(c: Mapping[str, float]) -> dict[str, Any]:
 
 
 # -- the rollup --------------------------------------------------------------------------------------------
-def _apply(session: Session, group_pks: Sequence[int], sign: float) -> None:
-    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks))), sign)
+def _apply(session: Session, group_pks: Sequence[int], sign: float, group_drops: bool = True) -> None:
+    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)), group_drops), sign)
+    repo.add_to_cells(session, cells)
+
+
+def record_late_drops(session: Session, group_pks: Sequence[int]) -> None:
+    """Curated groups that were just dropped as a whole after curation (stale in the queue, refused by a
+    trainer as untrainable): call it *after* the status change, same transaction. Their members move from
+    kept to dropped (by the group's drop reason) in the rollup, so ``drop_fraction`` counts them."""
+    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)), group_drops=False), -1.0)
+    for key, c in cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)))).items():
+        merge_into(cells.setdefault(key, {}), c)
     repo.add_to_cells(session, cells)
 
 

@@ -11,9 +11,11 @@
   that raises, a curation that raises -> that group is retried or marked (``reward_error`` /
   ``curation_error``) with a decision naming the cause, and the worker moves on. Attempts are counted
   at claim time, so a group that kills its worker runs out of attempts too; a group whose last attempt
-  did not finish is claimed alone, so it burns only its own attempts, not its claim neighbours'.
+  did not finish is claimed alone, so it burns only its own attempts, not its claim neighbours'; a batch
+  whose worker died gets that attempt back (``repo.refund_dead_batches``: no group's fault, no backoff).
 - **Heartbeat.** While scoring, the worker renews its claim (``ClaimHeartbeat``), so a batch slower than
-  ``claim_seconds`` is not taken over while its worker lives.
+  ``claim_seconds`` is not taken over while its worker lives; so the claim can be short (30 s) and a dead
+  worker's groups are claimed again within it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class PipelineConfig:
     max_attempts: int = 10
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
-    claim_seconds: float = 600.0
+    claim_seconds: float = 30.0
     worker_id: str = f"{socket.gethostname()}:{os.getpid()}"
 
     @classmethod

@@ -45,6 +45,31 @@ _CLAIM_SQL = (
 )
 
 
+DIED_IN_BATCH = "died-in-batch:"  # prefix of the claim token of a group whose batch's worker died
+
+_REFUND_SQL = (
+    "UPDATE groups SET score_attempts = greatest(score_attempts - 1, 0), claimed_by = :prefix || claimed_by"
+    " WHERE pk IN (SELECT g.pk FROM groups g WHERE {claimable} AND g.claimed_by IS NOT NULL"
+    " AND g.claimed_by NOT LIKE :prefix || '%' AND g.claimed_by IN (SELECT d.claimed_by FROM groups d"
+    " WHERE d.status = 'received' AND d.claimed_until < clock_timestamp() AND d.claimed_by IS NOT NULL"
+    " GROUP BY d.claimed_by HAVING count(*) > 1) ORDER BY g.pk FOR UPDATE SKIP LOCKED)"
+)
+
+
+def refund_dead_batches(session: Session) -> int:
+    """Groups of a batch claim whose worker died (the claim expired, nothing written, more than one group
+    under the token) get that attempt back: nothing says which of them, if any, killed the worker (an
+    OOM kill or kill -9 of the whole worker is no group's fault), so it neither counts toward
+    ``max_attempts`` nor grows the backoff of a later real failure. They stay unfinished (the token keeps
+    a ``died-in-batch:`` prefix), so each is then claimed alone: a group that kills its worker while
+    claimed alone pays for it. One worker refunds at a time (an advisory lock; the others skip this
+    step) so a batch is never half-seen. Returns how many groups got their attempt back."""
+    if not session.execute(text("SELECT pg_try_advisory_xact_lock(26026)")).scalar():
+        return 0
+    rows = session.execute(text(_REFUND_SQL.format(claimable=_CLAIMABLE)), {"prefix": DIED_IN_BATCH})
+    return rows.rowcount or 0
+
+
 def claim_received(session: Session, token: str, limit: int, claim_seconds: float, max_attempts: int) -> list[int]:
     """Claim up to ``limit`` received groups for scoring outside any transaction: write the claim
     (``token``, until ``claim_seconds`` from now) and count the attempt now, before the work starts, so a
@@ -52,7 +77,9 @@ def claim_received(session: Session, token: str, limit: int, claim_seconds: floa
 
     A group whose previous attempt did not finish (its claim expired with nothing written) is claimed
     alone: if it is the one that kills its worker, it burns only its own attempts, never those of the
-    groups it was claimed with the first time (they are re-claimed alone too, once, and succeed)."""
+    groups it was claimed with the first time (they are re-claimed alone too, once, and succeed). The
+    attempt a batch lost with its dead worker is given back first (``refund_dead_batches``)."""
+    refund_dead_batches(session)
     args = {"token": token, "secs": claim_seconds, "max": max_attempts}
     rows = session.execute(text(_CLAIM_SQL.format(where=f"{_CLAIMABLE} AND {_UNFINISHED}")), args | {"n": 1})
     pks = [pk for (pk,) in rows]
@@ -89,20 +116,8 @@ def fail_exhausted(session: Session, max_attempts: int, limit: int = 1000) -> li
     return [(pk, n) for pk, n in rows]
 
 
-
-
-
-
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
     return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
-
-
-
-
-
-
-
-
 
 
 def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
@@ -121,12 +136,5 @@ def _rename_pk(row: dict[str, Any]) -> dict[str, Any]:
 def insert_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
     if rows:
         session.execute(insert(Decision.__table__), rows)
-
-
-
-
-
-
-
 
 

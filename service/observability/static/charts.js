@@ -38,6 +38,19 @@
     return { scale, label, e };
   }
 
+  // Labels for a row of ticks: as few decimals as keep every label distinct and true to its tick
+  // (fmt's two significant digits printed 0.00675, 0.0068, 0.00685 all as "0.0068")
+  function tickLabels(ticks, unit) {
+    const vs = ticks.map((t) => (unit === "%" ? t * 100 : t));
+    const step = vs.length > 1 ? Math.abs(vs[1] - vs[0]) : 0;
+    for (let d = 0; d <= 12; d++) {
+      const labels = vs.map((v) => (Math.abs(v) >= 1e6 || (v !== 0 && Math.abs(v) < 1e-6) ? v.toExponential(Math.min(d, 6)) : v.toFixed(d)));
+      const exact = vs.every((v, i) => Math.abs(Number(labels[i]) - v) <= (step || Math.abs(v) || 1) * 1e-6);
+      if (new Set(labels).size === labels.length && exact) return labels.map((l) => (unit === "%" ? l + "%" : l));
+    }
+    return ticks.map((t) => fmt(t, unit));
+  }
+
   function fmt(v, unit) {
     if (v === null || v === undefined || Number.isNaN(v)) return "–";
     if (unit === "%") return (v * 100).toFixed(Math.abs(v) < 0.1 ? 1 : 0) + "%";
@@ -72,10 +85,11 @@
     const axes = svg("g", { class: "axes", "font-size": 11, fill: "#5b6672" });
     const tyy = (t) => H - B - ((t - yr.lo) / (yr.hi - yr.lo)) * (H - T - B);  // ticks are in scaled units
     const txx = (t) => L + ((t - xr.lo) / (xr.hi - xr.lo)) * (W - L - R);
-    for (const t of yr.ticks) {
+    const yLabels = ys_.e === 0 ? tickLabels(yr.ticks, opts.unit === "%" ? "%" : "") : yr.ticks.map((t) => ys_.label(t, ""));
+    yr.ticks.forEach((t, i) => {
       axes.append(svg("line", { x1: L, x2: W - R, y1: tyy(t), y2: tyy(t), stroke: "#eceff3" }));
-      axes.append(svg("text", { x: L - 6, y: tyy(t) + 4, "text-anchor": "end", class: "tick y-tick" }, ys_.label(t, opts.unit === "%" ? "%" : "")));
-    }
+      axes.append(svg("text", { x: L - 6, y: tyy(t) + 4, "text-anchor": "end", class: "tick y-tick" }, yLabels[i]));
+    });
     const integerX = xs.every((x) => Number.isInteger(x));
     for (const t of xr.ticks) {
       if (integerX && !Number.isInteger(t)) continue;
@@ -111,5 +125,5 @@
     return box;
   }
 
-  window.Charts = { lineChart, fmt, niceTicks };
+  window.Charts = { lineChart, fmt, niceTicks, tickLabels };
 })();

@@ -4,7 +4,6 @@
 const KEY = "grpo-curator-api-key";
 const { lineChart, fmt } = window.Charts;
 const main = document.getElementById("main");
-let asking = null;  // the one question for a key: calls that get 401 together all wait for the same answer
 
 function el(tag, attrs = {}, ...kids) {
   const n = document.createElement(tag);
@@ -15,21 +14,28 @@ function el(tag, attrs = {}, ...kids) {
   return n;
 }
 
-function askKey() {  // ask once; the key stays in this browser
-  if (asking === null) {
-    asking = Promise.resolve().then(() => {
-      const k = window.prompt("This service needs an API key (a viewer key is enough):");
-      if (k) localStorage.setItem(KEY, k);
-      return k;
-    });
-  }
-  return asking;
+// The API key lives in this tab's sessionStorage (gone when the tab closes), entered in a form on the page
+// (no window.prompt: a headless browser or a screenshot tool can fill it like any other field).
+const getKey = () => sessionStorage.getItem(KEY);
+class NeedKey extends Error {}
+
+function keyForm(reason) {
+  const input = el("input", { type: "password", id: "key-input", name: "key", size: 40, autocomplete: "off",
+    placeholder: "a viewer key is enough" });
+  const save = (e) => {
+    e.preventDefault();
+    if (input.value) sessionStorage.setItem(KEY, input.value.trim()); else sessionStorage.removeItem(KEY);
+    render();
+  };
+  return el("form", { id: "key-form", class: "filters", onsubmit: save },
+    el("p", {}, reason), el("label", {}, "API key ", input), el("button", { type: "submit" }, "Use this key"),
+    getKey() ? el("button", { type: "button", onclick: () => { sessionStorage.removeItem(KEY); render(); } }, "Forget it") : null);
 }
 
-async function api(path, retried = false) {
-  const key = localStorage.getItem(KEY);
+async function api(path) {
+  const key = getKey();
   const r = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {} });
-  if (r.status === 401 && !retried && (await askKey())) return api(path, true);
+  if (r.status === 401) throw new NeedKey(key ? "That API key was not accepted: enter another." : "This service needs an API key.");
   if (!r.ok) {
     let msg = r.statusText;
     try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
@@ -149,10 +155,11 @@ async function groups() {
     field("max_reward", el("input", { size: 6, type: "number", step: "any" })),
     el("button", { type: "submit" }, "Filter")));
   const rows = page.groups;
-  main.append(table(["group", "dataset", "policy version", "status", "drop reason", "trajectories", "tokens", "created"],
+  main.append(table(["group", "dataset", "policy version", "status", "drop reason", "mean reward", "trajectories", "tokens", "created"],
     rows.map((g) => [el("a", { href: "#group/" + encodeURIComponent(g.id), class: "group-link" }, g.id), g.dataset, g.policy_version,
-      el("span", { class: "tag " + g.status }, g.status), g.drop_reason || "", g.n_trajectories, g.n_tokens, g.created_at.replace("T", " ").slice(0, 19)]),
-    [2, 5, 6]));
+      el("span", { class: "tag " + g.status }, g.status), g.drop_reason || "", fmt(g.mean_reward ?? null), g.n_trajectories, g.n_tokens,
+      g.created_at.replace("T", " ").slice(0, 19)]),
+    [2, 5, 6, 7]));
   if (page.next_cursor) {
     const q = new URLSearchParams(p); q.set("cursor", page.next_cursor);
     main.append(el("p", {}, el("a", { href: "#groups?" + q }, "next page →")));
@@ -172,11 +179,21 @@ function message(m) {
     el("pre", {}, content(m.content)), calls);
 }
 
-function trajectory(t) {
+// what happened to a member: its own action, else its group's fate (a group dropped as a whole, e.g.
+// untrainable or stale, leaves every member out), else nothing yet (not curated)
+function memberAction(t, g) {
+  if (t.action) return [t.action, t.action];
+  if (g.status === "dropped" || g.status === "reward_error") return ["drop", `drop (group: ${g.drop_reason || g.status})`];
+  if (["ready", "leased", "consumed"].includes(g.status)) return ["keep", "keep"];
+  return ["", "no action yet"];
+}
+
+function trajectory(t, g) {
+  const [actionClass, actionText] = memberAction(t, g);
   const rewards = Object.entries(t.rewards || {}).map(([name, r]) => [name, r.value === null ? "–" : fmt(r.value),
     r.error ? el("span", { class: "err" }, r.error) : "", r.latency_ms === null || r.latency_ms === undefined ? "" : r.latency_ms.toFixed(1) + " ms"]);
   return el("div", { class: "traj" },
-    el("h3", {}, `Trajectory ${t.index} `, el("span", { class: "tag " + (t.action || "") }, t.action || "no action yet"),
+    el("h3", {}, `Trajectory ${t.index} `, el("span", { class: "tag action " + actionClass }, actionText),
       el("span", { class: "tag" }, "finish: " + t.finish_reason)),
     el("div", { class: "cards" }, card("total reward", fmt(t.total_reward)), card("outcome", fmt(t.outcome)),
       card("advantage", fmt(t.advantage)), card("tokens", t.num_tokens), card("turns", t.num_turns)),
@@ -195,19 +212,24 @@ async function group(id) {
     (g.decisions || []).length ? table(["trajectory", "action", "rule", "reason", "policy", "at"],
       g.decisions.map((d) => [d.index === null ? "group" : d.index, d.action, d.rule, d.reason, d.policy || "", d.created_at.slice(0, 19)]))
       : el("p", { class: "muted" }, "no decisions yet"),
-    el("h2", {}, "Trajectories"), ...g.trajectories.map(trajectory));
+    el("h2", {}, "Prompt"),
+    g.prompt_messages ? el("div", { class: "transcript prompt" }, g.prompt_messages.map(message)) : el("p", { class: "muted" }, "prompt not stored"),
+    el("h2", {}, "Trajectories"), ...g.trajectories.map((t) => trajectory(t, g)));
 }
 
 async function trainer() {
   const [history, summary] = await Promise.all([api("/v1/policy/history?limit=1000"), api("/v1/summary")]);
   const rows = history.versions.map((v) => ({ x: v.version, m: v.metrics || {}, t: Date.parse(v.created_at) }));
   const g = summary.groups || {};
-  const span = rows.length > 1 ? (Math.max(...rows.map((r) => r.t)) - Math.min(...rows.map((r) => r.t))) / 60000 : null;
-  const consumed = rows.reduce((a, r) => a + (r.m.groups || 0), 0);
+  // rates over the last 10 minutes, divided by at least one minute: a burst of versions published within
+  // a second reads as that many per minute, not thousands (the span between its first and last was ~0)
+  const now = Date.now(), recent = rows.filter((r) => now - r.t <= 600000);
+  const span = recent.length ? Math.max(1, (now - Math.min(...recent.map((r) => r.t))) / 60000) : null;
+  const consumed = recent.reduce((a, r) => a + (r.m.groups || 0), 0);
   main.append(el("h2", {}, "Trainer"), el("div", { class: "cards" }, card("policy version", summary.policy_version),
     card("active leases", summary.active_leases), card("ready groups", g.ready || 0), card("consumed groups", g.consumed || 0),
-    card("versions per minute", span ? fmt((rows.length - 1) / span) : "–"),
-    card("groups trained per minute", span && consumed ? fmt(consumed / span) : "–")));
+    card("versions per minute (last 10 min)", span ? fmt(recent.length / span) : "–"),
+    card("groups trained per minute (last 10 min)", span && consumed ? fmt(consumed / span) : "–")));
   const m = (k) => rows.map((r) => [r.x, r.m[k] ?? null]);
   const clip = rows.map((r) => [r.x, r.m.clip_fraction ?? (r.m.clip_frac_low !== undefined ? (r.m.clip_frac_low || 0) + (r.m.clip_frac_high || 0) : null)]);
   const grid = el("div", { class: "grid" });
@@ -238,17 +260,14 @@ async function render() {
     else await (PAGES[page] || overview)();
     status.textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
-    main.append(el("p", { class: "err", id: "error" }, String(e.message || e)));
+    if (e instanceof NeedKey) { main.replaceChildren(keyForm(e.message)); document.getElementById("key-input").focus(); }
+    else main.append(el("p", { class: "err", id: "error" }, String(e.message || e)));
     status.textContent = "";
   }
 }
 
 document.getElementById("key").onclick = () => {
-  const k = window.prompt("API key (kept in this browser; empty to forget it)", localStorage.getItem(KEY) || "");
-  if (k === null) return;
-  if (k) localStorage.setItem(KEY, k); else localStorage.removeItem(KEY);
-  asking = null;
-  render();
+  main.replaceChildren(keyForm(getKey() ? "The key this tab sends (kept until the tab closes):" : "No API key set."));
 };
 window.addEventListener("hashchange", render);
 render();

@@ -114,9 +114,10 @@ def test_the_api_docs_page_renders_offline(browser, live_server, tmp_path):
     assert browser.errors == [], browser.errors
 
 
-def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, live_server, tmp_path):
-    """Auth on (a key exists): the public shell loads, the first data call gets 401, the page asks once,
-    and every later call (and a later visit) sends the stored key as Bearer."""
+def test_with_auth_on_the_dashboard_shows_a_key_form_and_keeps_the_key_in_the_session(browser, live_server, tmp_path):
+    """Auth on (a key exists): the public shell loads, the first data call gets 401 and the page shows a key
+    form (no window.prompt, which a headless screenshot cannot answer); the key entered is kept in the
+    tab's sessionStorage (not localStorage) and every later call sends it as Bearer."""
     from sqlalchemy.orm import Session
 
     from service.auth import keys
@@ -124,17 +125,20 @@ def test_with_auth_on_the_dashboard_asks_for_a_key_once_and_keeps_it(browser, li
     engine = get_engine(live_server.db_url)
     with Session(engine) as s, s.begin():
         token = keys.create_key(s, "dash-viewer", "viewer")
-    with CuratorClient(live_server.url, api_key=token) as c:
-        assert c._request("GET", "/v1/summary").status_code == 200
-    browser.prompt_answer = token
     base = live_server.url + "/dashboard"
-    cards = _page(browser, base + "#overview", "(document.querySelector('#cards') || document.querySelector('#error')) && document.body.innerText", "auth-overview", tmp_path)
-    assert "policy version" in cards and "401" not in cards, browser.dialogs
-    assert len(browser.dialogs) == 1 and "API key" in browser.dialogs[0]
-    assert browser.evaluate("localStorage.getItem('grpo-curator-api-key')") == token
+    browser.goto(base + "#overview")
+    browser.wait_for("!!document.querySelector('#key-form')")
+    browser.screenshot(tmp_path / "key-form.png")
+    browser.evaluate(f"document.getElementById('key-input').value = {token!r};"
+                     " document.getElementById('key-form').requestSubmit(); true")
+    cards = browser.wait_for("document.querySelector('#cards') && document.body.innerText")
+    assert "policy version" in cards and "401" not in cards
+    assert browser.dialogs == []
+    assert browser.evaluate("sessionStorage.getItem('grpo-curator-api-key')") == token
+    assert browser.evaluate("localStorage.getItem('grpo-curator-api-key')") is None
     browser.goto(base + "#groups")
     browser.wait_for("document.querySelector('form.filters') && document.body.innerText")
-    assert len(browser.dialogs) == 1  # kept: not asked again
+    assert browser.evaluate("document.querySelector('#key-form')") is None  # kept: not asked again
     assert all("401" in e for e in browser.errors), browser.errors  # only the first, unauthenticated call
 
 
