@@ -3,7 +3,7 @@
 recomputed from the stored groups; no schema change.
 
 Revision ID: 0009e
-Revises: 0008
+Revises: 0009c
 Create Date: 2026-12-01 21:40:00
 
 The rollup is derived data, rebuilt with the installed code (``service.stats.service.rebuild``). Offline
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009e"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009c"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
