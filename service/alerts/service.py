@@ -23,6 +23,7 @@ from service.alerts.inputs import gather
 from service.alerts.notifier import notify_after_commit
 from service.alerts.schemas import AlertOut, AlertsOut, EvaluateOut, MonitorIn, MonitorOut, MonitorsOut
 from service.api.errors import Conflict, NotFound, ServiceError
+from service.observability.metrics import set_monitor_states
 from service.policy import service as policy
 from service.settings import Settings, get_settings
 from service.store.models import Alert
@@ -122,6 +123,7 @@ def resolve(session: Session, alert_id: str, by: str | None) -> AlertOut:
         raise Conflict(f"alert_id: alert {alert_id!r} is already resolved")
     change = _transition(session, alert, "resolved", policy.current_version(session), f"admin:{by or 'open'}")
     notify_after_commit(session, [change])
+    _export(session, [])
     return _out(alert)
 
 
@@ -168,7 +170,17 @@ def evaluate(session: Session, settings: Settings | None = None) -> EvaluateOut:
             alert.evidence = _evidence(window.versions, result)
             changes.append(_transition(session, alert, to, as_of, "monitor"))
     notify_after_commit(session, changes)
+    _export(session, sorted(window.groups))
     return EvaluateOut(version=as_of, transitions=changes)
+
+
+def _export(session: Session, datasets: list[str]) -> None:
+    """The Prometheus gauge: every monitor overall and per dataset of the window, from the stored alerts."""
+    states = {(m, OVERALL): "ok" for m in MONITOR_NAMES}
+    states |= {(m, d): "ok" for d in datasets for m in MONITOR_NAMES if MONITORS[m].series not in TRAINER_SERIES}
+    for a in alert_repo.open_alerts(session):
+        states[(a.monitor, a.dataset or OVERALL)] = a.state
+    set_monitor_states(states)
 
 
 _last_run = [0.0]
