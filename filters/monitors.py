@@ -71,17 +71,17 @@ class MonitorSpec:
 MONITORS: Mapping[str, MonitorSpec] = {
     "entropy_collapse": MonitorSpec("drop", "entropy", 0.5, 0.8, "ours: relative drop of the policy entropy"),
     "kl_spike": MonitorSpec("spike", "kl_ref", 6.0, 10.0, "ours: k sigma over the trailing window"),
-    "clip_fraction": MonitorSpec("level", "clip_frac", 0.2, 0.4, "ours: PPO-style runs usually clip < 0.2"),
+    "clip_fraction": MonitorSpec("level", "clip_frac", 0.2, 0.4, "ours"),
     "grad_norm_spike": MonitorSpec("spike", "grad_norm", 6.0, 10.0, "ours: k sigma over the trailing window"),
     "behaviour_mismatch": MonitorSpec("level", "behaviour_mismatch", 0.01, 0.05, "ours: KL(sampler || pi_old)"),
     "length_hacking": MonitorSpec("rise_flat", "mean_length", 0.5, 1.0, "ours: relative length rise, flat outcome"),
-    "repetition": MonitorSpec("level", "repetition_share", 0.05, 0.2, "definition slime's; shares ours"),
+    "repetition": MonitorSpec("level", "repetition_share", 0.05, 0.2, "repetitive: slime's zlib check (as issue 24 cites it); shares ours"),
     "format_collapse": MonitorSpec("drop", "format_pass_rate", 0.2, 0.5, "ours: relative drop of the pass rate"),
     "component_dominance": MonitorSpec("level_flat", "dominance", 0.6, 0.8, "ours: one shaped component's share"),
     "judge_disagreement": MonitorSpec("level", "judge_disagreement", 0.2, 0.4, "ours"),
     "zero_variance_saturation": MonitorSpec("level", "zero_variance_share", 0.5, 0.8, "ours"),
     "truncation_rate": MonitorSpec("level", "truncation_share", 0.1, 0.3, "ours"),
-    "error_rate": MonitorSpec("level", "error_share", 0.05, 0.2, "warning: prime-rl (sustained > 5% is a smell)"),
+    "error_rate": MonitorSpec("level", "error_share", 0.05, 0.2, "warning: prime-rl's sustained 5% (as issue 24 cites it); critical ours"),
     "stale_rate": MonitorSpec("level", "stale_share", 0.1, 0.3, "ours"),
 }
 # trainer metrics (POST /v1/policy) each monitor series is read from; clip_frac = low + high
