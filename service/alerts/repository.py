@@ -6,12 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from service.store.models import Alert, AlertTransition, Group, MonitorSetting, Reward, Trajectory
 
 OPEN_STATES = ("warning", "critical")
+_EVALUATE_LOCK_KEY = 0x67616C657274  # "galert": one evaluation (or resolve) at a time
+
+
+def lock_alerts(session: Session) -> None:
+    """Transaction-scoped advisory lock: the worker's schedule and an on-demand evaluation never both open
+    the same alert (released at commit / rollback)."""
+    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVALUATE_LOCK_KEY})
 
 
 def settings_rows(session: Session) -> list[MonitorSetting]:

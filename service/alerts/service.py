@@ -116,6 +116,7 @@ def _now(session: Session) -> Any:
 
 
 def resolve(session: Session, alert_id: str, by: str | None) -> AlertOut:
+    alert_repo.lock_alerts(session)
     alert = alert_repo.get_alert(session, alert_id, lock=True)
     if alert is None:
         raise NotFound(f"alert_id: no alert {alert_id!r}")
@@ -143,6 +144,7 @@ def evaluate(session: Session, settings: Settings | None = None) -> EvaluateOut:
     """Evaluate every monitor at the current policy version and store the transitions it causes."""
     settings = settings or get_settings()
     rule = machine.Policy(settings.alert_resolve_ratio, settings.alert_cooldown_versions, settings.alert_auto_resolve)
+    alert_repo.lock_alerts(session)
     as_of = policy.current_version(session)
     window = gather(session, as_of, settings.alert_window_versions)
     rows = _settings_map(session)
