@@ -27,6 +27,7 @@ Default thresholds: ``MONITORS[name].source`` says where each comes from; most a
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,7 +173,15 @@ def spike_z(values: Sequence[float | None], min_trailing: int = SPIKE_MIN_TRAILI
     return max(0.0, (float(last) - mean) / std)
 
 
+def _finite(value: float | None) -> float | None:
+    """NaN -> None (no value); +-inf (finite inputs whose arithmetic overflowed) -> the largest double."""
+    if value is None or math.isnan(value):
+        return None
+    return value if math.isfinite(value) else math.copysign(sys.float_info.max, value)
+
+
 def _result(value: float | None, thresholds: Thresholds, evidence: dict[str, object]) -> MonitorResult:
+    value = _finite(value)
     state = thresholds.state(value)
     threshold = {"ok": None, "warning": thresholds.warning, "critical": thresholds.critical}[state]
     return MonitorResult(value, state, threshold, evidence)
@@ -185,6 +194,11 @@ def evaluate(
     (``None`` where a version has no value). The evidence holds the series the monitor read."""
     spec = check_monitor(name)
     thresholds = thresholds or Thresholds(spec.warning, spec.critical)
+    with np.errstate(over="ignore", invalid="ignore"):  # finite extremes overflow to inf: see _finite
+        return _evaluate(spec, series, thresholds)
+
+
+def _evaluate(spec: MonitorSpec, series: Mapping[str, Sequence[float | None]], thresholds: Thresholds) -> MonitorResult:
     x = list(series.get(spec.series, ()))
     evidence: dict[str, object] = {spec.series: x}
     if spec.kind == "level":
@@ -366,7 +380,7 @@ def trainer_value(metrics: Mapping[str, object], series: str) -> float | None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return None
         total += float(value)
-    return total
+    return total if math.isfinite(total) else None  # two finite extremes can overflow
 
 
 def window_series(

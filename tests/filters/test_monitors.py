@@ -182,3 +182,13 @@ def test_window_series_reads_trainer_metrics_and_skips_garbage():
     assert s["entropy"] == [1.0, None, None]
     assert s["clip_frac"][0] == pytest.approx(0.15) and s["clip_frac"][1] is None
     assert s["mean_length"] == [None, None, None]
+
+
+def test_extreme_finite_values_give_a_finite_value_or_none():
+    # Attack: a trainer publishes kl_ref 1.7e308 after a calm window: z overflows to inf (not JSON)
+    r = m.evaluate("kl_spike", {"kl_ref": [0.02] * 10 + [1.7e308]})
+    assert r.state == "critical" and math.isfinite(r.value)
+    r = m.evaluate("kl_spike", {"kl_ref": [1.7e308, -1.7e308] * 5 + [1.0]})  # mean / std overflow: no value
+    assert r.value is None or math.isfinite(r.value)
+    r = m.evaluate("clip_fraction", {"clip_frac": [1.7e308] * 3})
+    assert math.isfinite(r.value) and r.state == "critical"

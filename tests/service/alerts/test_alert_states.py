@@ -69,3 +69,15 @@ def test_monitor_settings_are_validated_listed_and_used(api):
     assert [(m["dataset"], m["warning"]) for m in listed] == [(None, 0.05), ("toy", 0.1)]
     assert_client_error(api.get("/v1/alerts", params={"state": "open"}), "state")
     assert api.get("/v1/alerts", params={"monitor": "nope"}).status_code == 404
+
+
+# Attack: trainer metrics are free-form JSON numbers; extreme finite ones must not make GET /v1/alerts a 500
+def test_extreme_trainer_metrics_give_a_readable_alert(api):
+    for v in range(1, 12):
+        publish(api, v, kl_ref=0.02, clip_frac_low=1.7e308, clip_frac_high=1.7e308)
+    publish(api, 12, kl_ref=1.7e308)
+    assert ("kl_spike", None, "critical") in opened(evaluate(api))
+    r = api.get("/v1/alerts")
+    assert r.status_code == 200
+    [alert] = r.json()["alerts"]  # clip low + high overflows: no value, no alert
+    assert alert["monitor"] == "kl_spike" and alert["value"] > 1e300
