@@ -202,13 +202,17 @@ def evaluate_due(session: Session) -> None:
 # -- the breaker -----------------------------------------------------------------------------------------
 def check_leasing(session: Session, key_datasets: list[str] | None, retry_after_s: float | None = None) -> None:
     """Raise LeasesPaused (503) while a pause_leases monitor is critical for every dataset, or for a dataset
-    this lease could hold (a key scoped to other datasets only is not paused)."""
-    criticals = alert_repo.critical_alerts(session)
-    if not criticals:
-        return
-    rows = _settings_map(session)
-    for alert in criticals:
-        if effective(rows, alert.monitor, alert.dataset)[1] != "pause_leases":
-            continue
-        if alert.dataset is None or key_datasets is None or alert.dataset in key_datasets:
-            raise LeasesPaused(_out(alert), retry_after_s or get_settings().alert_retry_after_s)
+    this lease could hold (a key scoped to other datasets only is not paused).
+
+    A read only; its transaction is rolled back before returning, so a long poll that follows waits
+    holding no connection (service.delivery.ready)."""
+    try:
+        criticals = alert_repo.critical_alerts(session)
+        rows = _settings_map(session) if criticals else {}
+        for alert in criticals:
+            if effective(rows, alert.monitor, alert.dataset)[1] != "pause_leases":
+                continue
+            if alert.dataset is None or key_datasets is None or alert.dataset in key_datasets:
+                raise LeasesPaused(_out(alert), retry_after_s or get_settings().alert_retry_after_s)
+    finally:
+        session.rollback()

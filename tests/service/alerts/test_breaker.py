@@ -106,21 +106,24 @@ def test_a_notify_alert_does_not_pause(server):
     http.close()
 
 
-def test_a_dataset_pause_stops_leases_that_could_hold_that_dataset_only(session):
+def test_a_dataset_pause_stops_leases_that_could_hold_that_dataset_only(api):
     from service.alerts.service import LeasesPaused, check_leasing
     from service.store.models import Alert, MonitorSetting
 
     # setup: a critical error_rate alert on dataset "toy" whose monitor pauses leases for "toy"
-    session.add(MonitorSetting(monitor="error_rate", scope="toy", warning=0.05, critical=0.2, action="pause_leases"))
-    session.add(Alert(id="a1", monitor="error_rate", dataset="toy", state="critical", opened_version=3, version=3,
-                      value=0.5, threshold=0.2, evidence={}))
-    session.flush()
-    check_leasing(session, ["math"])  # a key scoped to other datasets only: not paused
-    for datasets in (None, ["toy"], ["math", "toy"]):
-        with pytest.raises(LeasesPaused) as err:
-            check_leasing(session, datasets, retry_after_s=7)
-        assert err.value.headers == {"Retry-After": "7"} and err.value.detail["alert"]["id"] == "a1"
-    session.add(Alert(id="a2", monitor="kl_spike", dataset=None, state="critical", opened_version=3, version=3,
-                      value=20.0, threshold=10.0, evidence={}))
-    session.flush()
-    check_leasing(session, ["math"])  # kl_spike's action is notify (the default): still not paused
+    with api.factory.begin() as s:
+        s.add(MonitorSetting(monitor="error_rate", scope="toy", warning=0.05, critical=0.2, action="pause_leases"))
+        s.add(Alert(id="a1", monitor="error_rate", dataset="toy", state="critical", opened_version=3, version=3,
+                    value=0.5, threshold=0.2, evidence={}))
+    with api.factory() as s:
+        check_leasing(s, ["math"])  # a key scoped to other datasets only: not paused
+        for datasets in (None, ["toy"], ["math", "toy"]):
+            with pytest.raises(LeasesPaused) as err:
+                check_leasing(s, datasets, retry_after_s=7)
+            assert err.value.headers == {"Retry-After": "7"} and err.value.detail["alert"]["id"] == "a1"
+            assert not s.in_transaction()  # released: a long poll after the check holds no connection
+    with api.factory.begin() as s:
+        s.add(Alert(id="a2", monitor="kl_spike", dataset=None, state="critical", opened_version=3, version=3,
+                    value=20.0, threshold=10.0, evidence={}))
+    with api.factory() as s:
+        check_leasing(s, ["math"])  # kl_spike's action is notify (the default): still not paused
