@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 
+from service.alerts import router as alerts
 from service.api import openapi
 from service.api.errors import install_error_handlers
 from service.api.middleware import RequestGuardMiddleware
@@ -50,6 +51,7 @@ ROUTERS = (
     sessions.router,
     specs.router,
     stats.router,
+    alerts.router,
 )
 
 

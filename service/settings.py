@@ -103,6 +103,19 @@ class Settings(BaseSettings):
     session_max_tokens: int = Field(default=131_072, ge=1)
     session_max_seconds: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     session_group_deadline_s: float = Field(default=7200.0, gt=0, allow_inf_nan=False)
+    # training-health alerts (service.alerts, docs/alerts.md): the window of policy versions every monitor
+    # reads, how often the worker evaluates, the hysteresis (an alert resolves once its value is below
+    # warning * alert_resolve_ratio), the cooldown (versions after a resolve before the same monitor
+    # alerts again), whether an alert lifts itself when the monitor recovers, the 503's Retry-After of a
+    # paused lease, and a Slack-compatible webhook every transition is posted to
+    alert_window_versions: int = Field(default=50, ge=2, le=10_000)
+    alert_evaluate_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    alert_resolve_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
+    alert_cooldown_versions: int = Field(default=5, ge=0)
+    alert_auto_resolve: bool = True
+    alert_retry_after_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    alert_webhook_url: str | None = None
+    alert_webhook_retries: int = Field(default=5, ge=0)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import Any, Protocol
 
@@ -50,8 +51,43 @@ def _status(exc: BaseException) -> int | None:
     return getattr(exc, "status_code", None)
 
 
-def lease_batch(client: DeliveryClient, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None:
-    """One lease, retried with the same request_id (a new one if that lease already ended: 409)."""
+PAUSE_MAX_WAIT_S = 60.0  # longest wait between lease attempts while the service pauses leasing
+
+
+def paused_by(exc: BaseException) -> dict[str, Any] | None:
+    """The alert of a 503 that says leasing is paused (service.alerts' breaker), else None."""
+    detail = getattr(exc, "detail", None)
+    if _status(exc) == 503 and isinstance(detail, dict) and isinstance(detail.get("alert"), dict):
+        return detail
+    return None
+
+
+def _wait_while_paused(detail: dict[str, Any], message: str, sleep: Any) -> None:
+    alert = detail["alert"]
+    wait = min(PAUSE_MAX_WAIT_S, max(0.1, float(detail.get("retry_after_s") or 1.0)))
+    log.warning("leasing paused by the service (alert %s, monitor %s, dataset %s): %s; waiting %.0f s",
+                alert.get("id"), alert.get("monitor"), alert.get("dataset"), message, wait)
+    sleep(wait)
+
+
+def lease_batch(client: DeliveryClient, trainer_id: str, *, sleep: Any = None, **kwargs: Any) -> dict[str, Any] | None:
+    """One lease, retried with the same request_id (a new one if that lease already ended: 409).
+
+    While the service pauses leasing (a 503 naming a critical alert) this logs the reason and waits what
+    the service says (at most ``PAUSE_MAX_WAIT_S``), then asks again, for as long as the pause lasts:
+    a pause is never an error and never an empty poll. Nothing was leased by a refused request."""
+    sleep = sleep or time.sleep
+    while True:
+        try:
+            return _lease_batch(client, trainer_id, **kwargs)
+        except Exception as exc:
+            detail = paused_by(exc)
+            if detail is None:
+                raise
+            _wait_while_paused(detail, getattr(exc, "message", str(exc)), sleep)
+
+
+def _lease_batch(client: DeliveryClient, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None:
     from service.client import CuratorError
 
     request_id = uuid.uuid4().hex
@@ -66,7 +102,24 @@ def lease_batch(client: DeliveryClient, trainer_id: str, **kwargs: Any) -> dict[
             request_id = uuid.uuid4().hex
             return client.lease(trainer_id, request_id=request_id, **kwargs)
 
-    return _retry(attempt, "lease")
+    # a pause (503 naming an alert) is not retried here: lease_batch waits for it without burning retries
+    return _retry_unless_paused(attempt)
+
+
+def _retry_unless_paused(fn: Any) -> Any:
+    """``service.client.retry``'s transient-error retries, except that a pause is raised at once."""
+    from service.client import is_transient
+
+    for attempt in range(RETRIES + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if paused_by(exc) is not None or not is_transient(exc) or attempt == RETRIES:
+                raise
+            delay = min(BACKOFF_S * 2**attempt, 5.0)
+            log.warning("lease failed (%s); retry %d/%d in %.1f s", exc, attempt + 1, RETRIES, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def ack_batches(client: DeliveryClient, batch_ids: list[str]) -> list[str]:

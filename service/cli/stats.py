@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
+from service.cli.alerts_lines import format_alerts, open_alerts
 from service.client import CuratorClient, CuratorError, default_url
 from service.stats.service import STATS_BY
 
@@ -149,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"rebuilt the rollup: {done['groups']} groups in {done['cells']} cells", file=sys.stderr
                 )
             body = client._json("GET", "/v1/stats", params=params)
+            alerts = None if args.json else open_alerts(client)
     except CuratorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
@@ -156,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 1
     print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() if args.json else format_table(body))
+    if alerts is not None:
+        print(format_alerts(alerts))
     return 0
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from starlette.concurrency import run_in_threadpool
 
+from service.alerts.service import check_leasing
 from service.api.errors import Conflict, Forbidden, LeaseConflict, NotFound, TooManyWaiters
 from service.auth.service import OPEN, Principal
 from service.delivery import repository as lease_repo
@@ -257,6 +258,7 @@ async def lease(
     notification's wake-up reaches it. 429 when the process already has ``hub.max_waiters`` waiting.
     A client that went away is not leased for.
     """
+    await run_in_threadpool(check_leasing, session, key.datasets)  # 503 while a pause_leases alert is critical
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
     filtered = body.max_staleness is not None or body.min_groups is not None or body.need_logprobs

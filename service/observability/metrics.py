@@ -9,6 +9,8 @@ Names (all prefixed ``grpo_curator_``):
   ``batch`` (200) or ``empty`` (204 after ``wait_seconds``) or ``error``.
 - ``component_latency_seconds{kind, component}`` histogram and ``component_results_total{kind,
   component, result}`` counter (``result`` = ``ok`` | ``error``): every reward component run.
+- ``monitor_state{monitor, dataset}`` gauge: each training-health monitor, 0 ok / 1 warning / 2 critical
+  (service.alerts; docs/alerts.md).
 With several uvicorn workers each process has its own histograms; scrape each, or run one worker per
 replica (the database gauges are the same from every replica).
 """
@@ -19,7 +21,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REGISTRY = CollectorRegistry()
@@ -126,3 +128,24 @@ def process_text() -> bytes:
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
     """Serve this process's metrics on ``port`` (a score worker has no API of its own)."""
     start_http_server(port, addr=addr, registry=REGISTRY)
+
+
+# training-health monitors (service.alerts): 0 ok, 1 warning, 2 critical, per monitor and scope (dataset ""
+# = every dataset together); set by the process that evaluates or resolves (the API with its embedded
+# worker, or a score worker on its --metrics-port), from the stored alerts, so every series is complete
+MONITOR_STATE = Gauge(
+    "grpo_curator_monitor_state",
+    "training-health monitor state: 0 ok, 1 warning, 2 critical (dataset '' = every dataset together)",
+    ["monitor", "dataset"],
+    registry=REGISTRY,
+)
+MONITOR_STATE_VALUES = {"ok": 0, "warning": 1, "critical": 2}
+
+
+def set_monitor_states(states: Mapping[tuple[str, str], str]) -> None:
+    """(monitor, dataset or '') -> 'ok' | 'warning' | 'critical'; scopes no longer named go back to ok."""
+    for labels in list(MONITOR_STATE._metrics):  # noqa: SLF001 - the label sets this process exported
+        if labels not in states:
+            MONITOR_STATE.labels(*labels).set(0)
+    for (monitor, dataset), state in states.items():
+        MONITOR_STATE.labels(monitor, dataset).set(MONITOR_STATE_VALUES[state])

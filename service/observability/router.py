@@ -50,7 +50,8 @@ def openapi_document(request: Request) -> JSONResponse:
     return JSONResponse(request.app.openapi())
 
 
-ASSETS = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css"}
+ASSETS = {"dashboard.js": "text/javascript", "charts.js": "text/javascript", "dashboard.css": "text/css",
+          "alerts.js": "text/javascript"}
 
 
 @router.get("/dashboard/static/{name}", include_in_schema=False, dependencies=[public()])

@@ -330,3 +330,45 @@ class SessionCall(Base):
     error: Mapped[str | None] = mapped_column(Text)
     misuse: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
+class MonitorSetting(Base):
+    """An admin's thresholds / action for one monitor (service.alerts), overall (scope '') or one dataset."""
+
+    __tablename__ = "monitor_settings"
+    monitor: Mapped[str] = mapped_column(Text, primary_key=True)
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)  # '' = every dataset together, else a dataset
+    warning: Mapped[float] = mapped_column(Float)
+    critical: Mapped[float] = mapped_column(Float)
+    action: Mapped[str] = mapped_column(String(16))  # notify | pause_leases
+    updated_at: Mapped[datetime] = _now()
+
+
+class Alert(Base):
+    """One alert episode of a monitor in a scope: warning -> critical -> resolved (service.alerts)."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_open", "monitor", "dataset", "state"),)
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    monitor: Mapped[str] = mapped_column(Text)
+    dataset: Mapped[str | None] = mapped_column(Text)  # None: every dataset together
+    state: Mapped[str] = mapped_column(String(16))  # warning | critical | resolved
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    opened_version: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer)  # the policy version of the last transition
+    value: Mapped[float | None] = mapped_column(Float)
+    threshold: Mapped[float | None] = mapped_column(Float)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _now()
+
+
+class AlertTransition(Base):
+    """Every state change of an alert, one row each (from 'ok' when it opened)."""
+
+    __tablename__ = "alert_transitions"
+    pk: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    alert_id: Mapped[str] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    version: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)  # monitor | admin:<key name>
+    at: Mapped[datetime] = _now()

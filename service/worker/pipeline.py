@@ -155,9 +155,10 @@ def _maintain(factory: sessionmaker[Session]) -> None:
     """Expired leases go back to ready; ready groups past their policy's staleness leave the queue.
     Each task in its own transaction, and a failing one is logged, never raised: maintenance must not
     undo the other task's work or block scoring."""
+    from service.alerts.service import evaluate_due
     from service.delivery.service import drop_stale, reap_expired
 
-    for task in (reap_expired, drop_stale):
+    for task in (reap_expired, drop_stale, evaluate_due):
         try:
             with factory.begin() as session:
                 task(session)

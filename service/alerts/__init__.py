@@ -1,0 +1,1 @@
+"""Training-health alerts: monitors over stored groups and trainer metrics, durable alert state, a lease breaker."""

@@ -1,0 +1,109 @@
+"""Statements of the alerts domain: monitor settings, alerts and their transitions, and the window reads
+over stored groups / trajectories / rewards that feed the monitors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from service.store.models import Alert, AlertTransition, Group, MonitorSetting, Reward, Trajectory
+
+OPEN_STATES = ("warning", "critical")
+_EVALUATE_LOCK_KEY = 0x67616C657274  # "galert": one evaluation (or resolve) at a time
+
+
+def lock_alerts(session: Session) -> None:
+    """Transaction-scoped advisory lock: the worker's schedule and an on-demand evaluation never both open
+    the same alert (released at commit / rollback)."""
+    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVALUATE_LOCK_KEY})
+
+
+def settings_rows(session: Session) -> list[MonitorSetting]:
+    return list(session.execute(select(MonitorSetting)).scalars())
+
+
+def upsert_setting(session: Session, monitor: str, scope: str, warning: float, critical: float, action: str) -> None:
+    row = session.get(MonitorSetting, (monitor, scope))
+    if row is None:
+        session.add(MonitorSetting(monitor=monitor, scope=scope, warning=warning, critical=critical, action=action))
+    else:
+        row.warning, row.critical, row.action, row.updated_at = warning, critical, action, func.now()
+    session.flush()
+
+
+def open_alerts(session: Session) -> list[Alert]:
+    """Alerts in warning / critical, locked (one evaluator at a time moves them)."""
+    stmt = select(Alert).where(Alert.state.in_(OPEN_STATES)).with_for_update()
+    return list(session.execute(stmt).scalars())
+
+
+def critical_alerts(session: Session) -> list[Alert]:
+    stmt = select(Alert).where(Alert.state == "critical").order_by(Alert.since)
+    return list(session.execute(stmt).scalars())
+
+
+def last_resolved_versions(session: Session) -> dict[tuple[str, str | None], int]:
+    stmt = (
+        select(Alert.monitor, Alert.dataset, func.max(Alert.version))
+        .where(Alert.state == "resolved")
+        .group_by(Alert.monitor, Alert.dataset)
+    )
+    return {(m, d): int(v) for m, d, v in session.execute(stmt)}
+
+
+def get_alert(session: Session, alert_id: str, lock: bool = False) -> Alert | None:
+    stmt = select(Alert).where(Alert.id == alert_id)
+    return session.execute(stmt.with_for_update() if lock else stmt).scalar_one_or_none()
+
+
+def list_alerts(session: Session, dataset: str | None, state: str | None, monitor: str | None, limit: int) -> list[Alert]:
+    stmt = select(Alert)
+    if dataset is not None:
+        stmt = stmt.where(Alert.dataset == dataset)
+    if state is not None:
+        stmt = stmt.where(Alert.state == state)
+    if monitor is not None:
+        stmt = stmt.where(Alert.monitor == monitor)
+    return list(session.execute(stmt.order_by(Alert.created_at.desc(), Alert.id).limit(limit)).scalars())
+
+
+def add_alert(session: Session, alert: Alert) -> None:
+    session.add(alert)
+    session.flush()
+
+
+def add_transition(session: Session, **row: Any) -> None:
+    session.add(AlertTransition(**row))
+    session.flush()
+
+
+def transitions(session: Session, alert_id: str) -> list[AlertTransition]:
+    stmt = select(AlertTransition).where(AlertTransition.alert_id == alert_id).order_by(AlertTransition.pk)
+    return list(session.execute(stmt).scalars())
+
+
+def window_groups(session: Session, lo: int, hi: int) -> list[Any]:
+    """Groups sampled at versions lo..hi (inclusive): the columns the monitors read."""
+    stmt = select(
+        Group.pk, Group.dataset, Group.policy_version, Group.status, Group.drop_reason, Group.metric_std,
+        Group.reward_spec_name, Group.reward_spec_version, Group.scored_at,
+    ).where(Group.policy_version.between(lo, hi))
+    return list(session.execute(stmt))
+
+
+def window_trajectories(session: Session, group_pks: Sequence[int], tail_chars: int) -> list[Any]:
+    stmt = select(
+        Trajectory.group_pk, Trajectory.idx, Trajectory.num_tokens, Trajectory.finish_reason,
+        func.right(Trajectory.final_answer, tail_chars).label("tail"), Trajectory.outcome, Trajectory.total_reward,
+    ).where(Trajectory.group_pk.in_(group_pks))
+    return list(session.execute(stmt))
+
+
+def window_rewards(session: Session, group_pks: Sequence[int]) -> list[Any]:
+    stmt = select(Reward.group_pk, Reward.idx, Reward.component, Reward.kind, Reward.value).where(
+        Reward.group_pk.in_(group_pks)
+    )
+    return list(session.execute(stmt))

@@ -1,0 +1,56 @@
+"""Synthetic runs through the real API: published trainer metrics and stored groups, then an evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.helpers import make_group, make_trajectory
+
+
+def publish(api: Any, version: int, **metrics: float) -> None:
+    r = api.post("/v1/policy", json={"version": version, "metrics": metrics})
+    assert r.status_code == 201, r.text
+
+
+def evaluate(api: Any) -> list[dict[str, Any]]:
+    r = api.post("/v1/alerts/evaluate")
+    assert r.status_code == 200, r.text
+    return r.json()["transitions"]
+
+
+def opened(transitions: list[dict[str, Any]]) -> set[tuple[str, str | None, str]]:
+    """(monitor, dataset, to-state) of every transition."""
+    return {(t["alert"]["monitor"], t["alert"]["dataset"], t["to"]) for t in transitions}
+
+
+def healthy_metrics(rng: Any) -> dict[str, float]:
+    """A healthy trainer step with noise: entropy ~1, KL ~0.02, clip ~0.05, grad norm ~1."""
+    return {
+        "entropy": 1.0 + rng.gauss(0, 0.03),
+        "kl_ref": max(0.0, 0.02 + rng.gauss(0, 0.002)),
+        "clip_frac_low": max(0.0, 0.02 + rng.gauss(0, 0.005)),
+        "clip_frac_high": max(0.0, 0.03 + rng.gauss(0, 0.005)),
+        "grad_norm": max(0.0, 1.0 + rng.gauss(0, 0.1)),
+        "behaviour_mismatch": max(0.0, 0.001 + rng.gauss(0, 0.0002)),
+    }
+
+
+def text_of(rng: Any, chars: int) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 ") for _ in range(chars))
+
+
+def group(gid: str, version: int, answers: list[str], *, lengths: list[int] | None = None,
+          texts: list[str] | None = None, reasons: list[str] | None = None, dataset: str = "toy",
+          prompt_id: str = "p-1") -> dict[str, Any]:
+    """A group sampled at ``version``: answers are scored by the default spec (verifier.math vs 42)."""
+    g = make_group(gid, prompt_id=prompt_id, answers=answers, policy_version=version, dataset=dataset)
+    trajs = []
+    for i, a in enumerate(answers):
+        n = (lengths or [6] * len(answers))[i]
+        t = make_trajectory(answer=a, response_len=n, seed=i, finish_reason=(reasons or ["stop"] * len(answers))[i])
+        content = f"{(texts or [''] * len(answers))[i]} The answer is \\boxed{{{a}}}"
+        t["messages"] = [{"role": "assistant", "content": content}]
+        trajs.append(t)
+    g["trajectories"] = trajs
+    g["sampling"] = {"temperature": 1.0, "max_tokens": 4096}
+    return g

@@ -1,0 +1,83 @@
+"""Alerts as durable state: ok -> warning -> critical -> resolved, every transition a row; the routes."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from service.store.models import AlertTransition
+from tests.helpers import assert_client_error
+from tests.service.alerts.helpers import evaluate, opened, publish
+
+
+def test_entropy_collapse_opens_escalates_and_resolves_with_a_row_each(api):
+    for v in range(1, 21):
+        publish(api, v, entropy=1.0)
+        assert evaluate(api) == []
+    publish(api, 21, entropy=0.1)  # recent (1, 1, 0.1) / 3 = 0.7 -> drop 0.3: ok
+    assert evaluate(api) == []
+    publish(api, 22, entropy=0.1)  # drop 0.6: warning
+    assert opened(evaluate(api)) == {("entropy_collapse", None, "warning")}
+    assert evaluate(api) == []  # the same version again changes nothing
+    publish(api, 23, entropy=0.1)  # drop 0.9: critical
+    assert opened(evaluate(api)) == {("entropy_collapse", None, "critical")}
+    [alert] = api.get("/v1/alerts", params={"monitor": "entropy_collapse"}).json()["alerts"]
+    assert alert["state"] == "critical" and alert["dataset"] is None
+    assert alert["value"] == 0.9 or abs(alert["value"] - 0.9) < 1e-9
+    assert alert["threshold"] == 0.8 and alert["evidence"]["entropy"][-1] == 0.1
+    assert alert["evidence"]["versions"][-1] == 23
+    changes = {}
+    for v in range(24, 27):  # recovers: at 25 recent (0.1, 1, 1) -> drop 0.3 < 0.5 * 0.8: resolved by itself
+        publish(api, v, entropy=1.0)
+        changes[v] = opened(evaluate(api))
+    assert changes == {24: set(), 25: {("entropy_collapse", None, "resolved")}, 26: set()}
+    with api.factory() as s:
+        rows = s.execute(select(AlertTransition.from_state, AlertTransition.to_state).order_by(AlertTransition.pk)).all()
+    assert [tuple(r) for r in rows] == [("ok", "warning"), ("warning", "critical"), ("critical", "resolved")]
+    assert api.get("/v1/alerts", params={"state": "resolved"}).json()["alerts"][0]["id"] == alert["id"]
+    assert api.get("/v1/alerts", params={"state": "critical"}).json()["alerts"] == []
+
+
+def test_cooldown_keeps_a_resolved_monitor_quiet_for_some_versions(api):
+    for v in range(1, 21):
+        publish(api, v, entropy=1.0)
+    publish(api, 21, entropy=0.0)
+    publish(api, 22, entropy=0.0)
+    publish(api, 23, entropy=0.0)
+    [change] = evaluate(api)
+    r = api.post(f"/v1/alerts/{change['alert']['id']}/resolve")
+    assert r.status_code == 200 and r.json()["state"] == "resolved"
+    assert api.post(f"/v1/alerts/{change['alert']['id']}/resolve").status_code == 409
+    for v in range(24, 28):  # still collapsed, but within the 5-version cooldown of the resolve at 23
+        publish(api, v, entropy=0.0)
+        assert evaluate(api) == []
+    publish(api, 28, entropy=0.0)
+    assert opened(evaluate(api)) == {("entropy_collapse", None, "critical")}
+
+
+def test_monitor_settings_are_validated_listed_and_used(api):
+    monitors = api.get("/v1/monitors").json()["monitors"]
+    assert {m["monitor"] for m in monitors} >= {"entropy_collapse", "error_rate", "stale_rate"}
+    err = next(m for m in monitors if m["monitor"] == "error_rate")
+    assert (err["warning"], err["critical"], err["action"], err["dataset"]) == (0.05, 0.2, "notify", None)
+    assert "prime-rl" in err["source"]
+    assert api.put("/v1/monitors/nope", json={"warning": 1, "critical": 2}).status_code == 404
+    assert_client_error(api.put("/v1/monitors/error_rate", json={"warning": 3, "critical": 2}), "warning")
+    assert_client_error(api.put("/v1/monitors/error_rate", json={"warning": 1, "critical": 2, "action": "x"}), "action")
+    r = api.put("/v1/monitors/error_rate", json={"dataset": "toy", "warning": 0.1, "critical": 0.5, "action": "pause_leases"})
+    assert r.status_code == 200 and r.json()["action"] == "pause_leases"
+    listed = [m for m in api.get("/v1/monitors").json()["monitors"] if m["monitor"] == "error_rate"]
+    assert [(m["dataset"], m["warning"]) for m in listed] == [(None, 0.05), ("toy", 0.1)]
+    assert_client_error(api.get("/v1/alerts", params={"state": "open"}), "state")
+    assert api.get("/v1/alerts", params={"monitor": "nope"}).status_code == 404
+
+
+# Attack: trainer metrics are free-form JSON numbers; extreme finite ones must not make GET /v1/alerts a 500
+def test_extreme_trainer_metrics_give_a_readable_alert(api):
+    for v in range(1, 12):
+        publish(api, v, kl_ref=0.02, clip_frac_low=1.7e308, clip_frac_high=1.7e308)
+    publish(api, 12, kl_ref=1.7e308)
+    assert ("kl_spike", None, "critical") in opened(evaluate(api))
+    r = api.get("/v1/alerts")
+    assert r.status_code == 200
+    [alert] = r.json()["alerts"]  # clip low + high overflows: no value, no alert
+    assert alert["monitor"] == "kl_spike" and alert["value"] > 1e300

@@ -1,0 +1,128 @@
+"""Synthetic runs through the real API (published trainer metrics, stored groups scored by the real
+worker): each pathology raises its own alert at the version computed by hand below, and no other.
+
+Every run: versions 1-20 healthy (mixed groups of 4 at 60 tokens, random 1.2k-character texts with the
+format marker, noisy healthy trainer metrics), then the pathology from version 21 on, evaluated after
+each version. Hand computation (RECENT = 3, BASELINE = 5; docs/alerts.md):
+- entropy 1 -> 0.1: drop at 22 = 1 - (1 + .1 + .1) / 3 = 0.6 (warning), at 23 = 0.9 (critical);
+- length 60 -> 90, 120, 150 on a flat outcome: rise at 22 = 90 / 60 - 1 = 0.5 (warning), at 23 = 1.0;
+- half the answers a loop: share at 21 = 0.5 / 3 = 0.17 (warning), at 22 = 0.33 (critical);
+- half the answers without the format marker: drop at 22 = 1 - (1 + .5 + .5) / 3 = 0.33, at 23 = 0.5;
+- one answer in four env_error: share at 21 = 0.083 (warning), 22 = 0.17, 23 = 0.25 (critical);
+- every group all-correct: zero-variance share at 22 = 0.67 (warning), at 23 = 1.0 (critical).
+Group monitors alert overall (dataset None) and for the dataset ("toy"); trainer monitors overall only.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from service.worker.pipeline import drain
+from tests.service.alerts.helpers import evaluate, group, healthy_metrics, opened, publish, text_of
+
+SPEC = {
+    "name": "mon",
+    "components": [
+        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.1, "params": {"pattern": "Final answer:", "source": "response"}},
+    ],
+}
+START, LAST, GROUPS = 21, 23, 4
+LOOP = "the answer is " * 300
+
+
+def _setup(api) -> None:
+    assert api.post("/v1/reward-specs", json=SPEC).status_code == 201
+    assert api.put("/v1/datasets/toy", json={"reward_spec": "mon"}).status_code == 200
+
+
+def _groups(v: int, pathology: str | None, rng: random.Random) -> list[dict]:
+    sick = pathology is not None and v >= START
+    out = []
+    for i in range(GROUPS):
+        answers = ["42", "42", "7", "7"]
+        rng.shuffle(answers)
+        if sick and pathology == "saturation":
+            answers = ["42"] * 4
+        length = 60 + (30 * (v - START + 1) if sick and pathology == "length" else 0)
+        texts = [text_of(rng, 1200) for _ in answers]
+        marks = ["Final answer:"] * 4
+        reasons = ["stop"] * 4
+        if sick and pathology == "repetition":
+            texts[:2] = [LOOP, LOOP]
+        if sick and pathology == "format":
+            marks[:2] = ["", ""]
+        if sick and pathology == "errors":
+            reasons[answers.index("42")] = "env_error"
+        out.append(group(f"g-{v}-{i}", v, answers, lengths=[length] * 4, prompt_id=f"p-{i}", reasons=reasons,
+                         texts=[f"{t} {m}" for t, m in zip(texts, marks, strict=True)]))
+    return out
+
+
+def run(api, scorer, pathology: str | None, last: int, seed: int = 0) -> dict[int, set]:
+    """{version: the transitions it caused} for the versions that caused any."""
+    rng = random.Random(seed)
+    _setup(api)
+    seen: dict[int, set] = {}
+    for v in range(1, last + 1):
+        metrics = healthy_metrics(rng)
+        if pathology == "entropy" and v >= START:
+            metrics["entropy"] = 0.1
+        publish(api, v, **metrics)
+        r = api.post("/v1/groups", json={"groups": _groups(v, pathology, rng)})
+        assert r.status_code in (200, 201), r.text
+        drain(api.factory, scorer)
+        if changes := opened(evaluate(api)):
+            seen[v] = changes
+    return seen
+
+
+def both(monitor: str, state: str) -> set:
+    return {(monitor, None, state), (monitor, "toy", state)}
+
+
+EXPECTED = {
+    "entropy": {22: {("entropy_collapse", None, "warning")}, 23: {("entropy_collapse", None, "critical")}},
+    "length": {22: both("length_hacking", "warning"), 23: both("length_hacking", "critical")},
+    "repetition": {21: both("repetition", "warning"), 22: both("repetition", "critical")},
+    "format": {22: both("format_collapse", "warning"), 23: both("format_collapse", "critical")},
+    "errors": {21: both("error_rate", "warning"), 23: both("error_rate", "critical")},
+    "saturation": {22: both("zero_variance_saturation", "warning"), 23: both("zero_variance_saturation", "critical")},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pathology", sorted(EXPECTED))
+def test_each_pathology_raises_its_alert_at_the_expected_version_and_no_other(api, scorer, pathology):
+    assert run(api, scorer, pathology, LAST) == EXPECTED[pathology]
+
+
+LONG_RUN_VERSIONS = 2000
+
+
+def _noisy_healthy_group(v: int, rng: random.Random) -> dict:
+    """Mixed outcome (1-3 of 4 right), length 60 +- 10 %, random texts with the marker, every one stop."""
+    right = rng.randint(1, 3)
+    answers = ["42"] * right + ["7"] * (4 - right)
+    rng.shuffle(answers)
+    lengths = [max(1, round(rng.gauss(60, 6))) for _ in answers]
+    texts = [f"{text_of(rng, rng.randint(100, 1500))} Final answer:" for _ in answers]
+    return group(f"g-{v}", v, answers, lengths=lengths, texts=texts, prompt_id=f"p-{v % 7}")
+
+
+@pytest.mark.slow
+def test_a_long_noisy_healthy_run_raises_no_alert(api, scorer):
+    """2000 versions of noisy healthy metrics and groups: the false-positive count is 0."""
+    rng = random.Random(1234)
+    _setup(api)
+    false_positives: dict[int, set] = {}
+    for v in range(1, LONG_RUN_VERSIONS + 1):
+        publish(api, v, **healthy_metrics(rng))
+        assert api.post("/v1/groups", json=_noisy_healthy_group(v, rng)).status_code in (200, 201)
+        drain(api.factory, scorer)
+        if changes := opened(evaluate(api)):
+            false_positives[v] = changes
+    print(f"long healthy run: {LONG_RUN_VERSIONS} versions, {len(false_positives)} false positives")
+    assert false_positives == {}
