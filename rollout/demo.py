@@ -27,7 +27,7 @@ import httpx
 from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.auth.keys import provision_local
 from service.client import API_KEY_ENV, wait_healthy
-from service.worker.processes import spawn_tied, stop_all
+from service.store.processes import spawn_tied, stop_all
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,

@@ -31,7 +31,7 @@ from service.client import wait_healthy
 from service.store.db import to_sqlalchemy_url
 from service.store.dbadmin import create_database, drop_database, freeze_template
 from service.store.migrate import upgrade
-from service.worker.processes import exit_on_signals
+from service.store.processes import exit_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def _server_url() -> str:
     import pgserver
 
     # one server per test run, in its own temp dir: two checkouts (or two runs) never share one; it is
-    # stopped and deleted when this process exits (SIGTERM included, see service.worker.processes)
+    # stopped and deleted when this process exits (SIGTERM included, see service.store.processes)
     exit_on_signals()
     data = Path(tempfile.mkdtemp(prefix="grpo-curator-test-pg-"))
     server = pgserver.get_server(data, cleanup_mode="delete")

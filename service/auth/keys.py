@@ -76,3 +76,8 @@ def provision_local(data_dir: Path, keys: dict[str, str]) -> dict[str, str]:
     url = resolve_database_url(Settings(data_dir=data_dir, database_url=None))
     upgrade(url)
     return provision(url, keys)
+
+
+def any_key(session: Session) -> bool:
+    """Whether any key was ever created (revoked ones count: auth stays on)."""
+    return key_repo.any_key(session)

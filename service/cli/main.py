@@ -10,7 +10,7 @@ import sys
 
 from service.cli.errors import CommandFailed, check_set_options, explain, missing_extra
 from service.settings import LOG_LEVEL_ALIASES, LOG_LEVELS, get_settings, normalize_log_level
-from service.worker.processes import exit_on_signals
+from service.store.processes import exit_on_signals
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def check_port_free(host: str, port: int) -> None:
 def auth_gate(url: str, host: str, *, insecure: bool, require: bool) -> str | None:
     """With no API key, serve stays open on a loopback host (one log line) and refuses any other host
     unless ``--insecure-no-auth``; returns "on" / "off" (start), or None (refuse)."""
-    from service.auth.repository import any_key
+    from service.auth.keys import any_key
     from service.auth.service import is_loopback
     from service.store.db import get_engine, make_sessionmaker
 

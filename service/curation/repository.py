@@ -9,7 +9,7 @@ from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.store.models import Prompt, Reward, SamplingRequest
+from service.store.models import Decision, Prompt, Reward, SamplingRequest
 
 
 def update_trajectory_decisions(session: Session, rows: list[tuple[int, int, float, str, str]]) -> None:
@@ -92,3 +92,8 @@ def trajectory_components(
     for pk, idx, comp, value in session.execute(stmt):
         out.setdefault((pk, idx), {})[comp] = value
     return out
+
+
+def insert_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(insert(Decision.__table__), rows)

@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session
 from filters import curate_groups
 from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
 from service.curation import repository as curate_repo
+from service.ingest import service as ingest
 from service.policy import service as policy_service
 from service.specs import service as specs
 from service.stats import service as stats
 from service.store.models import Group
-from service.worker import repository as repo
 
 _PLAIN_METRICS = ("outcome", "total")
 
@@ -122,10 +122,10 @@ class _Writes:
 
     def flush(self, session: Session) -> None:
         curate_repo.update_trajectory_decisions(session, self.trajectories)
-        repo.update_groups(session, self.groups)
-        repo.update_groups(session, self.errors)
-        repo.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
-        repo.insert_decisions(session, self.decisions)
+        ingest.update_groups(session, self.groups)
+        ingest.update_groups(session, self.errors)
+        ingest.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
+        curate_repo.insert_decisions(session, self.decisions)
         curate_repo.insert_sampling_requests(session, self.requests)
         curate_repo.record_outcomes(session, self.outcomes)
 
@@ -185,7 +185,7 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
     """Curate ``groups`` (held by the caller, status 'scored'); returns counts by resulting status."""
     if not groups:
         return {}
-    prompts = repo.prompts_by_id(session, {g.prompt_id for g in groups})
+    prompts = ingest.prompts_by_id(session, {g.prompt_id for g in groups})
     current = policy_service.current_version(session)
     writes = _Writes()
     trainable = []
@@ -211,3 +211,8 @@ def forget_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
     """Take (prompt id, outcome) contributions back out of the prompts' outcome history (rescore and
     recurate send their groups through again; nothing is counted twice)."""
     curate_repo.retract_outcomes(session, rows)
+
+
+def record_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Decision-log rows (every drop / mask / penalty / error with its reason), for the other stages too."""
+    curate_repo.insert_decisions(session, rows)

@@ -8,7 +8,7 @@ Times come from the database clock (``clock_timestamp()``), so API replicas agre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 
@@ -251,15 +251,14 @@ def _outside_vocab(g: Group, vocab_size: int | None) -> str | None:
 
 
 def drop_held_groups(
-    session: Session, lease_id: str, reason: str, vocab_size: int | None = None
+    session: Session, lease_id: str, reason: str, untrainable_reason: Callable[[Group], str | None],
+    vocab_size: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """A trainer's ``nack(drop=True)``, re-checked: of the groups still held by this lease, those the
     service itself finds untrainable (a trajectory without token ids / loss mask, or, when the trainer
     sent its ``vocab_size``, a stored token id outside [0, vocab_size)) -> 'dropped' ('untrainable'); the
     others are kept (they go back to the queue with the lease) and get a 'keep' decision recording the
     refusal. -> (dropped pks, kept pks)."""
-    from service.curation.service import untrainable_reason
-
     held = (
         select(Group)
         .where(Group.lease_id == lease_id, Group.status == "leased")

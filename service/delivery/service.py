@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from service.alerts.service import check_leasing
 from service.api.errors import Conflict, Forbidden, LeaseConflict, NotFound, TooManyWaiters
 from service.auth.service import OPEN, Principal
+from service.curation import service as curation
 from service.delivery import repository as lease_repo
 from service.delivery.arrow import BatchColumns
 from service.delivery.ready import ReadyHub, Waiter
@@ -420,7 +421,8 @@ def nack(
     if lease.status == "active":
         lease_repo.set_reason(session, batch_id, reason)
         if drop:
-            dropped, _ = lease_repo.drop_held_groups(session, batch_id, reason or "no reason given", vocab_size)
+            dropped, _ = lease_repo.drop_held_groups(session, batch_id, reason or "no reason given",
+                                                        curation.untrainable_reason, vocab_size)
             stats.record_late_drops(session, dropped)
     if lease.status == "nacked":
         return _state(session, lease)

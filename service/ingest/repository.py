@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, exists, func, select
+from sqlalchemy import Row, bindparam, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Decision, Group, Reward, Trajectory
+from service.store.models import Decision, Group, Prompt, Reward, Trajectory
 
 _INSERT_GROUP = (
     pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
@@ -123,3 +123,20 @@ def mean_rewards(session: Session, group_pks: list[int]) -> dict[int, float | No
     stmt = (select(Trajectory.group_pk, func.avg(Trajectory.total_reward))
             .where(Trajectory.group_pk.in_(group_pks)).group_by(Trajectory.group_pk))
     return {pk: (None if mean is None else float(mean)) for pk, mean in session.execute(stmt)}
+
+
+def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
+    return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
+
+
+def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Bulk UPDATE by primary key; every row has the same keys (``pk`` plus the columns to set)."""
+    if rows:
+        stmt = Group.__table__.update().where(Group.__table__.c.pk == bindparam("_pk"))
+        session.execute(stmt, [_rename_pk(r) for r in rows])
+
+
+def _rename_pk(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k != "pk"}
+    out["_pk"] = row["pk"]
+    return out

@@ -245,3 +245,13 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer
         return GroupAck(id=g.id, status=existing.status, trajectories=existing.n_trajectories, created=False)
     group_repo.insert_trajectories(session, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
     return GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True)
+
+
+def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Any]:
+    """The stored prompts (ORM rows) with these ids, by id: for the score and curate stages."""
+    return group_repo.prompts_by_id(session, ids)
+
+
+def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Bulk update of groups by primary key (each row: ``pk`` plus the columns to set, the same keys)."""
+    group_repo.update_groups(session, rows)

@@ -195,3 +195,8 @@ def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_
     acks = ingest.ingest_groups(session, groups, max_group_size=max_group_size, max_sequence_tokens=2**31,
                                 batched=True, key=key, caller_specs=caller_specs)
     return [a.id for a in acks]
+
+
+# The worker's score stage (claimed groups, service.worker.pipeline) is this domain's too: it reaches it here.
+from service.scoring.stage import Backoff, Job, ScoreOutcome, exhausted_decisions, prepare, write  # noqa: E402, F401
+from service.scoring.stage import score as score_job  # noqa: E402, F401

@@ -24,11 +24,12 @@ from sqlalchemy.orm.attributes import set_committed_value
 from reward_models.base import PromptInfo, Sample
 from reward_models.scoring import Scorer
 from reward_models.spec import RewardSpec, ScoredSample
+from service.curation import service as curation
+from service.ingest import service as ingest
 from service.observability import metrics
 from service.scoring import repository as score_repo
 from service.specs import service as specs
 from service.store.models import Group, Prompt, Trajectory
-from service.worker import repository as repo
 
 Resolved = tuple[specs.Versioned, RewardSpec]
 
@@ -99,7 +100,7 @@ def _spec_for(session: Session, g: Group, prompt: Prompt, cache: dict) -> Resolv
 def prepare(session: Session, token: str, pks: list[int]) -> Job:
     """Read the claimed groups and resolve each one's spec; a group whose spec fails gets its error."""
     groups = score_repo.load_groups(session, pks)
-    job = Job(token, groups, repo.prompts_by_id(session, {g.prompt_id for g in groups}))
+    job = Job(token, groups, ingest.prompts_by_id(session, {g.prompt_id for g in groups}))
     cache: dict = {}
     for g in groups:
         try:
@@ -210,8 +211,8 @@ class _Writes:
     def flush(self, session: Session) -> ScoreOutcome:
         score_repo.upsert_rewards(session, self.rewards)
         score_repo.update_trajectory_scores(session, self.scores)
-        repo.update_groups(session, self.groups)
-        repo.insert_decisions(session, self.decisions)
+        ingest.update_groups(session, self.groups)
+        curation.record_decisions(session, self.decisions)
         return self.outcome
 
 
@@ -235,8 +236,8 @@ def write(session: Session, job: Job, max_attempts: int, backoff: Backoff) -> Sc
 
 
 def exhausted_decisions(session: Session, rows: list[tuple[int, int]]) -> None:
-    """Decision-log rows for groups whose attempts all ended without a result (``repo.fail_exhausted``)."""
-    repo.insert_decisions(session, [
+    """Decision-log rows for groups whose attempts all ended without a result (the worker's ``fail_exhausted``)."""
+    curation.record_decisions(session, [
         {"group_pk": pk, "idx": None, "policy_name": None, "policy_version": None, "action": "drop",
          "rule": "reward_error", "reason": f"scoring did not finish in {n} attempt(s) (worker crashed or hung)"}
         for pk, n in rows

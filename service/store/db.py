@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.settings import Settings, get_settings
 from service.store.embedded import lock_down, start_server
-from service.worker.processes import prune_dead_handles
+from service.store.processes import prune_dead_handles
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reward_models.scoring import Scorer
 from service.curation.service import curate
-from service.scoring import stage as scoring
+from service.scoring import service as scoring
 from service.worker import repository as repo
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConf
     with factory() as session:  # a short read; closed (no transaction) before scoring starts
         job = scoring.prepare(session, token, pks)
     with ClaimHeartbeat(factory, token, cfg.claim_seconds):  # a slow batch keeps its claim
-        scoring.score(scorer, job)
+        scoring.score_job(scorer, job)
     with factory.begin() as session:
         out = scoring.write(session, job, cfg.max_attempts, cfg.backoff)
         counts = curate(session, out.scored)

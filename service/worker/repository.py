@@ -5,13 +5,11 @@ make (group status, decisions, the prompts they read). Each stage's own statemen
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from sqlalchemy import bindparam, or_, select, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Decision, Group, Prompt
+from service.store.models import Group
 
 
 def claim_groups(session: Session, status: str, limit: int) -> list[Group]:
@@ -114,27 +112,3 @@ def fail_exhausted(session: Session, max_attempts: int, limit: int = 1000) -> li
         {"max": max_attempts, "n": limit},
     )
     return [(pk, n) for pk, n in rows]
-
-
-def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
-    return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
-
-
-def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Bulk UPDATE by primary key; every row has the same keys (``pk`` plus the columns to set)."""
-    if rows:
-        stmt = Group.__table__.update().where(Group.__table__.c.pk == bindparam("_pk"))
-        session.execute(stmt, [_rename_pk(r) for r in rows])
-
-
-def _rename_pk(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if k != "pk"}
-    out["_pk"] = row["pk"]
-    return out
-
-
-def insert_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(insert(Decision.__table__), rows)
-
-

@@ -19,7 +19,7 @@ from rollout.producer import RolloutConfig, Spool, build_group, run
 from rollout.tasks import DEMO_ALPHABET, EOS, letter_sum_prompts, letter_sum_spec
 from service.auth import keys
 from service.client import CuratorClient
-from service.worker.processes import processes_mentioning
+from service.store.processes import processes_mentioning
 from tests.conftest import ROOT
 from trainer.worker import tiny_model_config
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from service.worker.processes import processes_mentioning
+from service.store.processes import processes_mentioning
 from tests.conftest import ROOT
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from websockets.sync.client import connect
 
-from service.worker.processes import stop_all
+from service.store.processes import stop_all
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

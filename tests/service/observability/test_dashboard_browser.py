@@ -13,8 +13,8 @@ from reward_models.scoring import Scorer
 from service.api.examples import AGENT_GROUPS, POLICY
 from service.client import CuratorClient
 from service.store.db import get_engine, make_sessionmaker
+from service.store.processes import processes_mentioning
 from service.worker.pipeline import drain
-from service.worker.processes import processes_mentioning
 from tests.helpers import make_group
 from tests.service.observability.cdp import Browser, find_chromium
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.client import wait_healthy
-from service.worker.processes import processes_mentioning
+from service.store.processes import processes_mentioning
 from tests.conftest import ROOT, free_port
 from tests.helpers import make_group
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from service.worker.processes import pid_alive, processes_mentioning
+from service.store.processes import pid_alive, processes_mentioning
 from tests.conftest import ROOT
 
 
@@ -28,7 +28,7 @@ def test_a_tied_child_ends_when_its_parent_is_killed(tmp_path):
     gets SIGTERM (PR_SET_PDEATHSIG) and ends; an untied sibling would live on (checked as a control)."""
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from service.worker.processes import spawn_tied
+        from service.store.processes import spawn_tied
         tied = spawn_tied([sys.executable, "-c", "import time; time.sleep(600)", "tied-{tmp_path.name}"])
         free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "free-{tmp_path.name}"])
         print(tied.pid, free.pid, flush=True)
