@@ -8,16 +8,23 @@ The key never travels further than this middleware: the request's scope is rewri
 access log formats the same scope, so it logs the rewritten path), and any other path under
 ``/compat/openrlhf/key/`` (no spec segment, an empty key) has its key segment replaced by ``redacted`` before
 routing, so a 404 / 405 body or a log line names ``/compat/openrlhf/key/redacted/...``, never the key.
+
+Whatever the path's shape (doubled slashes, another case, percent-encoding, the key in any segment or in the
+query), anything left in the path or query that looks like an API token (``service.api.errors.redact_tokens``)
+is replaced by ``redacted`` before anything else sees the scope: no route, error handler, redirect or access
+log line can echo it. Only the one rewritten shape above authenticates with a key from the path.
 """
 
 from __future__ import annotations
 
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.api.errors import TOKEN_MASK, redact_tokens
+
 PREFIX = "/compat/openrlhf/key/"
-MASK = "redacted"  # no character the access log would percent-encode
+MASK = TOKEN_MASK  # no character the access log would percent-encode
 
 
 def rewrite(raw_path: str) -> tuple[str, str] | None:
@@ -59,4 +66,20 @@ class PathKeyMiddleware:
             elif _is_under_prefix(scope, raw):
                 hidden = masked(unquote(raw) if not raw.startswith(PREFIX) else raw)
                 scope.update(path=unquote(hidden), raw_path=hidden.encode("latin-1"))
+            _redact_scope(scope)
         await self.app(scope, receive, send)
+
+
+def _redact_scope(scope: Scope) -> None:
+    """Every token-shaped piece of the path, raw path and query string -> ``redacted`` (in place)."""
+    path = scope["path"]
+    raw = (scope.get("raw_path") or path.encode("latin-1", "replace")).decode("latin-1")
+    query = scope.get("query_string", b"").decode("latin-1")
+    clean_path, clean_raw, clean_query = redact_tokens(path), redact_tokens(raw), redact_tokens(query)
+    if redact_tokens(unquote(clean_raw)) != unquote(clean_raw):  # a token spelled with percent-escapes
+        clean_raw = quote(clean_path, safe="/")
+    if redact_tokens(unquote(clean_query)) != unquote(clean_query):
+        clean_query = quote(redact_tokens(unquote(clean_query)), safe="=&")
+    if (clean_path, clean_raw, clean_query) != (path, raw, query):
+        scope.update(path=clean_path, raw_path=clean_raw.encode("latin-1"),
+                     query_string=clean_query.encode("latin-1"))
