@@ -12,11 +12,14 @@ routing, so a 404 / 405 body or a log line names ``/compat/openrlhf/key/redacted
 Whatever the path's shape (doubled slashes, another case, percent-encoding, the key in any segment or in the
 query), anything left in the path or query that looks like an API token (``service.api.errors.redact_tokens``)
 is replaced by ``redacted`` before anything else sees the scope: no route, error handler, redirect or access
-log line can echo it. Only the one rewritten shape above authenticates with a key from the path.
+log line can echo it. Besides the one rewritten shape above, a key in the path authenticates only on a route
+that declares it (``allow(..., token_param=...)``): such a path's key moves into ``Authorization`` as it is
+redacted.
 """
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -66,8 +69,34 @@ class PathKeyMiddleware:
             elif _is_under_prefix(scope, raw):
                 hidden = masked(unquote(raw) if not raw.startswith(PREFIX) else raw)
                 scope.update(path=unquote(hidden), raw_path=hidden.encode("latin-1"))
+            if redact_tokens(scope["path"]) != scope["path"]:
+                _token_param_to_header(scope)
             _redact_scope(scope)
         await self.app(scope, receive, send)
+
+
+def _token_param_to_header(scope: Scope) -> None:
+    """A route declaring ``token_param`` whose path carries the key: the key becomes the Bearer header
+    (when the request has none), so redacting the path leaves it authenticated."""
+    from service.auth.service import declared_routes
+
+    app = scope.get("app")
+    if app is None or any(k == b"authorization" for k, _ in scope.get("headers", [])):
+        return
+    for method, template, access in declared_routes(app):
+        if access is None or not access.token_param or method != scope.get("method"):
+            continue
+        found = re.fullmatch(_template_regex(template, access.token_param), scope["path"])
+        if found is not None and redact_tokens(found["key"]) != found["key"]:
+            scope["headers"] = [*scope.get("headers", []), (b"authorization", b"Bearer " + found["key"].encode())]
+            return
+
+
+def _template_regex(template: str, token_param: str) -> str:
+    """'/a/{key}/b/{x}' -> a regex capturing ``token_param``'s segment as ``key``."""
+    parts = re.split(r"(\{[^}]+\})", template)
+    return "".join(("(?P<key>[^/]+)" if p == "{" + token_param + "}" else "[^/]+") if p.startswith("{")
+                   else re.escape(p) for p in parts)
 
 
 def _redact_scope(scope: Scope) -> None:
