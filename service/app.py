@@ -6,7 +6,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 
@@ -25,6 +24,7 @@ from service.policy import router as policy
 from service.sampling import router as sampling
 from service.scoring import rescore_router
 from service.scoring import router as scoring
+from service.scoring.executor import DaemonThreadExecutor
 from service.scoring.path_key import PathKeyMiddleware
 from service.settings import Settings, get_settings
 from service.specs import router as specs
@@ -94,7 +94,7 @@ def create_app(
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
     # the threads /v1/score's requests are scored on (awaited: no request holds a threadpool thread meanwhile)
-    app.state.score_executor = ThreadPoolExecutor(settings.score_concurrency, thread_name_prefix="score")
+    app.state.score_executor = DaemonThreadExecutor(settings.score_concurrency, thread_name_prefix="score")
     app.state.ready_url = libpq_url(url)  # /healthz connects on its own (service.observability.probes.check_database)
     app.state.ready_hub = ReadyHub(
         app.state.ready_url,
