@@ -6,7 +6,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 
@@ -18,6 +17,7 @@ from service.auth.service import RedactTokens, check_routes
 from service.delivery import router as delivery
 from service.delivery.ready import ReadyHub
 from service.export import router as export
+from service.export.service import ExportSlots
 from service.ingest import router as ingest
 from service.observability import health
 from service.observability import router as observability
@@ -26,6 +26,8 @@ from service.policy import router as policy
 from service.sampling import router as sampling
 from service.scoring import rescore_router
 from service.scoring import router as scoring
+from service.scoring.executor import DaemonThreadExecutor
+from service.scoring.gate import ScoreGate
 from service.scoring.path_key import PathKeyMiddleware
 from service.sessions import router as sessions
 from service.settings import Settings, get_settings
@@ -98,7 +100,10 @@ def create_app(
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.scorer, app.state.scorer_lock, app.state.worker = None, threading.Lock(), None
     # the threads /v1/score's requests are scored on (awaited: no request holds a threadpool thread meanwhile)
-    app.state.score_executor = ThreadPoolExecutor(settings.score_concurrency, thread_name_prefix="score")
+    app.state.score_executor = DaemonThreadExecutor(settings.score_concurrency, thread_name_prefix="score")
+    app.state.score_gate = ScoreGate(settings.score_pool_slots or 2 * settings.worker_processes,
+                                     settings.score_max_in_flight_per_key, settings.score_retry_after_s)
+    app.state.export_slots = ExportSlots(settings.export_max_concurrent, settings.export_retry_after_s)
     app.state.ready_url = libpq_url(url)  # /healthz connects on its own (service.observability.probes.check_database)
     app.state.ready_hub = ReadyHub(
         app.state.ready_url,
@@ -107,7 +112,8 @@ def create_app(
         attempt_slots=settings.lease_attempt_slots or max(1, settings.db_pool_size // 2),
     )
     install_error_handlers(app)
-    app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestGuardMiddleware, max_bytes=settings.max_body_bytes,
+                       max_containers=settings.max_body_containers)
     app.add_middleware(RequestMetricsMiddleware)  # times every request, 413s included
     app.add_middleware(PathKeyMiddleware)  # outermost: an OpenRLHF key in the path becomes a header first
     for router in ROUTERS:

@@ -116,6 +116,20 @@ class Settings(BaseSettings):
     alert_retry_after_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     alert_webhook_url: str | None = None
     alert_webhook_retries: int = Field(default=5, ge=0)
+    # scoring requests (service.scoring.gate): pool tasks all of /v1/score + OpenRLHF may have queued or running
+    # at once (None: 2 per pool process), and one key's scoring requests at once (429 + Retry-After beyond)
+    score_pool_slots: int | None = Field(default=None, ge=1)
+    score_max_in_flight_per_key: int = Field(default=8, ge=1)
+    score_retry_after_s: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # exports (service.export): a page is also bounded by bytes of trajectory JSON, and a process streams at
+    # most this many exports at once (429 + Retry-After beyond)
+    export_batch_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    export_max_concurrent: int = Field(default=8, ge=1)
+    export_retry_after_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    # request bodies: JSON objects + arrays per body (413 beyond, counted before parsing), and the JSON size of
+    # one group's or trajectory's free-form metadata (422 naming the field)
+    max_body_containers: int = Field(default=1_000_000, ge=1)
+    max_metadata_bytes: int = Field(default=64 * 1024, ge=1)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -233,11 +233,15 @@ def unusable(batch: dict[str, Any], need_logprobs: bool, vocab_size: int | None 
 
 
 def next_version(client: DeliveryClient, checkpoint_version: int) -> int:
-    """The last published version this trainer continues from: the service's latest, or the checkpoint's
-    when higher (a service reset). Resuming after a crash that published past the checkpoint then
-    publishes latest + 1, never a version the service already has."""
+    """The last published version this trainer continues from: always the service's latest, since a trainer
+    key publishes exactly latest + 1 (docs/security.md). Resuming after a crash that published past the
+    checkpoint publishes latest + 1, never a version the service already has; a checkpoint ahead of the
+    service (a service reset) continues from the service's latest + 1 too, and says so."""
     latest = int(_retry(client.get_policy, "get policy").get("version") or 0)
-    return max(latest, checkpoint_version)
+    if checkpoint_version > latest:
+        log.warning("checkpoint policy version %d is ahead of the service's %d (a service reset?): "
+                    "continuing from the service's, publishing %d next", checkpoint_version, latest, latest + 1)
+    return latest
 
 
 def publish_version(client: DeliveryClient, version: int, metrics: dict[str, Any]) -> None:

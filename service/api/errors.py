@@ -8,6 +8,7 @@ anything unexpected (500). ``ERROR_STATUSES`` / ``document_errors`` declare them
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,17 @@ from service.api.validation import format_errors
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
+
+# anything shaped like one of our API tokens (``service.auth.service.new_token``: ``gck_<32 hex>_<urlsafe
+# secret>``), leniently: any case, percent-encoded secret characters, and the ``<id>_<secret>`` tail alone
+_TOKEN_LIKE = re.compile(r"(?i:gck_)[0-9a-fA-F]{32}_[A-Za-z0-9_%-]*|[0-9a-fA-F]{32}_[A-Za-z0-9_-]{43}(?![\w-])")
+TOKEN_MASK = "redacted"  # no character the access log would percent-encode
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with everything that looks like an API token replaced by ``redacted``: what a response body,
+    header or log line may echo of a request (its path, its query) never carries a key."""
+    return _TOKEN_LIKE.sub(TOKEN_MASK, text)
 
 
 class ServiceError(Exception):
@@ -115,20 +127,24 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the path is echoed redacted (service.scoring.path_key redacts the scope first; this is the backstop)
+        path = redact_tokens(request.url.path)
         if exc.status_code == 404 and exc.detail == "Not Found":
-            message = f"{request.method} {request.url.path}: no such route"
+            message = f"{redact_tokens(request.method)} {path}: no such route"
         elif exc.status_code == 405:
             allowed = _allowed_methods(request)
-            message = f"{request.method} {request.url.path}: method not allowed (allowed: {allowed})"
+            message = f"{redact_tokens(request.method)} {path}: method not allowed (allowed: {allowed})"
             return error_response(405, message, None, headers={"Allow": allowed})
         else:
-            message = str(exc.detail)
-        return error_response(exc.status_code, message, None, headers=exc.headers)
+            message = redact_tokens(str(exc.detail))
+        headers = {k: redact_tokens(v) for k, v in exc.headers.items()} if exc.headers else None
+        return error_response(exc.status_code, message, None, headers=headers)
 
     async def db_error(request: Request, exc: Exception) -> JSONResponse:
         if not _is_db_unavailable(exc):
             raise exc  # rendered as a 500 below
-        log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc.__class__.__name__)
+        log.warning("%s %s: database unavailable: %s", request.method, redact_tokens(request.url.path),
+                    exc.__class__.__name__)
         return error_response(
             503, "database: unavailable; retry later", None, headers={"Retry-After": str(RETRY_AFTER_S)}
         )
@@ -138,7 +154,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s failed: %r", request.method, request.url.path, exc)
+        log.error("%s %s failed: %s", request.method, redact_tokens(request.url.path), redact_tokens(repr(exc)))
         return error_response(500, "internal error (logged by the service)", None)
 
 

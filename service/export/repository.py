@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Text, and_, func, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
@@ -37,10 +37,19 @@ def _filtered(stmt: Any, *, dataset: str | None, min_policy_version: int | None,
     return stmt
 
 
+def _group_bytes(session: Session, pks: list[int]) -> dict[int, int]:
+    """About how many bytes each group's rows read: its trajectories' messages and metadata as JSON text."""
+    t = Trajectory.__table__
+    size = func.sum(func.octet_length(t.c.messages.cast(Text)) + func.octet_length(t.c.metadata.cast(Text)))
+    stmt = select(t.c.group_pk, size).where(t.c.group_pk.in_(pks)).group_by(t.c.group_pk)
+    return {pk: int(n or 0) for pk, n in session.execute(stmt)}
+
+
 def group_page(session: Session, *, after_pk: int, max_rows: int, dataset: str | None,
-               min_policy_version: int | None, max_policy_version: int | None, statuses: list[str]) -> list[int]:
+               min_policy_version: int | None, max_policy_version: int | None, statuses: list[str],
+               max_bytes: int | None = None) -> list[int]:
     """The pks of the next groups after ``after_pk`` (in pk order) that match, as many as fit in ``max_rows``
-    trajectories (at least one group)."""
+    trajectories and (with ``max_bytes``) about that many bytes of trajectory JSON (at least one group)."""
     stmt = select(Group.pk, Group.n_trajectories).where(Group.pk > after_pk).order_by(Group.pk).limit(max_rows)
     stmt = _filtered(stmt, dataset=dataset, min_policy_version=min_policy_version,
                      max_policy_version=max_policy_version, statuses=statuses)
@@ -50,6 +59,13 @@ def group_page(session: Session, *, after_pk: int, max_rows: int, dataset: str |
             break
         pks.append(pk)
         rows += n
+    if max_bytes is None or len(pks) <= 1:
+        return pks
+    sizes, read = _group_bytes(session, pks), 0
+    for i, pk in enumerate(pks):
+        read += sizes.get(pk, 0)
+        if i and read > max_bytes:
+            return pks[:i]
     return pks
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from service.api.deps import SettingsDep
 from service.api.errors import BadRequest
@@ -16,6 +18,23 @@ from service.export import service as export
 from service.export.schemas import ExportFormat, ExportQuery, FileType
 
 router = APIRouter(prefix="/v1", tags=["export"])
+
+
+class ExportResponse(StreamingResponse):
+    """A streamed export that gives its slot back the moment the response ends, however it ends (done, the
+    client gone, the server shutting down): not whenever the garbage collector gets to it."""
+
+    def __init__(self, chunks: Iterator[bytes], **kwargs: Any) -> None:
+        super().__init__(chunks, **kwargs)
+        self.chunks = chunks  # the guarded iterator (the body iterator wraps it for the threadpool)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.chunks, "close", None)
+            if close is not None:
+                close()
 
 
 def export_query(
@@ -38,10 +57,14 @@ def export_query(
 
 
 @router.get("/export", response_class=StreamingResponse, dependencies=[allow(VIEWER, dataset="dataset")],
-            responses={200: {"content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}}}})
+            responses={200: {"content": {"application/x-ndjson": {}, "application/vnd.apache.parquet": {}}},
+                       429: {"description": "export_max_concurrent exports are streaming; retry after Retry-After "
+                                            "seconds"}})
 def get_export(request: Request, q: Annotated[ExportQuery, Depends(export_query)], settings: SettingsDep,
                filetype: FileType = "jsonl") -> StreamingResponse:
-    chunks = export.stream(request.app.state.sessionmaker, q, filetype, settings.export_batch_rows)
+    chunks = export.stream(request.app.state.sessionmaker, q, filetype, settings.export_batch_rows,
+                           settings.export_batch_bytes)
+    chunks = request.app.state.export_slots.guard(chunks)  # 429 + Retry-After beyond export_max_concurrent
     name = f"{q.format}.{filetype}"
-    return StreamingResponse(chunks, media_type=export.MEDIA_TYPES[filetype],
-                             headers={"content-disposition": f'attachment; filename="{name}"'})
+    return ExportResponse(chunks, media_type=export.MEDIA_TYPES[filetype],
+                          headers={"content-disposition": f'attachment; filename="{name}"'})

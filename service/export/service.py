@@ -13,6 +13,7 @@ in part.) Parquet columns have one fixed schema per format
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.errors import BadRequest
+from service.api.errors import BadRequest, ServiceError
 from service.api.schemas import GROUP_STATUSES
 from service.export import repository as repo
 from service.export.formats import FORMATS, Options
@@ -64,15 +65,17 @@ def check_query(q: ExportQuery) -> list[str]:
     return statuses
 
 
-def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int) -> Iterator[dict[str, Any]]:
-    """The export's rows in group order, a page (about ``batch_rows`` rows of whole groups) per short session."""
+def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int,
+         batch_bytes: int | None = None) -> Iterator[dict[str, Any]]:
+    """The export's rows in group order, a page (about ``batch_rows`` rows and ``batch_bytes`` bytes of
+    trajectory JSON, whole groups) per short session."""
     statuses = check_query(q)
     filters = {"dataset": q.dataset, "min_policy_version": q.min_policy_version,
                "max_policy_version": q.max_policy_version, "statuses": statuses}
     after = 0
     while True:
         with factory() as session, session.begin():
-            pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, **filters)
+            pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, max_bytes=batch_bytes, **filters)
             page = repo.page_rows(session, pks, statuses=statuses, with_rewards=q.format == "rollouts") if pks else []
         if not pks:
             return
@@ -80,10 +83,11 @@ def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int) -> Ite
         after = pks[-1]
 
 
-def records(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int) -> Iterator[dict[str, Any]]:
+def records(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int,
+            batch_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     """The export's records in group order (a generator: pages are read as records are consumed)."""
     make, opts = FORMATS[q.format], Options(q.format, q.min_reward, q.correct_threshold)
-    grouped = itertools.groupby(rows(factory, q, batch_rows), key=lambda r: r["group_pk"])
+    grouped = itertools.groupby(rows(factory, q, batch_rows, batch_bytes), key=lambda r: r["group_pk"])
     out = (rec for _, group in grouped for rec in make(list(group), opts))
     return itertools.islice(out, q.limit) if q.limit is not None else out
 
@@ -145,9 +149,78 @@ def encode(fmt: str, filetype: str, recs: Iterator[dict[str, Any]], batch_rows: 
     return _parquet(fmt, recs, batch_rows) if filetype == "parquet" else _jsonl(recs, batch_rows)
 
 
-def stream(factory: sessionmaker[Session], q: ExportQuery, filetype: str, batch_rows: int) -> Iterator[bytes]:
+def stream(factory: sessionmaker[Session], q: ExportQuery, filetype: str, batch_rows: int,
+           batch_bytes: int | None = None) -> Iterator[bytes]:
     """The whole export as byte chunks, read page by page in short sessions of its own (it outlives the
     request's session). ``check_query`` runs first, so bad filters fail before anything is sent."""
     check_query(q)
-    return encode(q.format, filetype, records(factory, q, batch_rows), batch_rows)
+    return encode(q.format, filetype, records(factory, q, batch_rows, batch_bytes), batch_rows)
+
+
+class TooManyExports(ServiceError):
+    """429: the process streams ``limit`` exports already."""
+
+    status_code = 429
+
+    def __init__(self, limit: int, retry_after_s: float) -> None:
+        super().__init__(f"export: {limit} exports are streaming in this process, the limit of "
+                         f"export_max_concurrent={limit}; retry after {retry_after_s:g} s",
+                         detail={"limit": limit, "setting": "export_max_concurrent", "retry_after_s": retry_after_s})
+        self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
+
+
+class ExportSlots:
+    """At most ``limit`` exports streaming at once in a process (each holds up to a page in memory)."""
+
+    def __init__(self, limit: int, retry_after_s: float = 5.0) -> None:
+        self.limit, self.retry_after_s = limit, retry_after_s
+        self.streaming = 0
+        self._lock = threading.Lock()
+
+    def guard(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """A slot for ``chunks`` (429 when none is free), given back when the stream ends, fails or is closed
+        (the response closes it when it ends, however it ends: ``service.export.router``), or is dropped
+        unstarted."""
+        with self._lock:
+            if self.streaming >= self.limit:
+                raise TooManyExports(self.limit, self.retry_after_s)
+            self.streaming += 1
+        return _Guarded(chunks, self._release)
+
+    def _release(self) -> None:
+        with self._lock:
+            self.streaming -= 1
+
+
+class _Guarded:
+    def __init__(self, chunks: Iterator[bytes], release: Any) -> None:
+        self._chunks, self._release, self._done = chunks, release, False
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> _Guarded:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        except ValueError:  # a page is being read in a thread right now: that thread finishes it, then stops
+            pass
+        finally:
+            self._release()
+
+    def __del__(self) -> None:
+        self.close()
 

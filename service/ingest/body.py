@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, Request
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -35,10 +36,28 @@ async def group_body(request: Request) -> GroupsIn | GroupIn:
         except WireError as exc:
             raise BadRequest(str(exc), status_code=exc.status) from None
     try:
-        return await run_in_threadpool(_validate, doc)
+        parsed = await run_in_threadpool(_validate, doc)
     except ValidationError as exc:
         message, items = format_errors(exc.errors(include_url=False))
         raise BadRequest(message, detail=items) from None
+    limit = getattr(request.app.state.settings, "max_metadata_bytes", None)
+    if limit is not None:
+        await run_in_threadpool(check_metadata_size, parsed, limit)
+    return parsed
+
+
+def check_metadata_size(body: GroupsIn | GroupIn, limit: int) -> None:
+    """422 naming the first group's or trajectory's ``metadata`` whose JSON is longer than ``limit`` bytes
+    (``max_metadata_bytes``): free-form metadata rides along with every read of the group."""
+    batched = isinstance(body, GroupsIn)
+    for i, g in enumerate(body.groups if batched else [body]):
+        where = f"groups[{i}]." if batched else ""
+        fields = [(f"{where}metadata", g.metadata)]
+        fields += [(f"{where}trajectories[{j}].metadata", t.metadata) for j, t in enumerate(g.trajectories)]
+        for field, value in fields:
+            if value and len(size := orjson.dumps(value)) > limit:
+                raise BadRequest(f"{field}: {len(size)} bytes of JSON, above the limit of {limit} "
+                                 "(max_metadata_bytes)", detail=[{"field": field, "message": "too large"}])
 
 
 _MISSING = object()

@@ -18,10 +18,11 @@ def _upsert_statement():  # built once: a cached statement executed with many pa
     table = Prompt.__table__
     stmt = insert(table)
     ex = stmt.excluded
-    changed = func.row(*(table.c[c] for c in _UPDATABLE)).is_distinct_from(func.row(*(ex[c] for c in _UPDATABLE)))
+    written = (*_UPDATABLE, "reference_from_admin")  # provenance is written, never compared with inline prompts
+    changed = func.row(*(table.c[c] for c in written)).is_distinct_from(func.row(*(ex[c] for c in written)))
     return stmt.on_conflict_do_update(
         index_elements=[table.c.id],
-        set_={**{c: ex[c] for c in _UPDATABLE}, "updated_at": func.now()},
+        set_={**{c: ex[c] for c in written}, "updated_at": func.now()},
         where=changed,
     )
 

@@ -79,7 +79,9 @@ def upsert_prompts(session: Session, prompts: list[PromptUpsert]) -> int:
         seen[p.id] = p
         check_refs(session, p, f"prompts[{i}].")
     check_reference(session, [(f"prompts[{i}].", p) for i, p in enumerate(prompts)])
-    return prompt_repo.upsert_prompts(session, [_prompt_row(p.id, p) for p in prompts])
+    # POST /v1/prompts is an admin's (and import-prompts an operator's): the references are admin-loaded
+    return prompt_repo.upsert_prompts(session, [{**_prompt_row(p.id, p), "reference_from_admin": True}
+                                                for p in prompts])
 
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -156,7 +158,9 @@ def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool, key:
         sent.setdefault(g.prompt_id, (f"groups[{i}]." if batched else "", row))
     if not sent:
         return
-    prompt_repo.insert_prompts_if_new(session, [row for _, row in sent.values()])
+    # provenance (service.specs.references): an inline prompt's reference is admin-loaded only from an admin key
+    prompt_repo.insert_prompts_if_new(session, [{**row, "reference_from_admin": key.is_admin}
+                                                for _, row in sent.values()])
     stored = prompt_repo.stored_fields(session, sent)
     for prompt_id, (where, row) in sent.items():
         if not key.allows_dataset(stored[prompt_id]["dataset"]):

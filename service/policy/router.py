@@ -21,12 +21,13 @@ router = APIRouter(prefix="/v1/policy", tags=["policy"])
     status_code=201,
     responses={
         200: {"description": "the same version and metrics again"},
-        409: {"description": "not increasing"},
+        409: {"description": "not the current version + 1 (a trainer key; an admin key may set any higher "
+                              "version), or the same version with other metrics"},
     },
     dependencies=[allow(TRAINER)],
 )
 def publish_policy(body: PolicyIn, session: SessionDep, key: KeyDep, response: Response) -> PolicyOut:
-    out, created = policy.publish(session, body, key.name)
+    out, created = policy.publish(session, body, key.name, any_version=key.is_admin)
     if not created:
         response.status_code = 200
     return out

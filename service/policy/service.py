@@ -16,11 +16,14 @@ def _out(row: PolicyState) -> PolicyOut:
     return PolicyOut(version=row.version, metrics=row.metrics, created_at=row.created_at.isoformat())
 
 
-def publish(session: Session, body: PolicyIn, publisher_key: str | None = None) -> tuple[PolicyOut, bool]:
+def publish(session: Session, body: PolicyIn, publisher_key: str | None = None,
+            any_version: bool = False) -> tuple[PolicyOut, bool]:
     """Store a new version; returns (the stored version, created?).
 
-    Versions strictly increase. The same version with the same metrics again is an idempotent retry
-    (created=False); a version at or below the current one otherwise is a 409 and stores nothing.
+    Versions strictly increase, one step at a time: a trainer publishes exactly the latest + 1 (409 naming
+    the expected version otherwise), so no key can jump to the top of the range and strand every group.
+    ``any_version`` (admin keys) may publish any higher version, for recovery. The same version with the
+    same metrics again is an idempotent retry (created=False); anything else is a 409 and stores nothing.
     """
     policy_repo.lock_publishing(session)
     existing = policy_repo.get_version(session, body.version)
@@ -37,6 +40,13 @@ def publish(session: Session, body: PolicyIn, publisher_key: str | None = None) 
             f"version: {body.version} is not greater than the current version {latest.version}; "
             "versions strictly increase",
             detail={"version": body.version, "current": latest.version},
+        )
+    expected = (latest.version if latest is not None else 0) + 1
+    if not any_version and body.version != expected:
+        raise Conflict(
+            f"version: expected {expected} (the current version + 1); a trainer key publishes one version "
+            f"at a time, got {body.version} (an admin key may set any higher version, for recovery)",
+            detail={"version": body.version, "expected": expected},
         )
     return _out(policy_repo.insert_version(session, body.version, body.metrics, publisher_key)), True
 

@@ -9,7 +9,7 @@ from sqlalchemy import BigInteger, Text, any_, bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Group, Reward, Trajectory
+from service.store.models import Group, Prompt, Reward, Trajectory
 
 _CLEARED_TRAJECTORY = {"advantage": None, "action": None, "reason": None}
 
@@ -33,6 +33,18 @@ def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, grou
 
 
 MAX_GROUPS_PER_CALL = 10_000
+
+
+def non_admin_code_references(session: Session, fields: tuple[str, ...], limit: int = 5,
+                              **filters: Any) -> tuple[int, list[str]]:
+    """Matching groups whose prompt's reference carries one of ``fields`` and was not written by an admin
+    key -> (how many groups, up to ``limit`` of their prompt ids)."""
+    stmt = _filtered(select(Group.prompt_id).join(Prompt, Prompt.id == Group.prompt_id), **filters).where(
+        Prompt.reference_from_admin.is_(False),
+        Prompt.reference.op("?|")(_array("code_fields", list(fields), Text)),
+    )
+    ids = list(session.execute(stmt.order_by(Group.prompt_id)).scalars())
+    return len(ids), sorted(set(ids))[:limit]
 
 
 def lock_matching(session: Session, limit: int = MAX_GROUPS_PER_CALL, **filters: Any) -> list[int]:

@@ -10,6 +10,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from reward_models.spec import RewardSpec
+from service.api.errors import Forbidden
 from service.curation import service as curation
 from service.scoring import repository as repo
 from service.specs import service as specs
@@ -31,8 +33,23 @@ def _requeue(session: Session, values: dict[str, Any], clear_scores: bool, **fil
     return pks
 
 
-def rescore(session: Session, reward_spec: str, **filters: Any) -> dict[str, Any]:
+def rescore(session: Session, reward_spec: str, caller_specs: frozenset[str] = frozenset(),
+            **filters: Any) -> dict[str, Any]:
+    """Send the matching groups to ``reward_spec``. A spec that runs references as code is refused (403
+    naming the rule, nothing requeued) when a matching group's prompt carries a reference no admin key
+    loaded (``service.specs.references``), unless the spec is one of ``caller_specs``."""
     v = specs.resolve_reward_spec(session, reward_spec)
+    if specs.runs_reference(RewardSpec.model_validate(v.body)) and v.name not in caller_specs:
+        n, prompt_ids = repo.non_admin_code_references(
+            session, specs.CODE_REFERENCE_FIELDS, statuses=RESCORABLE, **filters)
+        if n:
+            raise Forbidden(
+                f"reward_spec: {v.name!r} runs its reference as code (verifier.code) and {n} matching group(s) "
+                f"have a reference that no admin key loaded (prompts {', '.join(map(repr, prompt_ids))}"
+                f"{', ...' if n > len(prompt_ids) else ''}); only a reference an admin key loaded runs as code: "
+                "review them and re-load them with POST /v1/prompts, narrow the filter, or list the spec in "
+                "GRPO_CURATOR_CALLER_REFERENCE_SPECS",
+                detail={"field": "reward_spec", "groups": n, "prompt_ids": prompt_ids})
     values = {"status": "received", "reward_spec_name": v.name, "reward_spec_version": v.version,
               "score_attempts": 0, "score_error": None, "retry_at": None, "drop_reason": None,
               "curated_at": None, "ready_at": None}

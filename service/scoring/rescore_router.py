@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.deps import SessionDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.schemas import INT4_MAX, MAX_RESCORE_IDS, Key, Name
 from service.auth.service import ADMIN, allow
 from service.scoring import rescore
@@ -33,9 +33,11 @@ class RecurateIn(GroupFilter):
     curation_policy: Name
 
 
-@router.post("/rescore", dependencies=[allow(ADMIN)])
-def post_rescore(body: RescoreIn, session: SessionDep) -> dict[str, Any]:
-    return rescore.rescore(session, body.reward_spec, **body.filters())
+@router.post("/rescore", dependencies=[allow(ADMIN)],
+             responses={403: {"description": "the spec runs references as code and a matching group's reference "
+                                             "was not loaded by an admin key (docs/security.md)"}})
+def post_rescore(body: RescoreIn, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    return rescore.rescore(session, body.reward_spec, frozenset(settings.caller_reference_specs), **body.filters())
 
 
 @router.post("/recurate", dependencies=[allow(ADMIN)])

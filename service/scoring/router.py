@@ -19,7 +19,7 @@ def score_run(request: Request) -> ScoreRun:
     """The Scorer with the app's scoring threads, this deployment's limits and reference opt-ins."""
     s = request.app.state.settings
     return ScoreRun(get_scorer(request), request.app.state.score_executor, ScoreLimits.of(s),
-                    frozenset(s.caller_reference_specs))
+                    frozenset(s.caller_reference_specs), getattr(request.app.state, "score_gate", None))
 
 
 ScoreRunDep = Annotated[ScoreRun, Depends(score_run)]
@@ -29,7 +29,9 @@ ScoreRunDep = Annotated[ScoreRun, Depends(score_run)]
              responses={413: {"description": "more items than max_score_items, or more pool time than "
                                              "score_pool_budget_s: send fewer items"},
                         403: {"description": "store with a key that is not a producer's, or a reference the "
-                                             "spec runs as code from a key that may not supply one"}})
+                                             "spec runs as code from a key that may not supply one"},
+                        429: {"description": "the key has score_max_in_flight_per_key requests in flight; "
+                                             "retry after Retry-After seconds"}})
 async def post_score(body: ScoreIn, session: SessionDep, run: ScoreRunDep, key: KeyDep) -> ScoreOut:
     return await score_items(session, run, body, key)
 
@@ -37,7 +39,9 @@ async def post_score(body: ScoreIn, session: SessionDep, run: ScoreRunDep, key: 
 @router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
              responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"},
                         413: {"description": "more queries than max_score_items, or more pool time than "
-                                             "score_pool_budget_s: send fewer queries"}})
+                                             "score_pool_budget_s: send fewer queries"},
+                        429: {"description": "the key has score_max_in_flight_per_key requests in flight; "
+                                             "retry after Retry-After seconds"}})
 async def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: OpenRLHFIn, session: SessionDep,
                                run: ScoreRunDep, settings: SettingsDep, key: KeyDep) -> OpenRLHFOut:
     return await openrlhf.get_reward(session, run, spec, body, on_error=settings.openrlhf_on_error,

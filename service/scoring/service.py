@@ -30,6 +30,7 @@ from service.api.schemas import Message
 from service.auth.service import OPEN, PRODUCER, Principal
 from service.ingest import service as ingest
 from service.ingest.schemas import GroupIn
+from service.scoring.gate import ScoreGate
 from service.scoring.schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
 from service.settings import Settings
 from service.specs import service as specs
@@ -51,8 +52,8 @@ class ScoreLimits:
     pool_budget_s: float = 120.0
     pool_max_in_flight: int = 2
 
-    def budget(self) -> PoolBudget:
-        return PoolBudget(self.pool_budget_s, self.pool_max_in_flight)
+    def budget(self, in_flight: int | None = None) -> PoolBudget:
+        return PoolBudget(self.pool_budget_s, in_flight or self.pool_max_in_flight)
 
     @classmethod
     def of(cls, settings: Settings) -> ScoreLimits:
@@ -107,6 +108,7 @@ class ScoreRun:
     executor: Executor
     limits: ScoreLimits = field(default_factory=ScoreLimits)
     caller_specs: frozenset[str] = frozenset()
+    gate: ScoreGate | None = None  # pool slots across requests, requests per key (service.scoring.gate)
 
 
 def _items_field(i: int) -> str:
@@ -135,10 +137,39 @@ def _resolve(session: Session, body: ScoreIn, key: Principal, caller_specs: froz
     return version, spec
 
 
-async def _score(run: ScoreRun, spec: RewardSpec, body: ScoreIn) -> list[ScoredSample]:
-    """The scorer on one of the scoring threads, awaited: the event loop and the threadpool stay free."""
-    limits = run.limits
-    future = run.executor.submit(run.scorer.score, spec, [to_sample(item) for item in body.items], limits.budget())
+def _pool_tasks(scorer: Scorer, spec: RewardSpec, items: list[tuple[Sample, PromptInfo]]) -> int:
+    """How many tasks scoring ``items`` puts in the shared pool (the Scorer's own ``in_pool`` test)."""
+    components = [scorer.component(c.kind, c.params) for c in spec.components]
+    return sum(1 for component in components for s, p in items if component.in_pool(s, p))
+
+
+async def _score(run: ScoreRun, spec: RewardSpec, body: ScoreIn, key: Principal) -> list[ScoredSample]:
+    """The scorer on one of the scoring threads, awaited: the event loop and the threadpool stay free. With a
+    gate, the key's count and (when the items put tasks in the pool) a window of pool slots are held until
+    the scoring ends."""
+    limits, gate = run.limits, run.gate
+    who = key.name or "(auth off)"
+    items = [to_sample(item) for item in body.items]
+    slots = 0
+    if gate is not None:
+        gate.enter_key(who)  # 429 beyond the key's limit
+        try:
+            tasks = _pool_tasks(run.scorer, spec, items)
+            if tasks:
+                slots = gate.window(min(limits.pool_max_in_flight, tasks))
+                await gate.take_slots(slots)
+        except BaseException:
+            gate.leave_key(who)
+            raise
+    try:
+        future = run.executor.submit(run.scorer.score, spec, items, limits.budget(slots or None))
+    except BaseException:
+        if gate is not None:
+            gate.leave_key(who)
+            gate.give_slots(slots)
+        raise
+    if gate is not None:
+        gate.release_when_done(future, who, slots)
     try:
         return await asyncio.wrap_future(future)
     except PoolBudgetExceeded as exc:
@@ -153,7 +184,7 @@ async def score_items(session: Session, run: ScoreRun, body: ScoreIn, key: Princ
     reference in errors."""
     _check_request(body, run.limits, key)
     version, spec = await run_in_threadpool(_resolve, session, body, key, run.caller_specs, reference_field)
-    scored = await _score(run, spec, body)
+    scored = await _score(run, spec, body, key)
     stored = None
     if body.store:
         stored = await run_in_threadpool(_store, session, body, version, run.limits.max_group_size, key,

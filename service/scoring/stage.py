@@ -4,7 +4,8 @@ Three steps, so no transaction is open while components run (LLM judges, sandbox
 ``prepare`` reads the claimed groups and resolves their specs (a short read), ``score`` calls the scorer
 with no session at all, ``write`` stores the results in a short transaction fenced by the claim.
 
-Failures are per group. A spec that cannot be resolved is final (``reward_error`` at once, with a decision
+Failures are per group. A spec that cannot be resolved, and a spec that would run as code a reference no
+admin key loaded (``service.specs.references``: the operator's configuration, never the model's), are final (``reward_error`` at once, with a decision
 naming the cause). Component errors (judge down, sandbox crash, a non-finite value) are retried with
 exponential backoff and jitter up to ``max_attempts``; after the last attempt the errors go on to curation,
 where the policy's ``reward_error`` action decides (drop the member, or the group). A scorer that raises
@@ -97,16 +98,26 @@ def _spec_for(session: Session, g: Group, prompt: Prompt, cache: dict) -> Resolv
     return cache[key]
 
 
-def prepare(session: Session, token: str, pks: list[int]) -> Job:
-    """Read the claimed groups and resolve each one's spec; a group whose spec fails gets its error."""
+def prepare(session: Session, token: str, pks: list[int], caller_specs: frozenset[str] = frozenset()) -> Job:
+    """Read the claimed groups and resolve each one's spec; a group whose spec fails gets its error, and so
+    does one whose spec would run as code a reference that no admin key loaded (unless the spec is one of
+    ``caller_specs``, the deployment's opt-ins)."""
     groups = score_repo.load_groups(session, pks)
     job = Job(token, groups, ingest.prompts_by_id(session, {g.prompt_id for g in groups}))
     cache: dict = {}
     for g in groups:
+        prompt = job.prompts[g.prompt_id]
         try:
-            job.spec_of[g.pk] = _spec_for(session, g, job.prompts[g.prompt_id], cache)
+            resolved = _spec_for(session, g, prompt, cache)
         except Exception as exc:  # a missing / invalid spec is this group's problem, not the batch's
             job.spec_error[g.pk] = f"reward spec: {exc}"[:2000]
+            continue
+        problem = specs.stored_reference_problem(resolved[0].name, resolved[1], prompt.id, prompt.reference,
+                                                 prompt.reference_from_admin, caller_specs)
+        if problem is not None:
+            job.spec_error[g.pk] = problem[:2000]
+        else:
+            job.spec_of[g.pk] = resolved
     return job
 
 

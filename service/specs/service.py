@@ -20,7 +20,12 @@ from reward_models.spec import RewardSpec
 from service.api.errors import BadRequest, NotFound
 from service.api.schemas import INT4_MAX
 from service.specs import repository as spec_repo
-from service.specs.references import check_caller_references, runs_reference  # noqa: F401 - the rule, for other domains
+from service.specs.references import (  # noqa: F401 - the rule, for other domains
+    CODE_REFERENCE_FIELDS,
+    check_caller_references,
+    runs_reference,
+    stored_reference_problem,
+)
 from service.store.models import CurationPolicyRow, RewardSpecRow
 
 DEFAULT_SPEC = RewardSpec(name="default", components=[{"name": "correct", "kind": "verifier.math", "outcome": True}])

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -74,6 +75,9 @@ class Prompt(Base):
     recent_outcomes: Mapped[list[Any]] = mapped_column(JSONB, server_default="[]")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+    # provenance: the reference was written by an admin key (POST /v1/prompts, an admin's inline prompt);
+    # only such a reference runs as code under a verifier.code spec (service.specs.references)
+    reference_from_admin: Mapped[bool] = mapped_column(Boolean, server_default="false")
 
 
 class RewardSpecRow(Base):

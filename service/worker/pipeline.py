@@ -48,13 +48,15 @@ class PipelineConfig:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
     claim_seconds: float = 30.0
+    caller_reference_specs: frozenset[str] = frozenset()  # specs that run non-admin references (opt-ins)
     worker_id: str = f"{socket.gethostname()}:{os.getpid()}"
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> PipelineConfig:
         values = {"batch": settings.worker_batch_groups, "max_attempts": settings.max_score_attempts,
                   "backoff_base_s": settings.score_backoff_base_s, "backoff_max_s": settings.score_backoff_max_s,
-                  "claim_seconds": settings.score_claim_seconds}
+                  "claim_seconds": settings.score_claim_seconds,
+                  "caller_reference_specs": frozenset(settings.caller_reference_specs)}
         return cls(**(values | overrides))
 
     @property
@@ -123,7 +125,7 @@ def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConf
     if not pks:
         return PassResult(failed=len(exhausted))
     with factory() as session:  # a short read; closed (no transaction) before scoring starts
-        job = scoring.prepare(session, token, pks)
+        job = scoring.prepare(session, token, pks, cfg.caller_reference_specs)
     with ClaimHeartbeat(factory, token, cfg.claim_seconds):  # a slow batch keeps its claim
         scoring.score_job(scorer, job)
     with factory.begin() as session:
