@@ -21,9 +21,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field, field_validator, model_validator
@@ -278,8 +277,7 @@ class LLMJudge(RewardComponent):
         """Judge items concurrently (at most ``max_concurrency`` requests in flight)."""
         if len(items) <= 1 or self.endpoint is None:
             return [self.score(s, p) for s, p in items]
-        with ThreadPoolExecutor(max_workers=min(self.endpoint.max_concurrency, len(items))) as pool:
-            return list(pool.map(lambda item: self.score(*item), items))
+        return _map_on_daemons(lambda item: self.score(*item), items, min(self.endpoint.max_concurrency, len(items)))
 
     def _cache_key(self, messages: list[dict]) -> str:
         config = self.params.model_dump(
@@ -389,3 +387,27 @@ def _retry_after(response: httpx.Response) -> float:
         return min(float(response.headers.get("retry-after", 0.0)), _MAX_BACKOFF_S)
     except ValueError:
         return 0.0
+
+
+def _map_on_daemons(fn: Callable[[Any], ComponentResult], items: list, workers: int) -> list[ComponentResult]:
+    """``[fn(item) for item in items]`` on ``workers`` daemon threads: a process shutting down never waits
+    for a judge that does not answer (``ThreadPoolExecutor``'s threads are joined at interpreter exit).
+    ``fn`` (``score``) turns every failure into an error result, so it never raises."""
+    results: list[Any] = [None] * len(items)
+    pending = iter(enumerate(items))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                nxt = next(pending, None)
+            if nxt is None:
+                return
+            results[nxt[0]] = fn(nxt[1])
+
+    threads = [threading.Thread(target=work, daemon=True, name="judge") for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
