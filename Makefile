@@ -4,7 +4,7 @@
 #   PY               the Python that creates the virtualenv (default python3)
 #   VENV             where the virtualenv lives (default .venv)
 #   TORCH_SPEC       the torch requirement installed for tests / the trainer (default torch==2.13.0)
-#   TEST_WORKERS     pytest-xdist processes for `make test` (default 2, CI's cores; each worker has its own
+#   TEST_WORKERS     pytest-xdist processes for `make test` (default 3: on CI's 2 cores most tests wait on servers; each has its own
 #                    databases on the one PostgreSQL; `auto` = one per core)
 #   TORCH_INDEX_URL  the package index torch comes from (default: pip's configured index). On Linux the
 #                    default PyPI build of torch is the multi-GB CUDA one; for CPU only, point this at
@@ -15,7 +15,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 TORCH_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: install install-dev serve test lint demo bench clean

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
 
+from filters.monitors import MonitorName
 from service.alerts import service as alerts
 from service.alerts.schemas import (
     AlertOut,
@@ -36,7 +37,7 @@ def list_alerts(
     session: SessionDep,
     dataset: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH)] = None,
     state: AlertState | None = None,
-    monitor: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH)] = None,
+    monitor: MonitorName | None = None,  # an unknown name is a 422 naming `monitor` (a filter, not a path)
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> AlertsOut:
     return alerts.list_alerts(session, dataset, state, monitor, limit)

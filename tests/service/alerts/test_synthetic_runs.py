@@ -99,7 +99,7 @@ def test_each_pathology_raises_its_alert_at_the_expected_version_and_no_other(ap
     assert run(api, scorer, pathology, LAST) == EXPECTED[pathology]
 
 
-LONG_RUN_VERSIONS = 2000
+LONG_RUN_VERSIONS = 1000
 
 
 def _noisy_healthy_group(v: int, rng: random.Random) -> dict:
@@ -114,7 +114,7 @@ def _noisy_healthy_group(v: int, rng: random.Random) -> dict:
 
 @pytest.mark.slow
 def test_a_long_noisy_healthy_run_raises_no_alert(api, scorer):
-    """2000 versions of noisy healthy metrics and groups: the false-positive count is 0."""
+    """1000 versions of noisy healthy metrics and groups: the false-positive count is 0."""
     rng = random.Random(1234)
     _setup(api)
     false_positives: dict[int, set] = {}

@@ -34,6 +34,9 @@ def fuzz_app(make_db) -> Any:
     from service.app import create_app
 
     app = create_app(database_url=make_db())
+    # a deployment with an inference upstream configured (creating a session does not call it; no route the
+    # fuzzer can reach without a session key forwards anything): POST /v1/sessions is then a real route
+    app.state.settings = app.state.settings.model_copy(update={"inference_url": "http://127.0.0.1:9/v1"})
     with TestClient(app) as c:  # a little real data: a prompt, groups, a published policy
         assert c.post("/v1/groups", json=make_group("fuzz/g-1", prompt_id="fuzz/p-1")).status_code == 201
         assert c.post("/v1/policy", json={"version": 1, "metrics": {}}).status_code == 201
