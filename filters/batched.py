@@ -16,6 +16,7 @@ import numpy as np
 
 from filters.advantages import batched_advantages
 from filters.rules import baseline_actions, check_component_present, overlong_penalties, resample_budget
+from filters.segments import with_segment_advantages
 from filters.types import (
     ACTIONS,
     DROP_REASONS,
@@ -366,10 +367,9 @@ def _assemble(
         rs = resample.get(b, ())
         budget = resample_budget(g.max_tokens, policy.resample_budget_multiplier) if rs else None
         status: GroupStatus = "ready" if drop[b] is None else "dropped"
-        out.append(
-            GroupDecision(
-                g.group_id, status, drop[b], tuple(decisions[start : ends[b]]), stds[b], rs, budget, means[b]
-            )
+        decided = with_segment_advantages(
+            decisions[start : ends[b]], g.trajectories, policy.segment_advantage, policy.segment_discount
         )
+        out.append(GroupDecision(g.group_id, status, drop[b], decided, stds[b], rs, budget, means[b]))
         start = ends[b]
     return out

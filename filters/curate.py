@@ -56,6 +56,7 @@ from filters.rules import (
     overlong_penalty,
     resample_budget,
 )
+from filters.segments import with_segment_advantages
 from filters.types import (
     REASON_OK,
     REASON_REWARD_ERROR,
@@ -170,7 +171,11 @@ def curate_group(
     """Curate one scored group (the plain reference; see the module docstring for the rules)."""
     check_finite(group, policy.zero_variance.metric)
     if is_stale(group.policy_version, current_policy_version, policy.max_staleness):
-        return _stale_decision(group)
+        stale = _stale_decision(group)
+        decided = with_segment_advantages(
+            stale.trajectories, group.trajectories, policy.segment_advantage, policy.segment_discount
+        )
+        return GroupDecision(stale.group_id, stale.status, stale.drop_reason, decided, None, ())
     trajs = group.trajectories
     actions = [finish_reason_action(t.finish_reason, policy) for t in trajs]
     used, errors, metric, has_outcome = _baseline(group, actions, policy)
@@ -203,9 +208,8 @@ def curate_group(
     resample = tuple(t.index for t, a in zip(trajs, actions, strict=True) if a == "resample")
     budget = resample_budget(group.max_tokens, policy.resample_budget_multiplier) if resample else None
     status: GroupStatus = "ready" if drop_reason is None else "dropped"
-    return GroupDecision(
-        group.group_id, status, drop_reason, tuple(decisions), metric_std, resample, budget, outcome_mean
-    )
+    decided = with_segment_advantages(decisions, trajs, policy.segment_advantage, policy.segment_discount)
+    return GroupDecision(group.group_id, status, drop_reason, decided, metric_std, resample, budget, outcome_mean)
 
 
 def curate_groups(

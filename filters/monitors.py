@@ -10,16 +10,32 @@ Two layers, both free of the database:
 
 Monitor kinds (``MonitorSpec.kind``):
 - ``level``: the mean of the last ``RECENT`` values (a rate: clip fraction, error share, ...).
-- ``drop``: relative drop ``1 - mean(last RECENT) / mean(first BASELINE)`` of a quantity that should
-  not fall (entropy, a format component's pass rate).
-- ``spike``: ``z = (x_last - mean(trailing)) / std(trailing)`` over the window before the last value,
-  upward only (KL to the reference, gradient norm); the trailing std is floored at ``SPIKE_STD_FLOOR``
-  of the trailing mean so a flat series does not turn noise into infinite z.
+- ``drop``: relative drop ``1 - mean(min(last RECENT, before)) / before``, ``before = mean(first
+  BASELINE)``, of a quantity that should not fall (entropy, a format component's pass rate). A recent value
+  above the baseline counts as the baseline, so one large value among collapsed ones does not read as a
+  recovery (the plain mean of ``[.001, .001, 3.0]`` is 1.0: no drop; capped it is a drop of 2/3). With a
+  ``floor`` (entropy: ``ENTROPY_FLOOR``) the absolute level counts too: the value is the larger of the drop
+  and ``floor_severity`` of the recent level, the *median* of the last ``RECENT`` values (one outlier does
+  not lift it), so a run whose entropy is already collapsed when the window starts (no drop left to see, or
+  fewer versions than a drop needs) still alerts, and stays open while the level stays down.
+- ``spike``: a robust upward z-score, ``(x - median(trailing)) / (1.4826 * MAD(trailing))`` (KL to the
+  reference, gradient norm), of every value since the last evaluation (``recent``; the worst counts), the
+  trailing window being the values before it less the current spike run (the values just before it that
+  are themselves ``SPIKE_RUN_Z`` above it): one old outlier does not inflate the scale for the window, a
+  two-version spike is not its own baseline, and a spike between two evaluations is still seen. The
+  scale is floored at ``SPIKE_STD_FLOOR`` of the trailing median so a flat series does not turn noise
+  into infinite z.
 - ``rise_flat``: length hacking. The relative rise of the mean response length (last ``RECENT`` vs first
-  ``BASELINE``) while the outcome gained at most ``OUTCOME_TOLERANCE`` and length does not anti-correlate
-  with reward inside groups; 0 otherwise.
+  ``BASELINE``); 0 when the outcome really gained (more than ``gain_tolerance``: ``OUTCOME_TOLERANCE``, or
+  ``OUTCOME_GAIN_SE`` standard errors of the gain when the outcome is noisier): the length pays off, an
+  open alert resolves. When instead length anti-correlates with reward inside groups (below
+  ``-LENGTH_CORR_TOLERANCE``) the value is None ("held": no verdict this version, the alert keeps its
+  state). The mean within-group correlation of a few small groups is noisy: in bench.reward_hacking's
+  length run (4 groups of 4 a version, length unrelated to reward) it dipped below -0.2 for 2-3 versions
+  right after the warning (seeds 0-2); a 0 there used to resolve the warning and start the cooldown, so
+  the run never went critical although its length tripled.
 - ``level_flat``: component dominance. The recent share of the total carried by one shaped component,
-  while the outcome gained at most ``OUTCOME_TOLERANCE``; 0 otherwise.
+  unless the outcome really gained (``gain_tolerance``); 0 then.
 
 Default thresholds: ``MONITORS[name].source`` says where each comes from; most are ours (marked "ours").
 """
@@ -49,8 +65,12 @@ State = Literal["ok", "warning", "critical"]
 RECENT = 3  # values averaged as "now"
 BASELINE = 5  # oldest values of the window averaged as "before"
 SPIKE_MIN_TRAILING = 10  # a spike needs this many earlier values
-SPIKE_STD_FLOOR = 0.05  # relative to |trailing mean|
+SPIKE_STD_FLOOR = 0.05  # relative to |trailing median|
+MAD_NORMAL = 1.4826  # MAD -> standard deviation for normal data
+SPIKE_RUN_Z = 3.0  # ours: a trailing value this far above the baseline belongs to the spike run
 OUTCOME_TOLERANCE = 0.05  # an outcome gain above this means the change pays off (not hacking)
+OUTCOME_GAIN_SE = 2.0  # ... and above this many standard errors of the gain (ours: noise is not a gain)
+LENGTH_CORR_TOLERANCE = 0.2  # length "anti-correlates" with reward below -this (ours: noise is not a sign)
 # slime's repetition check (as cited in issue 24): zlib ratio of the last 10k characters > 10, long texts
 ZLIB_TAIL_CHARS = 10_000
 ZLIB_RATIO = 10.0
@@ -58,6 +78,10 @@ ZLIB_MIN_CHARS = 1_000  # "long": ours
 NGRAM = 4
 NGRAM_REPEAT_SHARE = 0.5  # share of a text's word 4-grams that repeat an earlier one (ours)
 NGRAM_MIN_WORDS = 50  # ours
+# absolute entropy floor in nats per token (warning, critical): ours. RL on reasoning models is reported to
+# drive the policy entropy towards 0 early in training (Cui et al. 2025, "The Entropy Mechanism of
+# Reinforcement Learning for Reasoning Language Models"); healthy runs stay well above these.
+ENTROPY_FLOOR = (0.05, 0.01)
 
 
 @dataclass(frozen=True)
@@ -67,14 +91,17 @@ class MonitorSpec:
     warning: float
     critical: float
     source: str
+    floor: tuple[float, float] | None = None  # (warning, critical) absolute levels of a drop monitor's series
 
 
 MONITORS: Mapping[str, MonitorSpec] = {
-    "entropy_collapse": MonitorSpec("drop", "entropy", 0.5, 0.8, "ours: relative drop of the policy entropy"),
+    "entropy_collapse": MonitorSpec("drop", "entropy", 0.5, 0.8, "ours: relative drop of the policy entropy;"
+                                    " absolute floor 0.05 / 0.01 nats per token, ours", ENTROPY_FLOOR),
     "kl_spike": MonitorSpec("spike", "kl_ref", 6.0, 10.0, "ours: k sigma over the trailing window"),
     "clip_fraction": MonitorSpec("level", "clip_frac", 0.2, 0.4, "ours"),
     "grad_norm_spike": MonitorSpec("spike", "grad_norm", 6.0, 10.0, "ours: k sigma over the trailing window"),
-    "behaviour_mismatch": MonitorSpec("level", "behaviour_mismatch", 0.01, 0.05, "ours: KL(sampler || pi_old)"),
+    "behaviour_mismatch": MonitorSpec("level", "behaviour_kl", 0.005, 0.02,
+                                      "ours: KL(pi_sampler || pi_old) per trained token (k3), as the trainer publishes it"),
     "length_hacking": MonitorSpec("rise_flat", "mean_length", 0.5, 1.0, "ours: relative length rise, flat outcome"),
     "repetition": MonitorSpec("level", "repetition_share", 0.05, 0.2, "repetitive: slime's zlib check (as issue 24 cites it); shares ours"),
     "format_collapse": MonitorSpec("drop", "format_pass_rate", 0.2, 0.5, "ours: relative drop of the pass rate"),
@@ -91,8 +118,35 @@ TRAINER_SERIES: Mapping[str, tuple[str, ...]] = {
     "kl_ref": ("kl_ref",),
     "clip_frac": ("clip_frac_low", "clip_frac_high"),
     "grad_norm": ("grad_norm",),
-    "behaviour_mismatch": ("behaviour_mismatch",),
+    "behaviour_kl": ("behaviour_kl",),  # k3 estimate of KL(pi_sampler || pi_old) per token (trainer.loss)
 }
+
+
+# The domain of each trainer metric the monitors read: (lowest, highest), both inclusive. A value outside
+# it (a negative KL, a clip fraction of -1) would average real trouble away; POST /v1/policy refuses it.
+METRIC_DOMAINS: Mapping[str, tuple[float, float]] = {
+    "entropy": (0.0, math.inf),
+    "kl_ref": (0.0, math.inf),
+    "clip_frac_low": (0.0, 1.0),
+    "clip_frac_high": (0.0, 1.0),
+    "grad_norm": (0.0, math.inf),
+    "behaviour_kl": (0.0, math.inf),  # k3 >= 0
+}
+
+
+def metric_problem(key: str, value: object) -> str | None:
+    """Why ``value`` cannot be the trainer metric ``key`` the monitors read (None: it can, or the key is
+    not one they read)."""
+    if key not in METRIC_DOMAINS:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {type(value).__name__}"
+    lo, hi = METRIC_DOMAINS[key]
+    if not math.isfinite(value):
+        return "must be finite"
+    if not lo <= value <= hi:
+        return f"{value} is outside [{lo}, {hi}]"
+    return None
 
 
 def check_monitor(name: str) -> MonitorSpec:
@@ -137,13 +191,21 @@ def level(values: Sequence[float | None], recent: int = RECENT) -> float | None:
     return float(x[-recent:].mean()) if len(x) >= recent else None
 
 
+def recent_median(values: Sequence[float | None], recent: int = RECENT) -> float | None:
+    """The median of the last ``recent`` finite values: a drop monitor's "now" (one outlier does not move it)."""
+    x = _clean(values)
+    return float(np.median(x[-recent:])) if len(x) >= recent else None
+
+
 def relative_drop(values: Sequence[float | None], baseline: int = BASELINE, recent: int = RECENT) -> float | None:
-    """``1 - mean(last recent) / mean(first baseline)``, at least 0; None without a positive baseline."""
+    """``1 - mean(min(last recent, before)) / before`` with ``before = mean(first baseline)``, at least 0; None
+    without a positive baseline. Capped at ``before``: a recent value above the baseline counts as no drop,
+    never as more than that, so one large value does not hide a collapse of the others."""
     x = _clean(values)
     if len(x) < baseline + recent:
         return None
     before = float(x[:baseline].mean())
-    return None if before <= 0 else max(0.0, 1.0 - float(x[-recent:].mean()) / before)
+    return None if before <= 0 else max(0.0, 1.0 - float(np.minimum(x[-recent:], before).mean()) / before)
 
 
 def relative_rise(values: Sequence[float | None], baseline: int = BASELINE, recent: int = RECENT) -> float | None:
@@ -162,15 +224,60 @@ def gain(values: Sequence[float | None], baseline: int = BASELINE, recent: int =
     return float(x[-recent:].mean() - x[:baseline].mean())
 
 
-def spike_z(values: Sequence[float | None], min_trailing: int = SPIKE_MIN_TRAILING) -> float | None:
-    """Upward z-score of the last value against the values before it (population std, floored)."""
+def floor_severity(level_value: float | None, floor: tuple[float, float], thresholds: Thresholds) -> float | None:
+    """An absolute level on a drop monitor's scale (higher is worse), so one value carries both checks.
+    With floors ``fw > fc`` and thresholds ``w <= c``: ``w * fw / level`` at or above the warning floor (``w``
+    exactly at it, towards 0 far above it), rising linearly from ``w`` to ``c`` between the two floors, ``c``
+    at or below the critical floor. Resolving (below ``w * resolve_ratio``) thus needs the level back above
+    ``fw / resolve_ratio``: hysteresis as for every other value."""
+    if level_value is None:
+        return None
+    fw, fc = floor
+    w, c = thresholds.warning, thresholds.critical
+    if level_value <= fc:
+        return c
+    if level_value < fw:
+        return w + (c - w) * (fw - level_value) / (fw - fc)
+    return w * fw / level_value
+
+
+def gain_tolerance(values: Sequence[float | None], baseline: int = BASELINE, recent: int = RECENT) -> float:
+    """The outcome gain that counts as real: ``max(OUTCOME_TOLERANCE, OUTCOME_GAIN_SE * se)``, with ``se``
+    the standard error of ``gain`` from the spread of the per-version values (sample variances of the first
+    ``baseline`` and the last ``recent``). Few trajectories per version make a noisy outcome; without this
+    its noise passes for learning and hides length hacking and dominance."""
+    x = _clean(values)
+    if len(x) < baseline + recent:
+        return OUTCOME_TOLERANCE
+    se = math.sqrt(float(x[:baseline].var(ddof=1)) / baseline + float(x[-recent:].var(ddof=1)) / recent)
+    return max(OUTCOME_TOLERANCE, OUTCOME_GAIN_SE * se)
+
+
+def _robust(base: np.ndarray) -> tuple[float, float]:
+    """(median, scale) of ``base``: the scale ``MAD_NORMAL * MAD``, floored (``SPIKE_STD_FLOOR``)."""
+    med = float(np.median(base))
+    mad = float(np.median(np.abs(base - med)))
+    return med, max(MAD_NORMAL * mad, SPIKE_STD_FLOOR * abs(med), 1e-12)
+
+
+def spike_z(values: Sequence[float | None], min_trailing: int = SPIKE_MIN_TRAILING, recent: int = 1) -> float | None:
+    """The largest upward robust z-score of the last ``recent`` values (each against the values before it,
+    less the current spike run: see the module docstring); None with fewer than ``min_trailing`` earlier."""
     x = _clean(values)
     if len(x) < min_trailing + 1:
         return None
-    trailing, last = x[:-1], x[-1]
-    mean = float(trailing.mean())
-    std = max(float(trailing.std()), SPIKE_STD_FLOOR * abs(mean), 1e-12)
-    return max(0.0, (float(last) - mean) / std)
+    best = 0.0
+    for i in range(max(min_trailing, len(x) - max(1, recent)), len(x)):
+        med, scale = _robust(x[:i])
+        start = i
+        while start > min_trailing and (x[start - 1] - med) / scale >= SPIKE_RUN_Z:
+            start -= 1
+        if start < i:
+            med, scale = _robust(x[:start])
+        z = (float(x[i]) - med) / scale
+        if not math.isnan(z):
+            best = max(best, z)
+    return best
 
 
 def _finite(value: float | None) -> float | None:
@@ -188,38 +295,52 @@ def _result(value: float | None, thresholds: Thresholds, evidence: dict[str, obj
 
 
 def evaluate(
-    name: str, series: Mapping[str, Sequence[float | None]], thresholds: Thresholds | None = None
+    name: str, series: Mapping[str, Sequence[float | None]], thresholds: Thresholds | None = None,
+    recent: int = 1,
 ) -> MonitorResult:
     """One monitor over a window: ``series`` maps a series name to its values, oldest version first
-    (``None`` where a version has no value). The evidence holds the series the monitor read."""
+    (``None`` where a version has no value). The evidence holds the series the monitor read. ``recent``:
+    how many of the last values are new since the previous evaluation (a spike monitor scores each)."""
     spec = check_monitor(name)
     thresholds = thresholds or Thresholds(spec.warning, spec.critical)
     with np.errstate(over="ignore", invalid="ignore"):  # finite extremes overflow to inf: see _finite
-        return _evaluate(spec, series, thresholds)
+        return _evaluate(spec, series, thresholds, recent)
 
 
-def _evaluate(spec: MonitorSpec, series: Mapping[str, Sequence[float | None]], thresholds: Thresholds) -> MonitorResult:
+def _evaluate(spec: MonitorSpec, series: Mapping[str, Sequence[float | None]], thresholds: Thresholds,
+              recent: int = 1) -> MonitorResult:
     x = list(series.get(spec.series, ()))
     evidence: dict[str, object] = {spec.series: x}
     if spec.kind == "level":
         value = level(x)
     elif spec.kind == "drop":
         value = relative_drop(x)
+        if spec.floor is not None:
+            now = recent_median(x)
+            evidence[f"{spec.series}_level"] = now  # numbers, not series: the dashboard draws only series
+            evidence[f"{spec.series}_floor_warning"], evidence[f"{spec.series}_floor_critical"] = spec.floor
+            severity = floor_severity(now, spec.floor, thresholds)
+            if severity is not None:
+                value = severity if value is None else max(value, severity)
     elif spec.kind == "spike":
-        value = spike_z(x)
+        value = spike_z(x, recent=recent)
     else:
         outcome = list(series.get("mean_outcome", ()))
         evidence["mean_outcome"] = outcome
-        paid = gain(outcome)
+        gained = gain(outcome)
+        paid = gained is not None and gained > gain_tolerance(outcome)
         if spec.kind == "rise_flat":
             corr = level(series.get("length_reward_corr", ()))
             evidence["length_reward_corr"] = list(series.get("length_reward_corr", ()))
             value = relative_rise(x)
-            if value is not None and ((paid is not None and paid > OUTCOME_TOLERANCE) or (corr is not None and corr < 0)):
+            evidence["length_rise"] = value  # a number beside the series: what the gates act on
+            if value is not None and paid:
                 value = 0.0
+            elif value is not None and corr is not None and corr < -LENGTH_CORR_TOLERANCE:
+                value = None  # held: a weak, noisy sign opens nothing and resolves nothing
         else:
             value = level(x)
-            if value is not None and paid is not None and paid > OUTCOME_TOLERANCE:
+            if value is not None and paid:
                 value = 0.0
     return _result(value, thresholds, evidence)
 
@@ -344,7 +465,9 @@ def _version_stats(version: int, groups: Sequence[GroupFact]) -> VersionStats:
     for k, g in enumerate(scored):
         for t in g.trajectories:
             if t.total is not None:
-                lengths.append(float(t.tokens)), rewards.append(t.total), keys.append(k)
+                lengths.append(float(t.tokens))
+                rewards.append(t.total)
+                keys.append(k)
     corr = group_corr(np.asarray(lengths), np.asarray(rewards), np.asarray(keys)) if keys else None
     fmt = [c.value > 0 for t in scored_trajs for c in t.components if c.kind == "rule.format" and c.value is not None]
     return VersionStats(

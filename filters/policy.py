@@ -9,6 +9,7 @@ from typing import Annotated, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
+from filters.segments import DEFAULT_SEGMENT_DISCOUNT, SegmentAdvantage
 from filters.types import (
     ENVIRONMENT_REASONS,
     Action,
@@ -22,6 +23,7 @@ from filters.types import (
     ZeroVariance,
     ZeroVarianceAction,
     check_environment_action,
+    check_resume_action,
     normalize_finish_reason,
 )
 
@@ -30,6 +32,8 @@ _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=Tr
 MAX_MAGNITUDE = 1e6  # eps, penalty, curriculum thresholds
 MAX_RESAMPLE_MULTIPLIER = 16.0
 MAX_OVERLONG_TOKENS = 2**31 - 1  # a token count (an int4 max_tokens)
+MAX_WAIT_SECONDS = 7 * 86_400.0  # a remedy slot is awaited at most a week
+MAX_RESUMES = 16
 PassRate = Annotated[StrictFloat, Field(ge=0, le=1)]
 
 
@@ -88,7 +92,11 @@ class CurationPolicySpec(BaseModel):
     overlong_buffer: a fraction in [0, 1) of the group's max_tokens, or a whole token count >= 1.
     soft_overlong: DAPO's overlong reward shaping on every member by its length (see `CurationPolicy`).
     masked_in_baseline: false (default): a `mask` member leaves the group statistics; true: DAPO's.
-    The environment's reasons (tool_failure, env_error, timeout, aborted) take only drop or resample.
+    segment_advantage: broadcast (default) | divide | discount, with segment_discount (gamma in (0, 1]):
+    how a segmented trajectory's advantage is given to its segments (`filters.segments`).
+    The environment's reasons (tool_failure, env_error, timeout, aborted) take only drop or resample;
+    resume only length / max_turns. resample_wait_seconds: how long a group waits for its resample /
+    resume slots (0: no wait, a fresh group is asked for instead); max_resumes: resumes per slot.
     """
 
     model_config = _CONFIG
@@ -108,6 +116,10 @@ class CurationPolicySpec(BaseModel):
     curriculum: CurriculumSpec = CurriculumSpec()
     soft_overlong: bool = Field(default=False, strict=True)
     masked_in_baseline: bool = Field(default=False, strict=True)
+    segment_advantage: SegmentAdvantage = "broadcast"
+    segment_discount: float = Field(default=DEFAULT_SEGMENT_DISCOUNT, gt=0, le=1)
+    resample_wait_seconds: float = Field(default=300.0, ge=0, le=MAX_WAIT_SECONDS)
+    max_resumes: int = Field(default=2, ge=0, le=MAX_RESUMES)
 
     @field_validator("finish_reason_actions")
     @classmethod
@@ -116,6 +128,7 @@ class CurationPolicySpec(BaseModel):
         for reason, action in actions.items():
             if reason in ENVIRONMENT_REASONS:
                 check_environment_action(reason, action)
+            check_resume_action(reason, action)
         return actions
 
     @field_validator("finish_reason_actions", mode="before")
@@ -155,6 +168,10 @@ class CurationPolicySpec(BaseModel):
             curriculum=CurriculumConfig(**self.curriculum.model_dump()),
             soft_overlong=self.soft_overlong,
             masked_in_baseline=self.masked_in_baseline,
+            segment_advantage=self.segment_advantage,
+            segment_discount=self.segment_discount,
+            resample_wait_seconds=self.resample_wait_seconds,
+            max_resumes=self.max_resumes,
         )
 
     @classmethod
@@ -184,4 +201,8 @@ class CurationPolicySpec(BaseModel):
             ),
             soft_overlong=policy.soft_overlong,
             masked_in_baseline=policy.masked_in_baseline,
+            segment_advantage=cast(SegmentAdvantage, policy.segment_advantage),
+            segment_discount=policy.segment_discount,
+            resample_wait_seconds=policy.resample_wait_seconds,
+            max_resumes=policy.max_resumes,
         )

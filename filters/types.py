@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, get_args
 
+from filters.segments import check_segment_policy
+
 # Why a trajectory ended, and whose doing it was (DESIGN.md, "finish_reason"):
 # - the model's: stop (it answered), tool_misuse (it called a tool that does not exist or with arguments
 #   the tool rejects: not JSON, against the schema) -- a failed outcome is a right negative;
@@ -23,6 +25,9 @@ FinishReason = Literal[
 ]
 FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 MODEL_REASONS: frozenset[str] = frozenset({"stop", "tool_misuse"})
+# The model's failures whose outcome is failed whatever it answered after (reward_models.spec.combine scores
+# the outcome component 0): a tool misuse is never rewarded by a later right answer.
+FAILED_OUTCOME_REASONS: frozenset[str] = frozenset({"tool_misuse"})
 BUDGET_REASONS: frozenset[str] = frozenset({"length", "max_turns"})
 ENVIRONMENT_REASONS: frozenset[str] = frozenset({"tool_failure", "env_error", "timeout", "aborted"})
 # Older names still accepted on the wire (and in stored policies), read as their new name. `tool_error`
@@ -35,11 +40,15 @@ def normalize_finish_reason(reason: object) -> object:
     """A deprecated finish_reason -> its current name; anything else unchanged (validated elsewhere)."""
     return DEPRECATED_FINISH_REASONS.get(reason, reason) if isinstance(reason, str) else reason
 
-Action = Literal["keep", "drop", "mask", "penalize", "resample"]
+Action = Literal["keep", "drop", "mask", "penalize", "resample", "resume"]
 ACTIONS: tuple[str, ...] = get_args(Action)
 # The environment's failures are never a negative and never in a baseline: they are dropped, or sampled
 # again. Any other action for an ENVIRONMENT_REASONS member is refused when the policy is made.
 ENVIRONMENT_ACTIONS: tuple[str, ...] = ("drop", "resample")
+# The remedies that fill a slot of the same group (docs/curation.md, "Remedies"); resume continues the
+# episode from its checkpoint, so only a budget's cut (length, max_turns) may take it.
+REMEDY_ACTIONS: tuple[str, ...] = ("resample", "resume")
+RESUME_REASONS: frozenset[str] = frozenset({"length", "max_turns"})
 
 ZeroVarianceAction = Literal["drop", "keep"]
 ZERO_VARIANCE_ACTIONS: tuple[str, ...] = get_args(ZeroVarianceAction)
@@ -108,6 +117,23 @@ def check_environment_action(reason: str, action: str) -> None:
         )
 
 
+def check_resume_action(reason: str, action: str) -> None:
+    """ValueError when `resume` is asked for a reason that is not a budget's cut (RESUME_REASONS)."""
+    if action == "resume" and reason not in RESUME_REASONS:
+        raise ValueError(
+            f"finish_reason {reason!r}: action 'resume' continues an episode cut by a budget; it is valid "
+            f"only for {', '.join(sorted(RESUME_REASONS))}"
+        )
+
+
+def actions_for(reason: str) -> tuple[str, ...]:
+    """The actions a policy may give `reason`: the environment's take ENVIRONMENT_ACTIONS, resume only
+    RESUME_REASONS."""
+    if reason in ENVIRONMENT_REASONS:
+        return ENVIRONMENT_ACTIONS
+    return tuple(a for a in ACTIONS if a != "resume" or reason in RESUME_REASONS)
+
+
 def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[str, Action]:
     """Defaults merged with user overrides, validated; returns a read-only mapping over all reasons."""
     merged: dict[str, Action] = dict(DEFAULT_FINISH_REASON_ACTIONS)
@@ -117,6 +143,7 @@ def merge_finish_reason_actions(overrides: Mapping[str, str] | None) -> Mapping[
         check_choice(action, ACTIONS, f"action for finish_reason {reason!r}")
         if reason in ENVIRONMENT_REASONS:
             check_environment_action(reason, action)
+        check_resume_action(reason, action)
         merged[reason] = action  # type: ignore[assignment]
     return MappingProxyType(merged)
 
@@ -205,6 +232,14 @@ class CurationPolicy:
         mean, std, zero-variance and pass-rate statistics, like a dropped one, so a truncation never
         gives the completers signal. True: DAPO's published overlong filtering (Yu et al. 2025, §3.4):
         the loss is masked but the member stays in the group statistics at its raw reward.
+    segment_advantage / segment_discount: how a segmented trajectory's advantage is assigned to its
+        segments (`filters.segments`): broadcast (default), divide (A / K) or discount (A * gamma^(K-1-k)).
+    resample_wait_seconds: how long a group with `resample` / `resume` members waits (status `waiting`)
+        for producers to fill those slots before it trains with what it has; 0: no wait (the group trains
+        without them at once and a fresh group of the prompt is asked for, the pre-0010 behaviour).
+    max_resumes: how many times one slot may be resumed; a member cut again after that keeps its action
+        `resume` and, like a resample member whose slot was not filled, stays out of training and out of
+        the group's baseline (advantage 0, no reward used), whatever `masked_in_baseline` says.
     """
 
     zero_variance: ZeroVariance = field(default_factory=ZeroVariance)
@@ -219,6 +254,10 @@ class CurationPolicy:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     soft_overlong: bool = False
     masked_in_baseline: bool = False
+    segment_advantage: str = "broadcast"
+    segment_discount: float = 0.9
+    resample_wait_seconds: float = 300.0
+    max_resumes: int = 2
 
     def __post_init__(self) -> None:
         merged = merge_finish_reason_actions(self.finish_reason_actions)
@@ -233,6 +272,11 @@ class CurationPolicy:
             raise ValueError(
                 f"overlong_buffer must be a fraction in [0, 1) or a whole token count, got {buffer}"
             )
+        check_segment_policy(self.segment_advantage, self.segment_discount)
+        if not self.resample_wait_seconds >= 0:
+            raise ValueError(f"resample_wait_seconds must be >= 0, got {self.resample_wait_seconds}")
+        if self.max_resumes < 0:
+            raise ValueError(f"max_resumes must be >= 0, got {self.max_resumes}")
         if not self.resample_budget_multiplier >= 1:
             raise ValueError(
                 f"resample_budget_multiplier must be >= 1, got {self.resample_budget_multiplier}"
@@ -254,6 +298,9 @@ class TrajectoryScore:
     outcome: float | None
     num_tokens: int = 0
     num_turns: int = 1
+    segments: int = 0  # K ordered segments (0: not segmented)
+    # of them, those the trainer trains on (a mask-1 target); None: all K. `divide`'s K (filters.segments)
+    trained_segments: int | None = None
 
 
 @dataclass(frozen=True)
@@ -281,6 +328,7 @@ class TrajectoryDecision:
     reason: str
     advantage: float
     reward_used: float | None
+    segment_advantages: tuple[float, ...] = ()  # one per segment of a segmented trajectory (filters.segments)
 
 
 @dataclass(frozen=True)

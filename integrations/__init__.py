@@ -1,6 +1,11 @@
-"""Adapters that let verl, OpenRLHF and TRL score with a running grpo-curator service.
+"""Deprecated name of ``grpo_curator_integrations`` (kept for one release): ``import integrations`` warns.
 
-Importable with nothing but ``httpx`` and ``orjson`` (no torch, no server dependencies). The service URL,
-reward spec and API key come from arguments or from ``GRPO_CURATOR_URL``, ``GRPO_CURATOR_REWARD_SPEC`` and
-``GRPO_CURATOR_API_KEY``. See docs/integrations.md.
+The adapters moved to ``grpo_curator_integrations`` because a top-level ``integrations`` package clashes too
+easily in a trainer's environment. ``integrations.verl``, ``.trl``, ``.openrlhf`` and ``._http`` re-export the
+new modules' names, so old code and file paths (``--remote_rm_url integrations/openrlhf.py``) keep working.
 """
+
+import warnings
+
+warnings.warn("the package 'integrations' is now 'grpo_curator_integrations'; 'integrations' will be removed "
+              "in the next release", DeprecationWarning, stacklevel=2)

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from filters.overlong import soft_overlong_penalty
 from reward_models.base import ComponentError, ParamsModel, PromptInfo, RewardComponent, Sample
 from reward_models.patterns import UserPattern
+from reward_models.tags import THINK_TAG, answer_region, fold
 from reward_models.text import assistant_text
 
 _TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
@@ -40,11 +41,15 @@ class FormatParams(ParamsModel):
     match: Literal["search", "fullmatch"] = "search"
     nonempty: bool = True
     source: Literal["final_answer", "response"] = "final_answer"
+    think_tag: str | None = Field(default=THINK_TAG, pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    # the completion starts inside <think_tag> (the chat template ends the prompt with it, e.g. DeepSeek-R1-Distill,
+    # Qwen3): without a closing tag it is all reasoning, so no answer tag in it counts
+    starts_in_think: bool = False
 
     @field_validator("required_tags")
     @classmethod
     def _tags(cls, tags: list[str]) -> list[str]:
-        bad = [t for t in tags if not _TAG_NAME.match(t)]
+        bad = [t for t in tags if not _TAG_NAME.fullmatch(t)]
         if bad:
             raise ValueError(f"not tag names: {bad}")
         return tags
@@ -63,23 +68,31 @@ class FormatParams(ParamsModel):
         return self
 
 
-def tag_problems(text: str, tags: list[str], ordered: bool, nonempty: bool) -> list[str]:
-    """Why ``text`` fails the tag format: each tag exactly once as ``<t>...</t>``, in order, non-empty."""
+def tag_problems(text: str, tags: list[str], ordered: bool, nonempty: bool,
+                 think: str | None = THINK_TAG, starts_in_think: bool = False) -> list[str]:
+    """Why ``text`` fails the tag format: each tag exactly once as ``<t>...</t>``, in order, non-empty, and
+    every tag but the think tag after the reasoning (reward_models.tags: ASCII case-insensitive names, the
+    answer region; the same rule verifier.math reads its answer by)."""
     problems: list[str] = []
+    folded = fold(text)  # same length as text: its indices are text's
+    lo, hi = answer_region(folded, think, starts_in_think)
     last_end = -1
     for tag in tags:
-        opens, closes = text.count(f"<{tag}>"), text.count(f"</{tag}>")
+        opener, closer = f"<{fold(tag)}>", f"</{fold(tag)}>"
+        opens, closes = folded.count(opener), folded.count(closer)
         if opens != 1 or closes != 1:
             problems.append(f"<{tag}> must appear exactly once with </{tag}> (got {opens}/{closes})")
             continue
-        start, end = text.index(f"<{tag}>"), text.index(f"</{tag}>")
+        start, end = folded.index(opener), folded.index(closer)
         if end < start:
             problems.append(f"</{tag}> before <{tag}>")
             continue
         if ordered and start < last_end:
             problems.append(f"<{tag}> out of order")
         last_end = end
-        if nonempty and not text[start + len(tag) + 2 : end].strip():
+        if think is not None and fold(tag) != fold(think) and not (lo <= start and end + len(closer) <= hi):
+            problems.append(f"<{tag}> inside <{think}>: the answer must follow the reasoning")
+        if nonempty and not text[start + len(opener) : end].strip():
             problems.append(f"<{tag}> is empty")
     return problems
 
@@ -121,7 +134,7 @@ class FormatRule(RewardComponent):
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
         p = self.params
         text = self._text(sample)
-        problems = tag_problems(text, p.required_tags, p.ordered, p.nonempty)
+        problems = tag_problems(text, p.required_tags, p.ordered, p.nonempty, p.think_tag, p.starts_in_think)
         if self._regex is not None:
             problems += pattern_problems(text, self._regex, p.match, p.nonempty)
         return (0.0 if problems else 1.0), {"failed": problems}

@@ -146,7 +146,8 @@ class Scorer:
                 attributed = self._attribute(c.kind, params_key(c.params), list(got.values()))
                 for i, r in zip(got, attributed, strict=True):
                     results[c.name][i] = r
-        return [combine(spec, {name: rs[i] for name, rs in results.items()}) for i in range(len(items))]
+        return [combine(spec, {name: rs[i] for name, rs in results.items()}, items[i][0].finish_reason)
+                for i in range(len(items))]
 
     def _attribute(self, kind: str, key: str, collected: list[ComponentResult | _Timeout]) -> list[ComponentResult]:
         """The pool's answers; timeouts are attributed by one canary (see ``attribute_timeout``)."""

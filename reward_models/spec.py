@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from filters.types import FAILED_OUTCOME_REASONS
 from reward_models.base import MAX_REWARD_MAGNITUDE, ComponentResult, error_result
 from reward_models.registry import KINDS, make_component
 
@@ -109,12 +110,22 @@ def _finite(r: ComponentResult) -> ComponentResult:
     return error_result(f"non-finite value {r.value!r}", r.details, r.latency_ms)
 
 
-def combine(spec: RewardSpec, results: dict[str, ComponentResult]) -> ScoredSample:
+def combine(spec: RewardSpec, results: dict[str, ComponentResult], finish_reason: str | None = None) -> ScoredSample:
     """Weighted sum ``total = sum_k w_k * r_k`` over the spec's components; missing or errored -> None.
 
     A total that is not finite (finite values whose weighted sum overflows) is an error too: the
-    largest contributor becomes an error naming the overflow, so a null total always has a reason."""
+    largest contributor becomes an error naming the overflow, so a null total always has a reason.
+    A trajectory that ended as the model's failure (``finish_reason`` in ``FAILED_OUTCOME_REASONS``: a tool
+    misuse) has a failed outcome whatever it answered after: its outcome component and every other component
+    that grades the answer (every kind but ``rule.*``: verifiers, judges, reward models, environment-reported
+    values) are 0 (what they would have scored is kept in the details), and the total is summed with those
+    0s, so no spec, with or without an outcome component, pays a misuse for its answer."""
     results = {name: _finite(r) for name, r in results.items()}
+    outcome_name = spec.outcome_name()
+    if finish_reason in FAILED_OUTCOME_REASONS:
+        for c in spec.components:  # everything that grades the answer; rule.* components judge behaviour
+            if c.name == outcome_name or not c.kind.startswith("rule."):
+                results[c.name] = _failed(results.get(c.name), finish_reason)
     values = [results[c.name].value if c.name in results else None for c in spec.components]
     results = dict(results)
     total: float | None = None
@@ -124,9 +135,15 @@ def combine(spec: RewardSpec, results: dict[str, ComponentResult]) -> ScoredSamp
         if total is None:
             name = max(terms, key=lambda t: abs(t[1]) if math.isfinite(t[1]) else math.inf)[0]
             results[name] = _overflowed(results[name], [c.weight for c in spec.components if c.name == name][0])
-    outcome_name = spec.outcome_name()
     outcome = results[outcome_name].value if outcome_name in results else None
     return ScoredSample(components=results, total=total, outcome=outcome)
+
+
+def _failed(result: ComponentResult | None, finish_reason: str) -> ComponentResult:
+    """The outcome of a trajectory the model failed (``finish_reason``): 0, whatever its answer scored."""
+    details = {} if result is None else {**result.details, "value": result.value, "error": result.error}
+    return ComponentResult(value=0.0, details={**details, "failed_outcome": f"finish_reason {finish_reason}"},
+                           latency_ms=0.0 if result is None else result.latency_ms)
 
 
 def _weighted_sum(terms: list[float]) -> float | None:

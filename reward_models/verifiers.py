@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from reward_models.base import (
     ComponentError,
@@ -26,6 +26,7 @@ from reward_models.base import (
     canary_item,
 )
 from reward_models.patterns import UserPattern
+from reward_models.tags import THINK_TAG, fold, outside_reasoning, tagged_span
 from reward_models.text import NotJson, normalize_answer, parse_model_json, token_f1
 
 _JSON_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -63,18 +64,56 @@ def answer_problem(reference: Mapping[str, Any]) -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(answer: str) -> tuple[Any, ...]:
-    from math_verify import parse
-
-    gold = parse(answer, parsing_timeout=None)
-    if not gold and "$" not in answer:
-        gold = parse(f"${answer}$", parsing_timeout=None)
-    return tuple(gold)
+    return tuple(read_math(answer))
 
 
 class MathParams(ParamsModel):
     float_rounding: int = Field(default=6, ge=0)
     numeric_precision: int = Field(default=15, ge=1)
     strict: bool = True
+    # the R1 format (reward_models.tags, the rule rule.format shares): the answer is the last complete
+    # <answer>...</answer> span (ASCII case-insensitive) after the reasoning (<think_tag>...</think_tag>);
+    # None: no tag is looked for. ``require_tag``: without a complete span the answer is "none" (0.0), else
+    # the text outside the reasoning is parsed (math-verify finds \boxed{}, "the answer is", a last number)
+    answer_tag: str | None = Field(default="answer", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    require_tag: bool = False
+    think_tag: str | None = Field(default=THINK_TAG, pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    starts_in_think: bool = False  # the prompt opened <think_tag> (reward_models.tags.answer_region)
+
+    @model_validator(mode="after")
+    def _distinct_tags(self) -> MathParams:
+        if self.answer_tag is not None and self.think_tag is not None and fold(self.answer_tag) == fold(self.think_tag):
+            raise ValueError("answer_tag and think_tag must differ")
+        return self
+
+
+# a plain number (an integer, a decimal, thousands separators, a sign, a ratio of integers): read as is, exactly
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:/\d+)?|[+-]?\.\d+")
+_DELIMITED = ("$", "\\(", "\\[")  # math-verify finds LaTeX between these itself
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # a word that is not a LaTeX command (\frac, \pi)
+
+
+def read_math(text: str) -> list[Any]:
+    """math-verify's reading of one answer (a reference, or a model's answer span / answer region).
+
+    An expression without delimiters is read as LaTeX first: math-verify's own reading of bare text takes its
+    *first number*, so ``2^{100}`` would be ``2``, ``3x+1`` ``3`` and ``2\\sqrt{3}`` ``2``; wrapped in ``$...$``
+    the whole expression is parsed. A plain number is read as is (exact), and text with delimiters, or prose
+    (two or more words: "the answer is 5 apples"), is left to math-verify's extraction (``\\boxed{}``, "the
+    answer is", the last number); when the LaTeX reading finds nothing, so is the expression."""
+    from math_verify import parse
+
+    stripped = text.strip()
+    if not stripped:
+        return []
+    if _PLAIN_NUMBER.fullmatch(stripped) or any(d in stripped for d in _DELIMITED) or len(_WORD.findall(stripped)) >= 2:
+        return parse(stripped, parsing_timeout=None)
+    return parse(f"${stripped}$", parsing_timeout=None) or parse(stripped, parsing_timeout=None)
+
+
+def parse_prediction(text: str) -> list[Any]:
+    """math-verify's parse of a model's answer span (``read_math``)."""
+    return read_math(text)
 
 
 class MathVerifier(RewardComponent):
@@ -91,15 +130,22 @@ class MathVerifier(RewardComponent):
         return canary_item("2", {"answer": "2"})
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:
-        from math_verify import parse, verify
+        from math_verify import verify
 
         golds = [_parse_gold(a) for a in reference_answers(prompt)]
         if not any(golds):
             raise ComponentError("could not parse the reference answer")
-        pred = parse(sample.final_answer, parsing_timeout=None)
+        p = self.params
+        text = sample.final_answer
+        span = tagged_span(text, p.answer_tag, p.think_tag, p.starts_in_think) if p.answer_tag else None
+        if span is None and p.answer_tag and p.require_tag:
+            return 0.0, {"extracted": None, "reason": f"no complete <{p.answer_tag}>...</{p.answer_tag}> "
+                                                      f"after the reasoning"}
+        if span is None and p.answer_tag:  # an answer is never read out of the reasoning
+            text = outside_reasoning(text, p.think_tag, p.starts_in_think)
+        pred = read_math(span if span is not None else text)
         if not pred:
             return 0.0, {"extracted": None}
-        p = self.params
         ok = any(
             verify(
                 list(g),

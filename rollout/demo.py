@@ -6,6 +6,9 @@ answer ``xy=`` with the letter at (x + y) mod 4 under a 3-token budget, so trunc
 zero-variance groups really occur. Prints progress, then a table and a PNG plot of the mean outcome
 per policy version with filter and truncation rates. ``--no-curation`` runs the same thing with
 zero-variance filtering and truncation masking off; ``--compare`` runs both and prints them side by side.
+Then (unless ``--no-agent``) a tool-using agent episode group through the session gateway: the loop of
+``rollout.agent_example`` against the demo's own ``grpo-curator infer --tiny`` upstream (docs/agents.md),
+printing each session's calls, tokens and trained tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"model_type": "qwen2", "vocab_size": 3 + len(DEMO_ALPHABET), "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "tie_word_embeddings": True}
+# `--engine vllm`: vLLM's CPU attention needs head_dim 64 (MODEL's is 16), so the same model at hidden 128, 2 heads
+VLLM_MODEL = {**MODEL, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
 # the curated arm of bench/curation_effect.py: zero-variance filtering on the binary outcome, and -1 for a
 # sample cut by the budget (`penalize` on `length` is exactly -1: a cut sample sits at the end of DAPO's ramp)
 CURATED = {"name": "demo-curated", "finish_reason_actions": {"length": "penalize"}}
@@ -102,10 +107,12 @@ def configure(url: str, policy: dict[str, Any], headers: dict[str, str]) -> None
 
 def start_workers(url: str, out: Path, env: dict[str, str], args: argparse.Namespace, keys: dict[str, str]) -> list[subprocess.Popen]:
     ckpt = str(out / "checkpoints")
-    trainer = {"service_url": url, "trainer_id": "demo-trainer", "model_config": MODEL, "seed": 0, "lr": args.lr,
+    model = VLLM_MODEL if args.engine == "vllm" else MODEL
+    trainer = {"service_url": url, "trainer_id": "demo-trainer", "model_config": model, "seed": 0, "lr": args.lr,
                "max_groups": args.groups_per_step, "min_groups": args.groups_per_step, "wait_seconds": 5.0, "checkpoint_dir": ckpt, "save_every": 1,
                "max_staleness": 1, "loss": {"beta": 0.0}}
-    producer = {"service_url": url, "producer_id": "demo-producer", "run_id": "demo", "model_config": MODEL, "seed": 0,
+    producer = {"service_url": url, "producer_id": "demo-producer", "run_id": "demo", "model_config": model, "seed": 0,
+                "backend": "hf" if args.engine == "transformers" else "vllm",
                 "tokenizer": "char:" + DEMO_ALPHABET, "checkpoint_dir": ckpt, "dataset": "letter-sum",
                 "group_size": 8, "max_tokens": 3, "requests_per_poll": args.groups_per_step,
                 "max_backlog": 2 * args.groups_per_step, "poll_seconds": 0.2, "spool_dir": str(out / "spool")}
@@ -233,6 +240,76 @@ def plot(results: list[dict[str, Any]], path: Path, threshold: float) -> None:
     fig.savefig(path, dpi=110)
 
 
+AGENT_GROUP = "demo-agent"
+
+
+def agent_stage(out: Path, startup_timeout: float = 120.0, episodes: int = 2) -> dict[str, Any]:
+    """A group of ``episodes`` tool-using agent episodes through the session gateway: ``grpo-curator infer
+    --tiny`` as the upstream, a service of its own (auth on) pointed at it, ``rollout.agent_example``'s loop
+    per episode. Returns each episode's finish answer, its calls and the group's trajectories."""
+    from rollout.agent_example import PROMPT, episode
+    from service.client import CuratorClient
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "GRPO_CURATOR_DATABASE_URL")}
+    env.update(GRPO_CURATOR_DATA_DIR=str(out / "state"), GRPO_CURATOR_LOG_LEVEL="warning",
+               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    keys = provision_local(out / "state", {"demo-admin": "admin", "demo-agent": "producer"})
+    procs: list[subprocess.Popen] = []
+    try:
+        port = _free_port()
+        procs.append(_spawn(["-m", "service.cli", "infer", "--tiny", "--port", str(port)], env, out / "infer.log"))
+        env["GRPO_CURATOR_INFERENCE_URL"] = f"http://127.0.0.1:{port}/v1"
+        url = start_service(out, env, procs, startup_timeout)
+        _wait_upstream(f"http://127.0.0.1:{port}", procs[0], startup_timeout, out / "infer.log")
+        with CuratorClient(url, api_key=keys["demo-agent"]) as curator:
+            sessions = [curator.session(AGENT_GROUP, episodes, 0, prompt_id="agent-add", prompt=PROMPT)
+                        for _ in range(episodes)]
+            finished = [episode(curator, s) for s in sessions]
+            calls = [curator.get_session(s)["calls"] for s in sessions]
+        with CuratorClient(url, api_key=keys["demo-admin"]) as admin:
+            group = admin.get_group(AGENT_GROUP, include_tokens=True)
+    finally:
+        stop_all(reversed(procs))
+    result = {"group_id": AGENT_GROUP, "status": group["status"], "episodes": [
+        {**done, "calls": c} for done, c in zip(finished, calls, strict=True)],
+        "trajectories": [_agent_trajectory(t) for t in group["trajectories"]]}
+    (out / "agent.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _agent_trajectory(t: dict[str, Any]) -> dict[str, Any]:
+    parts = t.get("segments") or [t]
+    masks = [m for p in parts for m in (p.get("loss_mask") or [])]
+    return {"session_id": t["metadata"].get("session_id"), "finish_reason": t["finish_reason"],
+            "tokens": len(masks), "trained_tokens": sum(masks), "segments": len(parts)}
+
+
+def _wait_upstream(base: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"grpo-curator infer exited; see {log}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"grpo-curator infer was not healthy in {timeout_s:g} s; see {log}")
+
+
+def print_agent(result: dict[str, Any]) -> None:
+    print(f"agent episodes through the gateway (group {result['group_id']}, {result['status']}):")
+    by_session = {t["session_id"]: t for t in result["trajectories"]}
+    for e in result["episodes"]:
+        t = by_session.get(e["session_id"], {})
+        answered = [c for c in e["calls"] if c["error"] is None]
+        print(f"  session {e['session_id']}: {len(e['calls'])} calls ({len(answered)} answered), "
+              f"finish {e['finish_reason']}, {t.get('tokens', 0)} tokens, {t.get('trained_tokens', 0)} trained")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="grpo-curator demo", description=__doc__.splitlines()[0])
     ap.add_argument("--no-curation", action="store_true", help="zero-variance filtering and truncation masking off")
@@ -244,10 +321,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="what the curated run does with samples cut by the token budget: a -1 penalty (default; "
                          "the end of DAPO's overlong ramp) or the service's default, mask (which can stall: a masked "
                          "sample gives no gradient, so the policy is never pushed to stop)")
+    ap.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                    help="the producer's sampler: transformers generate, or vLLM's server (`make vllm`; it starts in "
+                         "minutes on a CPU, so give --minutes room)")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for the service to be healthy")
+    ap.add_argument("--no-agent", action="store_true",
+                    help="skip the closing tool-using agent episodes through the session gateway")
     args = ap.parse_args(argv)
     modes = [True, False] if args.compare else [not args.no_curation]
     results: list[dict[str, Any]] = []
@@ -264,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     report(results, Path(args.out), args.threshold)
+    if not args.no_agent:
+        print_agent(agent_stage(Path(args.out) / "agent-episode", args.startup_timeout))
     return 0
 
 

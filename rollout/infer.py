@@ -139,8 +139,9 @@ class Engine:
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         if isinstance(self.tokenizer, AsciiTokenizer):
             return self.tokenizer.render(messages, tools)
-        return list(self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                       tokenize=True))
+        from rollout.tasks import chat_template_ids
+
+        return chat_template_ids(self.tokenizer, messages, tools)
 
     def encode(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

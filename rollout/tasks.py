@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.tools import ToolArgumentError
+
 PAD, BOS, EOS = 0, 1, 2
 _SPECIALS = 3
 
@@ -59,7 +61,23 @@ def load_tokenizer(spec: str) -> Any:
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     if isinstance(tokenizer, CharTokenizer):
         return tokenizer.render_prompt(messages)
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return chat_template_ids(tokenizer, messages)
+
+
+def chat_template_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
+    """A transformers tokenizer's chat template rendered to token ids (with the generation prompt).
+    transformers 5 returns a BatchEncoding from ``tokenize=True`` (whose ``list()`` is its keys), 4 a list:
+    ask for the plain list, and take ``input_ids`` from a mapping either way."""
+    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    ids = list(out)
+    if ids and isinstance(ids[0], list):  # a batch of one
+        (ids,) = ids
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise TypeError(f"apply_chat_template gave {type(out).__name__}, not token ids")
+    return [int(t) for t in ids]
 
 
 # -- the demo task -----------------------------------------------------------------------------------
@@ -92,8 +110,8 @@ def mixed_letter_sum_prompts(
     """Letter-sum with 1, 2 (, 3) operands (``x=``, ``xy=``, ``xyz=``): the letter at the sum of the indices
     mod K; sum(K^w) prompts of mixed difficulty. The 1-operand ones (copy the letter) are meant to be the
     easy ones and the longer ones stay all-wrong for a while: groups that carry no GRPO signal next to
-    groups that do. (In bench/curation_effect.py's 100-step runs even the copy prompts were not learned:
-    both arms plateau at the chance rate; see docs/training.md.)"""
+    groups that do. (In 100-step runs of an earlier bench/curation_effect.py even the copy prompts were not
+    learned and every arm sat at the chance rate; the benchmark now runs *letter-map*, bench/curation_effect.py.)"""
     k = len(letters)
     out = []
     for width in widths:
@@ -126,15 +144,21 @@ _OPS: dict[type, Callable[[Any, Any], Any]] = {
 
 
 def calculator(expression: str) -> str:
-    """Integer arithmetic (+ - * // %) on literals only: parsed, never evaluated as code."""
+    """Integer arithmetic (+ - * // %) on literals only: parsed, never evaluated as code. An expression it
+    cannot compute is refused as the model's mistake (``ToolArgumentError``)."""
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
-        raise ValueError(f"unsupported expression: {ast.dump(node)[:60]}")
+        raise ToolArgumentError(f"unsupported expression: {ast.dump(node)[:60]}")
 
-    return str(ev(ast.parse(expression, mode="eval").body))
+    try:
+        return str(ev(ast.parse(expression, mode="eval").body))
+    except SyntaxError as exc:
+        raise ToolArgumentError(f"not an expression: {exc.msg}") from None
+    except ZeroDivisionError:
+        raise ToolArgumentError("division by zero") from None
 
 
 TOOLS: dict[str, Callable[[str], str]] = {"calc": calculator}

@@ -14,6 +14,7 @@ from service.api import openapi
 from service.api.errors import install_error_handlers
 from service.api.middleware import RequestGuardMiddleware
 from service.auth.service import RedactTokens, check_routes
+from service.curation import router as curation
 from service.delivery import router as delivery
 from service.delivery.ready import ReadyHub
 from service.export import router as export
@@ -54,6 +55,7 @@ ROUTERS = (
     specs.router,
     stats.router,
     alerts.router,
+    curation.router,
 )
 
 

@@ -11,12 +11,15 @@ Trainers lease batches with ``lease`` / ``ack`` / ``nack``, or let ``batches`` d
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import orjson
@@ -54,6 +57,27 @@ def decode_arrow(data: bytes, *, as_numpy: bool = False) -> dict[str, Any]:
     return _decode(data, as_numpy=as_numpy)
 
 
+@dataclass(frozen=True)
+class AgentSessionKey:
+    """An open agent session: ``base_url`` and ``api_key`` are what an OpenAI client needs (the key is
+    valid for this one session only)."""
+
+    session_id: str
+    base_url: str
+    api_key: str
+    group_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def openai(self, **kwargs: Any) -> Any:
+        """An ``openai.OpenAI`` client for this session (needs the ``openai`` package)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
 class CuratorClient:
     def __init__(
         self,
@@ -73,7 +97,8 @@ class CuratorClient:
         self.timeout = timeout
         self.unavailable_retries = unavailable_retries
         self.max_retry_after_s = max_retry_after_s
-        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        key = clean_api_key(api_key, "api_key") if api_key is not None else clean_api_key(
+            os.environ.get(API_KEY_ENV), API_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
@@ -88,25 +113,32 @@ class CuratorClient:
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call; a 503 with ``Retry-After`` is retried ``unavailable_retries`` times, waiting what it
+        says. A 503 that names an alert (the lease breaker: leasing is paused) is logged with its alert on
+        the first answer -- the reason is never held back until the retries run out -- and again only when
+        another alert pauses it; the waiting goes on the same way. What is left after the retries raises
+        ``CuratorError`` with the body's ``detail`` (the alert included)."""
         response = self._http.request(method, path, **kwargs)
+        told: str | None = None  # the alert already logged in this call
         for attempt in range(self.unavailable_retries):
             if response.status_code != 503 or "retry-after" not in response.headers:
                 break
             delay = _retry_after(response, self.max_retry_after_s)
-            log.warning("%s %s: 503 (unavailable); retry %d/%d in %.1f s", method, path, attempt + 1,
-                        self.unavailable_retries, delay)
+            error, detail = _error_body(response)
+            alert = _pause_alert(detail)
+            if alert is None:
+                log.warning("%s %s: 503 (unavailable); retry %d/%d in %.1f s", method, path, attempt + 1,
+                            self.unavailable_retries, delay)
+            elif alert.get("id") != told:
+                told = alert.get("id")
+                log.warning("%s %s: leasing paused by the service (alert %s, monitor %s, dataset %s): %s;"
+                            " waiting %.1f s between attempts", method, path, alert.get("id"), alert.get("monitor"),
+                            alert.get("dataset"), error, delay)
             time.sleep(delay)
             response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
-            try:
-                body = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                body = None
-            if not isinstance(body, dict):
-                raise CuratorError(response.status_code, response.text)
-            raise CuratorError(
-                response.status_code, str(body.get("error", response.text)), body.get("detail")
-            )
+            error, detail = _error_body(response)
+            raise CuratorError(response.status_code, error, detail)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -128,9 +160,44 @@ class CuratorClient:
     def get_group(self, group_id: str, *, include_tokens: bool = False) -> dict[str, Any]:
         return self._json("GET", f"/v1/groups/{segment(group_id)}", params={"include_tokens": include_tokens})
 
+    def fill_slot(self, group_id: str, index: int, policy_version: int, trajectory: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/groups/{group_id}/trajectories/{index}: the replacement a resample / resume request asked for."""
+        body = {"policy_version": policy_version, "trajectory": trajectory}
+        return self._json("POST", f"/v1/groups/{segment(group_id)}/trajectories/{index}", json=body)
+
     def list_groups(self, **filters: Any) -> dict[str, Any]:
         params = {k: v for k, v in filters.items() if v is not None}
         return self._json("GET", "/v1/groups", params=params)
+
+    # -- agent sessions (docs/agents.md) ----------------------------------------------------------------
+    def session(self, group_id: str, group_size: int, policy_version: int, *, prompt_id: str,
+                prompt: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> AgentSessionKey:
+        """POST /v1/sessions: one agent episode of group ``group_id``. Point an OpenAI client at it:
+        ``openai.OpenAI(base_url=s.base_url, api_key=s.api_key)`` (or ``s.openai()``)."""
+        body: dict[str, Any] = {"group_id": group_id, "group_size": group_size, "policy_version": policy_version,
+                                "prompt_id": prompt_id, "metadata": metadata or {}}
+        if prompt is not None:
+            body["prompt"] = prompt
+        out = self._json("POST", "/v1/sessions", json=body)
+        return AgentSessionKey(session_id=out["session_id"], base_url=out["base_url"], api_key=out["api_key"],
+                               group_id=group_id)
+
+    def finish_session(self, session: AgentSessionKey, *, finish_reason: str | None = None,
+                       final_answer: str | None = None, rewards: dict[str, float] | None = None,
+                       error: str | None = None) -> dict[str, Any]:
+        """POST /v1/sessions/{id}/finish with the session's own key. ``error``: the environment failed
+        (a tool's backend down): the episode is dropped, never a negative."""
+        body: dict[str, Any] = {"rewards": rewards or {}}
+        for name, value in (("finish_reason", finish_reason), ("final_answer", final_answer), ("error", error)):
+            if value is not None:
+                body[name] = value
+        return self._json("POST", f"/v1/sessions/{segment(session.session_id)}/finish", json=body,
+                          headers=session.headers)
+
+    def get_session(self, session: AgentSessionKey, *, include_tokens: bool = False) -> dict[str, Any]:
+        """GET /v1/sessions/{id}: the session and its calls (``include_tokens``: their ids and log-probs)."""
+        return self._json("GET", f"/v1/sessions/{segment(session.session_id)}",
+                          params={"include_tokens": include_tokens}, headers=session.headers)
 
     # -- batches ----------------------------------------------------------------------------------------
     def lease(
@@ -228,7 +295,8 @@ class CuratorClient:
 
     # -- policy -----------------------------------------------------------------------------------------
     def publish_policy(self, version: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._json("POST", "/v1/policy", json={"version": version, "metrics": metrics or {}})
+        """Publish ``version``; a metric JSON cannot carry (inf, NaN) is left out with a warning."""
+        return self._json("POST", "/v1/policy", json={"version": version, "metrics": finite_metrics(metrics)})
 
     def get_policy(self) -> dict[str, Any]:
         return self._json("GET", "/v1/policy")
@@ -291,6 +359,83 @@ def default_url() -> str:
     return f"http://127.0.0.1:{os.environ.get('GRPO_CURATOR_PORT') or 8000}"
 
 
+URL_ENV = "GRPO_CURATOR_URL"
+# a URL's userinfo runs from the ``//`` to the LAST ``@`` of its authority (as httpx reads it: ``u:p@ss@host``),
+# spaces included; only a ``/ ? #`` or a line end stops it (over-redacting an unrelated ``@`` is the safe side)
+_USERINFO = re.compile(r"(?<=//)[^/?#\r\n]*@")
+REDACTED = "***"
+
+
+def _forms(secret: str) -> set[str]:
+    """The ways ``secret`` can appear in an error: as is, stripped, and escaped (``repr`` of the str and of its
+    bytes, as httpx's ``Illegal header value b'Bearer gck_...\\n'`` prints it)."""
+    forms = {secret, secret.strip(), repr(secret)[1:-1], str(secret.encode("utf-8", "backslashreplace"))[2:-1]}
+    return {f for f in forms if f}
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every URL's userinfo (``user:password@``) replaced by ``***@`` and each of ``secrets``
+    (an API key, a password; raw, stripped or escaped) by ``***``: what an error message may say of a connection."""
+    text = _USERINFO.sub(f"{REDACTED}@", text)
+    forms = {f for s in secrets if s for f in _forms(s)}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def clean_api_key(key: str | None, source: str) -> str | None:
+    """An API key as sent: surrounding whitespace stripped (a Kubernetes secret's trailing newline); empty ->
+    None (no key). A key with any other character than printable ASCII is a ValueError naming ``source``
+    (the setting it came from), never the key: it could not be sent as a header."""
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    if any(not 0x21 <= ord(c) <= 0x7E for c in key):
+        raise ValueError(f"{source}: the API key holds a space, a control character or a non-ASCII character "
+                         f"inside it; it cannot be sent as an Authorization header (the key is not shown)")
+    return key
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The one client configuration of every command and adapter (``import``, ``export``, ``stats``, ``train``,
+    ``rollout``, the verl / OpenRLHF / TRL adapters): ``url`` is the first of the argument (``--url``), a
+    command's own config, ``GRPO_CURATOR_URL`` and ``http://127.0.0.1:<GRPO_CURATOR_PORT or 8000>``;
+    ``api_key`` the argument (``--api-key``), else ``GRPO_CURATOR_API_KEY``, else none."""
+
+    url: str
+    api_key: str | None
+
+    def __repr__(self) -> str:  # never a key, never a URL's password
+        return f"Connection(url={redact(self.url)!r}, api_key={'***' if self.api_key else None})"
+
+    def redact(self, text: str) -> str:
+        """``text`` (an error message) without this connection's key, its URL's password or any userinfo."""
+        return redact(text, self.api_key, httpx.URL(self.url).password if "@" in self.url else None)
+
+
+def resolve_connection(url: str | None = None, api_key: str | None = None, *, url_source: str = "url",
+                       key_source: str = "api_key") -> Connection:
+    """``Connection`` from the arguments and the environment. A URL that is not http(s), or that carries a
+    ``user:password@`` (httpx would send it as Basic auth in place of the API key), is a ValueError naming
+    where it came from (``url_source`` for the argument, else ``GRPO_CURATOR_URL``). The key: ``api_key``
+    when given -- an empty one (``--api-key ""``) means explicitly no key, the environment is not read --
+    else ``GRPO_CURATOR_API_KEY``; whitespace around it is stripped (``clean_api_key``)."""
+    resolved = (url or default_url()).rstrip("/")
+    source = url_source if url else URL_ENV
+    if not resolved.startswith(("http://", "https://")):
+        raise ValueError(f"{source} {redact(resolved)!r}: expected an http:// or https:// URL")
+    if "@" in urlsplit(resolved).netloc:
+        raise ValueError(f"{source} {redact(resolved)!r}: a user:password@ in the service URL is not used (it "
+                         f"would replace the API key as Basic auth); drop it and pass the key with --api-key / "
+                         f"{API_KEY_ENV}")
+    if api_key is not None:
+        return Connection(resolved, clean_api_key(api_key, key_source))
+    return Connection(resolved, clean_api_key(os.environ.get(API_KEY_ENV), API_KEY_ENV))
+
+
 def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:
     """Poll ``GET /healthz`` until it answers 200. ``proc`` (a Popen) exiting first, or the time running
     out, raises RuntimeError (the server's log is the place to look)."""
@@ -315,11 +460,46 @@ def segment(value: str) -> str:
 
 
 def _retry_after(response: httpx.Response, cap_s: float) -> float:
-    """The answer's ``Retry-After`` in seconds (1 when absent or not a number), at most ``cap_s``."""
+    """The answer's ``Retry-After`` in seconds (1 when absent, not a number or not finite: ``nan``, ``inf``),
+    at most ``cap_s``."""
     try:
-        return min(max(float(response.headers.get("retry-after", "1")), 0.0), cap_s)
+        seconds = float(response.headers.get("retry-after", "1"))
     except ValueError:
-        return min(1.0, cap_s)
+        seconds = 1.0
+    if not math.isfinite(seconds):
+        seconds = 1.0
+    return min(max(seconds, 0.0), cap_s)
+
+
+def _error_body(response: httpx.Response) -> tuple[str, Any]:
+    """An error answer's ``error`` message and ``detail`` (the raw text and None when it is not our JSON)."""
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        return response.text, None
+    return str(body.get("error", response.text)), body.get("detail")
+
+
+def _pause_alert(detail: Any) -> dict[str, Any] | None:
+    """The alert a 503's detail names when leasing is paused (service.alerts' breaker), else None."""
+    alert = detail.get("alert") if isinstance(detail, dict) else None
+    return alert if isinstance(alert, dict) else None
+
+
+def finite_metrics(metrics: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """``metrics`` without the numbers JSON cannot carry: each non-finite float (inf, NaN, also in a nested
+    dict) is dropped with a warning naming it, so publishing never fails on a metric."""
+    out: dict[str, Any] = {}
+    for key, value in (metrics or {}).items():
+        if isinstance(value, dict):
+            out[key] = finite_metrics(value, f"{prefix}{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            log.warning("metric %s%s is %r (not finite): left out of the published metrics", prefix, key, value)
+        else:
+            out[key] = value
+    return out
 
 
 def _params(**values: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ embedded PostgreSQL (the ``pgserver`` package) in ``data_dir``.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,10 +15,12 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reward_models.llm_judge import JudgeEndpoint
+from service.archive.duration import parse_duration
 
 # log levels every consumer knows (Python's logging and uvicorn); aliases map to them, anything else is refused
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}
+MIN_BEAT_S = 0.05  # the shortest interval between two heartbeats of a score claim (service.worker.pipeline)
 
 
 def normalize_log_level(value: str) -> str:
@@ -58,6 +61,9 @@ class Settings(BaseSettings):
     score_backoff_base_s: float = 1.0
     score_backoff_max_s: float = 300.0
     score_claim_seconds: float = 30.0  # renewed every third of it while scored: a dead worker's groups return in <= 30 s
+    # a group whose score worker died while it was claimed alone more than this many times is the likely
+    # killer -> reward_error (every death gives the attempt back: a worker's death is not a scoring failure)
+    max_solo_deaths: int = Field(default=3, ge=0)
     lease_seconds_default: float = 300.0
     # long polls: waiters per API process (beyond it: 429 + Retry-After), and the periodic re-check
     lease_max_waiters: int = Field(default=1024, ge=0)
@@ -79,6 +85,8 @@ class Settings(BaseSettings):
     openrlhf_eos_means_stop: bool = True  # an OpenRLHF query without an end-of-sequence token is truncated
     openrlhf_on_error: Literal["fail", "value"] = "fail"  # an unscorable item: 503, or this value + a log flag
     openrlhf_error_value: float = Field(default=0.0, allow_inf_nan=False)
+    # OpenRLHF's extra_logs: "lists" (0.11 reads JSON lists) or "omit" (0.8 torch.cat()s them: lists break it)
+    openrlhf_extra_logs: Literal["lists", "omit"] = "lists"
     # python.function allowlist, name -> "/path/file.py[:function]"; reward_models.external reads the same
     # variable (GRPO_CURATOR_PYTHON_FUNCTIONS, JSON) in every worker process
     python_functions: dict[str, str] = Field(default_factory=dict)
@@ -86,6 +94,9 @@ class Settings(BaseSettings):
     # serve: open connections (long polls, stuck exports) get this long after SIGTERM, then are closed
     shutdown_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     readyz_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)  # GET /readyz's database check
+    # GET /healthz answers its last database check while younger than this (and while the next one runs,
+    # up to healthz_fresh_s + readyz_timeout_s + 1 s): no probe request waits on the database
+    healthz_fresh_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     # auth (service.auth): on once any API key exists, or always with require_auth
     require_auth: bool = False
     metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)
@@ -103,6 +114,9 @@ class Settings(BaseSettings):
     session_max_tokens: int = Field(default=131_072, ge=1)
     session_max_seconds: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     session_group_deadline_s: float = Field(default=7200.0, gt=0, allow_inf_nan=False)
+    # also ask the upstream for SGLang's return_prompt_token_ids + return_meta_info (SGLang releases whose
+    # chat route has no return_token_ids; docs/agents.md)
+    inference_sglang_meta_info: bool = False
     # training-health alerts (service.alerts, docs/alerts.md): the window of policy versions every monitor
     # reads, how often the worker evaluates, the hysteresis (an alert resolves once its value is below
     # warning * alert_resolve_ratio), the cooldown (versions after a resolve before the same monitor
@@ -130,6 +144,45 @@ class Settings(BaseSettings):
     # one group's or trajectory's free-form metadata (422 naming the field)
     max_body_containers: int = Field(default=1_000_000, ge=1)
     max_metadata_bytes: int = Field(default=64 * 1024, ge=1)
+    # archive (service.archive): with archive_url set (a directory or s3://bucket/prefix), the worker archives
+    # groups in a final state older than retention (e.g. 7d) every archive_every_s seconds
+    archive_url: str | None = None
+    retention: str = "7d"
+    archive_every_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    archive_batch_groups: int = Field(default=500, ge=1)
+
+    # bounds of a score / curate worker's transactions, set on its connections (service.store.db.worker_options):
+    # one left idle this long (its worker frozen: SIGSTOP, a VM pause, a partition) is ended by the server with
+    # its locks, so a frozen worker blocks the others' crash recovery at most this long; a lock wait, at most
+    worker_idle_in_transaction_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    worker_lock_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("score_claim_seconds", "worker_poll_seconds", "score_backoff_base_s", "score_backoff_max_s",
+                     "component_timeout_s", "lease_seconds_default")
+    @classmethod
+    def _worker_timing(cls, value: float, info) -> float:  # noqa: ANN001 - pydantic's ValidationInfo
+        """Worker timings are finite and positive (inf / nan made every claim fail, <= 0 expire at once); a
+        claim outlives its heartbeat (every third of it, at least MIN_BEAT_S apart)."""
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{info.field_name}: expected a finite number of seconds > 0, got {value!r}")
+        if info.field_name == "score_claim_seconds" and value <= 3 * MIN_BEAT_S:
+            raise ValueError(f"score_claim_seconds: {value!r} s is within its heartbeat (renewed every third of the"
+                             f" claim, at least {MIN_BEAT_S:g} s apart): expected more than {3 * MIN_BEAT_S:g} s")
+        return value
+
+    @field_validator("max_score_attempts", "worker_batch_groups", "worker_processes")
+    @classmethod
+    def _worker_counts(cls, value: int, info) -> int:  # noqa: ANN001 - pydantic's ValidationInfo
+        if value < 1:
+            raise ValueError(f"{info.field_name}: expected at least 1, got {value!r}")
+        return value
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str) -> str:
+        """A duration the archiver can use (its form and its range), refused here rather than in its thread."""
+        parse_duration(value, "retention (GRPO_CURATOR_RETENTION)")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -63,9 +63,16 @@ def test_the_builtin_defaults_are_documented_as_they_are():
     assert policy == full.model_dump(mode="json")
 
 
+# the fields docs/api.md's copy-paste walk-through sends differently from /docs' example, each on purpose:
+# the lease long-polls, so pasted right after the group posts it waits for the worker to score them
+# (/docs' `wait_seconds: 0` answers 204 then, and the ack line after it has no batch id)
+API_MD_DIFFERS = {("post", "/v1/batches/lease"): {"wait_seconds": 60}}
+
+
 def test_api_md_shows_every_request_example():
     blocks = _json_blocks("api.md")
     for (method, path), (_summary, body) in REQUEST_EXAMPLES.items():
+        body = body | API_MD_DIFFERS.get((method, path), {})
         assert body in blocks, f"docs/api.md lacks the example of {method.upper()} {path}"
         assert path in (DOCS / "api.md").read_text()
     for extra in EXTRA_EXAMPLES.values():
@@ -119,22 +126,35 @@ CANNOT_RUN_HERE = {
     r"^python -m (verl|openrlhf)\b": "another project's trainer (verl / OpenRLHF), not installed here",
     r"^docker compose\b": "needs Docker (tests/test_compose.py checks the compose file)",
     r"--url http://curator:|^curl 'http://curator:": "names a host of your deployment (a placeholder)",
-    r"^grpo-curator export\b": "exports a deployment's data (tests/service/export run it against a live service)",
+    r"^grpo-curator infer\b": "serves until stopped (`python -m rollout.agent_example --local` starts it)",
+    r"rollout\.agent_example --url\b": "talks to the servers started by hand in the lines above (--local runs them)",
+    r"python -m sglang\b": "the inference server of a GPU host (SGLang, not installed here)",
+    r"python -m bench\.scale\b": "a scale benchmark of minutes (100,000s of groups; tests/bench run it small)",
+    r"python -m bench\.chaos\b": "minutes of kill -9 cycles of the API, worker and PostgreSQL (tests/test_chaos.py)",
+    r"^grpo-curator archive --to (s3://|'s3://|/data/)": "an archive target of your deployment: an S3 bucket, a "
+    "/data volume (tests/service/archive run archive against a local folder)",
 }
+# lines of ``` / ```text blocks that start with one of these are commands too (the rest is shown output)
+COMMAND_WORDS = r"([A-Z_]+=\S+ )*(nice -n \d+ )?(grpo-curator|make|python|curl|source|\.venv/bin/)"
 ROOT_DIR = DOCS.parent
 SHELL_PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))]
 
 
 def _commands(page: str) -> list[tuple[str, str]]:
-    """(command, the JSON body just above its block) of every ```bash / ```sh block of ``page``: lines joined
-    across trailing backslashes, comments and blank lines left out."""
+    """(command, the JSON body just above its block) of every ```bash / ```sh block of ``page``, and the lines of
+    its ``` / ```text blocks that start with a command (``COMMAND_WORDS``): lines joined across trailing
+    backslashes, comments and blank lines left out."""
     text = (ROOT_DIR / page).read_text()
     out = []
-    for m in re.finditer(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M):  # every block, opening and closing fence
+        if m.group(1) not in ("bash", "sh", "", "text"):
+            continue
         before = text[: m.start()]
         body = re.findall(r"```json\n(.*?)```\n$", before[before.rfind("```json"):], re.S)
         pending = ""
-        for line in re.sub(r"\\\n\s*", " ", m.group(1)).splitlines():
+        for line in re.sub(r"\\\n\s*", " ", m.group(2)).splitlines():
+            if m.group(1) in ("", "text") and not pending and not re.match(COMMAND_WORDS, line):
+                continue  # output shown beside the commands
             pending = f"{pending}\n{line}" if pending else line
             if pending.count("'") % 2:  # a quoted value spans lines: the command goes on
                 continue
@@ -187,32 +207,64 @@ def test_shell_commands_run_as_written(page, fresh_db, tmp_path, live_server):
     assert ran or all(_cannot(c) for c, _ in _commands(page))
 
 
-def test_api_md_curl_lines_run_in_order_against_a_real_service(live_server, tmp_path):
-    """docs/api.md's walk-through, pasted in order: each curl line sends the body above it (saved under the
-    file name it names) with the Content-Type header, and the service accepts it. Between the posts and the
-    lease the worker scores and curates (here: one drain, the service runs without its in-process worker)."""
-    import json as json_
+def test_api_md_curl_lines_run_in_order_against_a_real_service(fresh_db, tmp_path):
+    """docs/api.md's walk-through, pasted in order as a user would against `make serve`: each curl line sends
+    the body above it (saved under the file name it names) with the Content-Type header, and the service
+    accepts it. Nothing scores between the lines but the service's own in-process worker (as `make serve`
+    runs it): the lease line's long poll waits for it, and the `export BATCH_ID=$(...)` line after it takes
+    the batch id from what the lease printed, as in a user's shell."""
+    from tests.conftest import start_server, stop_server
 
-    from reward_models.scoring import Scorer
-    from service.store.db import get_engine, make_sessionmaker
-    from service.worker.pipeline import drain
-
-    env = _shell_env(CURATOR=live_server.url)
-    commands = _commands("docs/api.md")
-    assert all("Content-Type: application/json" in c for c, _ in commands if "--data" in c)
-    for command, body in commands:
-        assert _cannot(command) is None, command
-        if "--data @" in command:
-            (tmp_path / re.search(r"--data @(\S+)", command).group(1)).write_text(body)
-        if "/v1/batches/lease" in command:
-            with Scorer(processes=1, timeout_s=20) as scorer:
-                drain(make_sessionmaker(get_engine(live_server.db_url)), scorer)
-        proc = _run(command, tmp_path, env)
-        if "/v1/batches/lease" in command:
-            env["BATCH_ID"] = json_.loads(proc.stdout)["batch_id"]
-    assert "BATCH_ID" in env
+    server = start_server(fresh_db, env={"GRPO_CURATOR_EMBEDDED_WORKER": "true"})
+    try:
+        env = _shell_env(CURATOR=server.url)
+        commands = _commands("docs/api.md")
+        assert all("Content-Type: application/json" in c for c, _ in commands if "--data" in c)
+        assert any(re.match(r"export BATCH_ID=\$\(", c) for c, _ in commands)
+        lease = None
+        for command, body in commands:
+            assert _cannot(command) is None, command
+            if "--data @" in command:
+                (tmp_path / re.search(r"--data @(\S+)", command).group(1)).write_text(body)
+            exported = re.match(r"export ([A-Z_]+)=\$\(", command)
+            if exported:  # each line runs in its own shell here: carry what it exports to the next ones
+                name = exported.group(1)
+                env[name] = _run(f'{command} && printf %s "${name}"', tmp_path, env).stdout
+                assert env[name], command
+                continue
+            proc = _run(command, tmp_path, env)
+            if "/v1/batches/lease" in command:
+                lease = json.loads(proc.stdout)
+        assert lease is not None and lease["batch_id"] == env["BATCH_ID"]
+        # what the page says of its group: the `length` member (4 tokens of max_tokens 1024) is shaped by its
+        # length, 0 below the ramp, so `penalize` leaves it level with the wrong `stop` answer
+        leased = {g["id"]: g for g in lease["groups"]}
+        group = leased["run7-step12-gsm8k-17"]["trajectories"]
+        by_index = {t["index"]: t for t in group}
+        assert by_index[3]["total_reward"] == by_index[1]["total_reward"]
+        assert by_index[3]["advantage"] == by_index[1]["advantage"] < 0 < by_index[0]["advantage"]
+    finally:
+        stop_server(server)
 
 
 def test_marked_commands_say_why():
     marked = {(p, c): _cannot(c) for p in SHELL_PAGES for c, _ in _commands(p) if _cannot(c)}
     assert marked and all(why for why in marked.values())
+
+
+# Attack: `grpo-curator --help` listed `infer`; docs/README.md's table, README's CLI line and the top-level
+# --help description left it out (the description named an old subset: serve ... stats).
+def test_every_cli_command_is_in_the_help_description_and_the_docs():
+    from service.cli.main import build_parser
+    from tests.conftest import ROOT
+
+    parser = build_parser()
+    commands = list(next(a for a in parser._actions if a.choices and "serve" in a.choices).choices)
+    assert "infer" in commands and "keys" in commands
+    description = " ".join(parser.description.split())
+    table = (DOCS / "README.md").read_text()
+    cli_line = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("CLI: "))
+    for command in commands:
+        assert f" {command}," in description or f" {command}." in description, f"--help leaves out {command}"
+        assert f"| `grpo-curator {command}" in table, f"docs/README.md's command table leaves out {command}"
+        assert f"`{command}`" in cli_line, f"README's CLI line leaves out {command}"

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("service", "reward_models", "filters", "trainer", "rollout", "integrations", "migrations")
+PACKAGES = ("service", "reward_models", "filters", "trainer", "rollout", "integrations", "migrations", "grpo_curator_integrations")
 SERVICE_ROOT = {"__init__.py", "app.py", "settings.py", "client.py"}
 
 

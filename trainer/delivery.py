@@ -16,6 +16,7 @@ carries a ``request_id``, so a lease whose answer was lost comes back instead of
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -192,11 +193,19 @@ class Ledger:
         return None
 
 
-def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str, vocab_size: int | None = None) -> None:
+def refuse(client: DeliveryClient, batch: dict[str, Any], reason: str, vocab_size: int | None = None,
+           offending: list[str] | None = None) -> None:
     """Nack a batch this trainer cannot use, asking to drop its groups; the service drops those it finds
     untrainable itself (``vocab_size``: also those with a token id outside this trainer's vocabulary) and
-    returns the others to the queue (another trainer may use them)."""
-    log.error("batch %s refused: %s", batch["batch_id"], reason)
+    returns the others to the queue (another trainer may use them). ``offending``: the ids of the groups
+    this trainer found unusable, named in the one log line (the others are said to go back)."""
+    ids = [g.get("id") for g in batch.get("groups", [])]
+    bad = [gid for gid in ids if gid in set(offending or ())]
+    checks = "no token ids / loss mask" + ("" if vocab_size is None else f", a token id >= vocab_size {vocab_size}")
+    log.warning("batch %s refused: %s; nacked: %s, the other %d group(s) go back to the queue and are leased again"
+                " (the service drops only a group it confirms untrainable: %s)", batch["batch_id"], reason,
+                f"group(s) {', '.join(map(repr, bad))} dropped" if bad else "no group named", len(ids) - len(bad),
+                checks)
     _retry(lambda: client.nack(batch["batch_id"], reason=reason[:2000], drop=True, vocab_size=vocab_size), "nack")
 
 
@@ -208,24 +217,67 @@ def _outside_vocab(tokens: list[int], vocab_size: int | None) -> str | None:
     return f"token id {tokens[pos]} at position {pos} is outside the model's vocabulary (vocab_size {vocab_size})"
 
 
+def _arrays_unusable(arrays: dict[str, Any], vocab_size: int | None, need_logprobs: bool) -> str | None:
+    """What is wrong with one sequence's arrays (a trajectory's, or one segment's), or None."""
+    tokens, mask, logprobs = arrays.get("token_ids"), arrays.get("loss_mask"), arrays.get("logprobs")
+    versions = arrays.get("versions")
+    if tokens is None or len(tokens) == 0 or mask is None:
+        return "no token_ids / loss_mask"
+    outside = _outside_vocab(tokens, vocab_size)
+    if outside is not None:
+        return outside
+    if len(mask) != len(tokens) or (logprobs is not None and len(logprobs) != len(tokens)):
+        return "token_ids, loss_mask, logprobs differ in length"
+    if versions is not None and len(versions) != len(tokens):
+        return f"versions has {len(versions)} entries for {len(tokens)} token ids"
+    for name, values in (("logprobs", logprobs), ("versions", versions), ("loss_mask", mask)):
+        if values is not None and any(v is None for v in values):
+            pos = next(i for i, v in enumerate(values) if v is None)
+            return f"{name} has a null at position {pos}"
+    if need_logprobs and logprobs is None:
+        return "no behaviour logprobs (old_from_batch needs them)"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _trajectory_unusable(t: dict[str, Any], need_logprobs: bool, vocab_size: int | None) -> str | None:
+    """Why one leased trajectory cannot be trained, or None. A segmented one (``segments``: the service sends
+    null top-level arrays then) is checked segment by segment: each segment's arrays, vocabulary and
+    advantage (its own, or the trajectory's when null)."""
+    segments = t.get("segments")
+    if segments is None:
+        why = _arrays_unusable(t, vocab_size, need_logprobs)
+        if why is not None:
+            return why
+        if t.get("advantage") is None:
+            return "no advantage"
+        return None if _finite(t["advantage"]) else f"advantage {t['advantage']!r} is not a finite number"
+    if len(segments) == 0:
+        return "an empty segments list"
+    for seg in segments:
+        where = f"segment {seg.get('segment_index')}"
+        why = _arrays_unusable(seg, vocab_size, need_logprobs)
+        if why is not None:
+            return f"{where}: {why}"
+        adv = seg.get("advantage") if seg.get("advantage") is not None else t.get("advantage")
+        if adv is None:
+            return f"{where}: no advantage"
+        if not _finite(adv):
+            return f"{where}: advantage {adv!r} is not a finite number"
+    return None
+
+
 def unusable(batch: dict[str, Any], need_logprobs: bool, vocab_size: int | None = None) -> str | None:
     """Why this trainer cannot train on ``batch``, or None (``vocab_size``: the model's input vocabulary,
-    every token id must be below it)."""
+    every token id must be below it; a segmented trajectory's segments are each checked)."""
     for group in batch.get("groups", []):
         for t in group.get("trajectories", []):
-            where = f"group {group.get('id')!r} trajectory {t.get('index')}"
-            tokens, mask, logprobs = t.get("token_ids"), t.get("loss_mask"), t.get("logprobs")
-            if tokens is None or len(tokens) == 0 or mask is None:
-                return f"{where}: no token_ids / loss_mask"
-            outside = _outside_vocab(tokens, vocab_size)
-            if outside is not None:
-                return f"{where}: {outside}"
-            if len(mask) != len(tokens) or (logprobs is not None and len(logprobs) != len(tokens)):
-                return f"{where}: token_ids, loss_mask, logprobs differ in length"
-            if need_logprobs and logprobs is None:
-                return f"{where}: no behaviour logprobs (old_from_batch needs them)"
-            if t.get("advantage") is None:
-                return f"{where}: no advantage"
+            why = _trajectory_unusable(t, need_logprobs, vocab_size)
+            if why is not None:
+                return f"group {group.get('id')!r} trajectory {t.get('index')}: {why}"
         temp = group.get("temperature")
         if temp is not None and not TEMPERATURE_MIN <= temp <= TEMPERATURE_MAX:  # stored before ingest checked
             return f"group {group.get('id')!r}: temperature {temp!r} outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}]"
@@ -246,8 +298,9 @@ def next_version(client: DeliveryClient, checkpoint_version: int) -> int:
 
 def publish_version(client: DeliveryClient, version: int, metrics: dict[str, Any]) -> None:
     """Publish, retried; a retry whose first attempt was stored answers 409 — fine once the service has it."""
-    from service.client import CuratorError
+    from service.client import CuratorError, finite_metrics
 
+    metrics = finite_metrics(metrics)  # a non-finite metric is named in a warning and left out, never fatal
     try:
         _retry(lambda: client.publish_policy(version, metrics), "publish")
     except CuratorError as exc:

@@ -48,7 +48,9 @@ Where this departs from the GRPO paper (every departure is a `LossConfig` switch
   min(exp(old_logp - behaviour_logp), C), detached (Yao et al. 2025, "Your Efficient RL Framework
   Secretly Brings You Off-Policy RL Training"); with the sequence ratio the weight is sequence-level
   too, min(exp(mean_t(old_logp - behaviour_logp)), C). `behaviour_mismatch` reports the mean
-  |old_logp - behaviour_logp|.
+  |old_logp - behaviour_logp|. Whatever `tis_cap`, `behaviour_kl` reports the k3 estimate of
+  KL(pi_sampler || pi_old) averaged over the tokens that have sampler log-probs (`behaviour_kl`); the
+  service's `behaviour_mismatch` monitor reads it (docs/alerts.md).
 - `entropy_coef`: optional entropy bonus (0 by default; the entropy is always reported).
 Only tokens with loss mask 1 count, in every numerator and every denominator; a sequence with no
 mask-1 token does not count as a sequence. Values at masked positions (even inf / NaN) change nothing.
@@ -146,16 +148,22 @@ class Denominator:
     seqs: float
 
 
-def count_denominator(mask: Tensor) -> Denominator:
-    """mask (B, T) -> the Denominator of this batch alone."""
+def count_denominator(mask: Tensor, weights: Tensor | None = None) -> Denominator:
+    """mask (B, T), weights (B,) or None -> the Denominator of this batch alone (weighted counts: each
+    sequence counts `weights[s]` times; a segment of a K-segment trajectory weighs 1/K)."""
     m = mask > 0
-    return Denominator(tokens=float(m.sum()), seqs=float(m.any(dim=-1).sum()))
+    if weights is None:
+        return Denominator(tokens=float(m.sum()), seqs=float(m.any(dim=-1).sum()))
+    w = weights.to(torch.float64)
+    return Denominator(tokens=float((m.sum(dim=-1) * w).sum()), seqs=float((m.any(dim=-1) * w).sum()))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean of `values` over positions where mask > 0: (B, T), (B, T) -> scalar (0 when none)."""
+    """Mean of `values` over positions where mask > 0, in float64 (a metric: a float32 sum of large legal
+    values, e.g. |log pi_old - log pi_behaviour| near 1e5 over many tokens, must not overflow):
+    (B, T), (B, T) -> float64 scalar (0 when none)."""
     m = mask > 0
-    return torch.where(m, values, 0.0).sum() / m.sum().clamp_min(1)
+    return torch.where(m, values.double(), 0.0).sum() / m.sum().clamp_min(1)
 
 
 def _seq_sums(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -170,28 +178,37 @@ def _nonzero(count: float) -> float:
     return count if count > 0 else 1.0
 
 
-def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None) -> Tensor:
+def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None, w: Tensor | None) -> Tensor:
     m = mask > 0
-    total = torch.where(m, values, 0.0).sum()
-    return total / (m.sum().clamp_min(1) if denom is None else _nonzero(denom.tokens))
+    vals = torch.where(m, values, 0.0)
+    if w is None:
+        return vals.sum() / (m.sum().clamp_min(1) if denom is None else _nonzero(denom.tokens))
+    total = (vals.sum(dim=-1) * w).sum()
+    local = (m.sum(dim=-1) * w).sum()
+    return total / (local.clamp_min(1e-12) if denom is None else _nonzero(denom.tokens))
 
 
-def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool, norm: float) -> Tensor:
+def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool, norm: float,
+              w: Tensor | None) -> Tensor:
     sums, n, has = _seq_sums(values, mask)  # (B,), (B,), (B,)
     per_seq = sums / n.clamp_min(1) if per_token_mean else sums / norm  # (B,)
-    return per_seq.sum() / (has.sum().clamp_min(1) if denom is None else _nonzero(denom.seqs))
+    if w is None:
+        return per_seq.sum() / (has.sum().clamp_min(1) if denom is None else _nonzero(denom.seqs))
+    local = (has * w).sum()
+    return (per_seq * w).sum() / (local.clamp_min(1e-12) if denom is None else _nonzero(denom.seqs))
 
 
-_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None, float], Tensor]] = {
-    "token-mean": lambda v, m, d, _: _token_mean(v, m, d),
-    "seq-mean-token-mean": lambda v, m, d, _: _seq_mean(v, m, d, True, 1.0),
-    "seq-mean-token-sum": lambda v, m, d, _: _seq_mean(v, m, d, False, 1.0),
-    "seq-mean-token-sum-norm": lambda v, m, d, norm: _seq_mean(v, m, d, False, norm),
+_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None, float, Tensor | None], Tensor]] = {
+    "token-mean": lambda v, m, d, _, w: _token_mean(v, m, d, w),
+    "seq-mean-token-mean": lambda v, m, d, _, w: _seq_mean(v, m, d, True, 1.0, w),
+    "seq-mean-token-sum": lambda v, m, d, _, w: _seq_mean(v, m, d, False, 1.0, w),
+    "seq-mean-token-sum-norm": lambda v, m, d, norm, w: _seq_mean(v, m, d, False, norm, w),
 }
 
 
 def aggregate(
-    values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None, norm_tokens: float | None = None
+    values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None, norm_tokens: float | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Reduce per-token losses to a scalar: values (B, T), mask (B, T) -> ().
 
@@ -200,11 +217,16 @@ def aggregate(
     seq-mean-token-sum: mean over sequences of each sequence's token sum.
     seq-mean-token-sum-norm: mean over sequences of each sequence's token sum / norm_tokens (Dr. GRPO).
     `denom` replaces this batch's counts by those of the whole accumulated batch.
+    weights (B,) (segmented trajectories, the per-rollout mean): sequence s counts weights[s] times in
+    numerator and denominator; a segment of a trajectory with K trained segments has weight 1/K, so
+    token-mean = sum_s w_s sum_t m_st l_st / sum_s w_s n_s and the seq modes = sum_s w_s l_s / sum_s w_s
+    (= the mean over trajectories of the mean over their segments). None: every weight 1.
     """
     check_choice("aggregation mode", mode, tuple(_AGGREGATORS))
     if mode == "seq-mean-token-sum-norm" and not (norm_tokens and norm_tokens > 0):
         raise ValueError("seq-mean-token-sum-norm needs norm_tokens > 0")
-    return _AGGREGATORS[mode](values, mask, denom, float(norm_tokens or 1.0))
+    w = None if weights is None else weights.to(values.dtype)
+    return _AGGREGATORS[mode](values, mask, denom, float(norm_tokens or 1.0), w)
 
 
 _KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -233,6 +255,14 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
     """
     check_choice("kl_estimator", estimator, tuple(_KL_ESTIMATORS))
     return _KL_ESTIMATORS[estimator](logp - ref_logp)
+
+
+def behaviour_kl(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi_sampler || pi_old) from the sampler's own samples, detached:
+    log r = behaviour_logp - old_logp, k3 = exp(-log r) - 1 + log r (>= 0, unbiased: E_sampler[pi_old /
+    pi_sampler] = 1; clamped like `_k3`); 0 off the mask. (B, T) x3 -> (B, T)."""
+    log_r = torch.where(mask > 0, behaviour_logp - old_logp, 0.0).detach()  # (B, T)
+    return torch.where(mask > 0, _k3(log_r), 0.0)
 
 
 def kl_reward_to_go(old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -311,6 +341,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     denom: Denominator | None = None,
     behaviour_rows: Tensor | None = None,
+    seq_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss of one (micro-)batch and its metrics.
 
@@ -318,7 +349,8 @@ def policy_loss(
     behaviour_logp (B, T) enables TIS when cfg.tis_cap is set; behaviour_rows (B,) bool marks the
     sequences that have behaviour log-probs (None: all do): the others get TIS weight 1 and count in
     neither `tis_weight` nor `behaviour_mismatch` (absent when no sequence has them); entropy (B, T) is
-    reported and used when cfg.entropy_coef > 0. -> (loss (), metrics of 0-dim detached tensors).
+    reported and used when cfg.entropy_coef > 0; seq_weights (B,) weighs segments (see `aggregate`).
+    -> (loss (), metrics of 0-dim detached tensors).
     """
     m = mask > 0
     if cfg.beta > 0 and ref_logp is None:
@@ -332,16 +364,19 @@ def policy_loss(
     ratio = torch.exp(log_ratio(logp, old_logp, mask, cfg.ratio_level))  # (B, T)
     low, high = cfg.clip
     per_tok = clipped_surrogate(ratio, adv, low, high, cfg.dual_clip)  # (B, T)
-    if cfg.tis_cap is not None and behaviour_logp is not None:
+    if behaviour_logp is not None:
         beh_mask = mask if behaviour_rows is None else mask * behaviour_rows[:, None].to(mask.dtype)  # (B, T)
+        if bool((beh_mask > 0).any()):
+            metrics["behaviour_kl"] = masked_mean(behaviour_kl(old_logp, behaviour_logp, beh_mask), beh_mask)
+    if cfg.tis_cap is not None and behaviour_logp is not None:
         if behaviour_rows is not None:  # no behaviour policy: weight exp(0) = 1
             behaviour_logp = torch.where(behaviour_rows[:, None], behaviour_logp, old_logp)  # (B, T)
         w = tis_weights(old_logp, behaviour_logp, mask, cfg.tis_cap, cfg.ratio_level)  # (B, T)
         per_tok = per_tok * w
         if bool((beh_mask > 0).any()):
             metrics["tis_weight"] = masked_mean(w, beh_mask)
-            metrics["behaviour_mismatch"] = masked_mean(
-                torch.where(m, old_logp - behaviour_logp, 0.0).abs(), beh_mask
+            metrics["behaviour_mismatch"] = masked_mean(  # the difference in float64 too
+                torch.where(m, old_logp.double() - behaviour_logp.double(), 0.0).abs(), beh_mask
             )
     metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg, None, cfg.norm_tokens)
     if cfg.beta > 0 and cfg.kl_mode == "loss":
@@ -352,7 +387,7 @@ def policy_loss(
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
         if cfg.entropy_coef > 0:
             per_tok = per_tok - cfg.entropy_coef * torch.where(m, entropy, 0.0)
-    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens)
+    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens, seq_weights)
     metrics.update(_ratio_metrics(logp.detach(), old_logp, ratio.detach(), adv, mask, cfg))
     return loss, metrics
 

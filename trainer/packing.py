@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from filters.segments import rollout_weight
 from trainer.loss import check_choice
 
 PackMode = Literal["pad", "pack"]
@@ -43,6 +44,16 @@ class TrainSeq:
     advantage: float
     policy_version: int
     temperature: float = 1.0  # the group's sampling temperature
+    weight: float = 1.0  # 1/K for each of the K trained segments of a segmented trajectory
+    unit: int = -1  # sequences with the same unit >= 0 (one trajectory's segments) share a micro-batch
+    versions: list[int] | None = None  # the policy version that generated each target, -1: not generated
+
+
+def mixed_versions(versions: list[int] | None, mask: list[float]) -> bool:
+    """The trained tokens come from more than one policy version (a resumed episode)."""
+    if versions is None:
+        return False
+    return len({v for v, m in zip(versions, mask, strict=True) if m > 0 and v >= 0}) > 1
 
 
 @dataclass
@@ -59,6 +70,9 @@ class MicroBatch:
     advantages: Tensor  # (S,) float
     temperature: Tensor | None = None  # (R, L) float, each position's sampling temperature (None: the policy's)
     has_behaviour: Tensor | None = None  # (S,) bool, the sequence came with sampler log-probs (None: all did)
+    seq_weights: Tensor | None = None  # (S,) float, per-rollout weights of segments (None: all 1)
+    versions: Tensor | None = None  # (S, Tm) long, each target's policy version, -1 unknown (None: none given)
+    mixed: Tensor | None = None  # (S,) bool, the sequence's trained tokens come from several versions (resumed)
 
     @property
     def n_input_tokens(self) -> int:
@@ -79,8 +93,10 @@ class MicroBatch:
 def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 1.0) -> TrainSeq | None:
     """One leased trajectory -> its shifted TrainSeq, None when it has nothing to train."""
     ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj.get("logprobs")
-    if len(ids) != len(mask) or (lps is not None and len(lps) != len(ids)):
-        raise ValueError(f"{where}: token_ids, loss_mask, logprobs differ in length")
+    versions = traj.get("versions")
+    if len(ids) != len(mask) or (lps is not None and len(lps) != len(ids)) or (
+            versions is not None and len(versions) != len(ids)):
+        raise ValueError(f"{where}: token_ids, loss_mask, logprobs, versions differ in length")
     last = max((i for i in range(1, len(mask)) if mask[i]), default=0)  # last mask-1 target
     if last == 0:
         return None
@@ -92,13 +108,35 @@ def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 
         advantage=float(traj["advantage"]),
         policy_version=int(version),
         temperature=temperature,
+        versions=None if versions is None else [int(v) for v in versions[1 : last + 1]],
     )
+
+
+def _segments(traj: dict[str, Any], version: int, where: str, temperature: float, unit: int) -> list[TrainSeq]:
+    """A segmented trajectory -> one TrainSeq per trained segment (K: its segments with a mask-1 target),
+    all of one packing unit, each with its segment's advantage and weight `filters.segments.rollout_weight`:
+    1/K when each segment carries the trajectory's advantage (the per-rollout mean), 1 when the segments
+    share it (``divide``: already A / K), so K divides once."""
+    seqs = []
+    for seg in traj["segments"]:
+        adv = seg.get("advantage")
+        shifted = _shift({**seg, "advantage": traj["advantage"] if adv is None else adv},
+                         version, f"{where} segment {seg.get('segment_index')}", temperature)
+        if shifted is not None:
+            seqs.append(shifted)
+    if not seqs:
+        return []
+    whole = traj.get("advantage")  # None: nothing to tell shares from copies by -> the per-rollout mean
+    weight = 1.0 / len(seqs) if whole is None else rollout_weight(float(whole), [s.advantage for s in seqs])
+    return [replace(s, weight=weight, unit=unit) for s in seqs]
 
 
 def sequences_from_batch(batch: dict[str, Any], default_temperature: float = 1.0) -> list[TrainSeq]:
     """The leased-batch JSON ({"groups": [{"policy_version", "temperature"?, "trajectories": [...]}]}) ->
-    shifted sequences; a group without a temperature gets `default_temperature`."""
-    out = []
+    shifted sequences; a group without a temperature gets `default_temperature`. A segmented trajectory
+    (``segments``) gives one sequence per segment (see `_segments`)."""
+    out: list[TrainSeq] = []
+    unit = 0
     for group in batch["groups"]:
         temperature = group.get("temperature")
         temperature = default_temperature if temperature is None else float(temperature)
@@ -106,6 +144,10 @@ def sequences_from_batch(batch: dict[str, Any], default_temperature: float = 1.0
             raise ValueError(f"group {group.get('id')!r}: temperature must be a finite number > 0, got {temperature}")
         for traj in group["trajectories"]:
             where = f"group {group.get('id')!r} trajectory {traj.get('index')}"
+            if traj.get("segments") is not None:
+                out.extend(_segments(traj, group["policy_version"], where, temperature, unit))
+                unit += 1
+                continue
             seq = _shift(traj, group["policy_version"], where, temperature)
             if seq is not None:
                 out.append(seq)
@@ -154,9 +196,19 @@ def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Tensor
             old[s, :n] = torch.tensor(seq.old_logp)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)  # (S,)
     has = torch.tensor([s.old_logp is not None for s in seqs])  # (S,)
+    versions = None
+    if any(s.versions is not None for s in seqs):
+        versions = torch.full((len(seqs), tm), -1, dtype=torch.long)  # (S, Tm)
+        for i, seq in enumerate(seqs):
+            if seq.versions is not None:
+                versions[i, : len(seq.versions)] = torch.tensor(seq.versions, dtype=torch.long)
+    mixed = torch.tensor([mixed_versions(s.versions, s.loss_mask) for s in seqs])  # (S,)
+    weights = torch.tensor([s.weight for s in seqs], dtype=torch.float32)  # (S,)
     return {
         "gather_index": index, "loss_mask": mask, "old_logp": old, "advantages": adv,
         "has_behaviour": None if bool(has.all()) else has,
+        "seq_weights": None if bool((weights == 1).all()) else weights,
+        "versions": versions, "mixed": mixed if bool(mixed.any()) else None,
     }
 
 
@@ -194,16 +246,54 @@ def _packed_micro_batch(seqs: Sequence[TrainSeq]) -> MicroBatch:
     )
 
 
+def _units(seqs: Sequence[TrainSeq]) -> list[list[int]]:
+    """Sequence indices by packing unit: a trajectory's segments together, every other sequence alone."""
+    units: dict[int, list[int]] = {}
+    out: list[list[int]] = []
+    for i, s in enumerate(seqs):
+        if s.unit < 0:
+            out.append([i])
+        elif s.unit in units:
+            units[s.unit].append(i)
+        else:
+            units[s.unit] = [i]
+            out.append(units[s.unit])
+    return out
+
+
+def _plan_units(seqs: Sequence[TrainSeq], token_budget: int, mode: str) -> list[list[int]]:
+    """Micro-batch plans that never split a unit: pad rows cost len(rows) * the longest; pack bins the sum.
+    A unit over the budget gets a micro-batch of its own (like a sequence over it)."""
+    units = _units(seqs)
+    if all(len(u) == 1 for u in units):
+        lengths = [len(s.inputs) for s in seqs]
+        return _plan_pad(lengths, token_budget) if mode == "pad" else _plan_pack(lengths, token_budget)
+    longest = [max(len(seqs[i].inputs) for i in u) for u in units]
+    if mode == "pack":
+        plans = _plan_pack([sum(len(seqs[i].inputs) for i in u) for u in units], token_budget)
+        return [[i for b in plan for i in units[b]] for plan in plans]
+    order = sorted(range(len(units)), key=lambda u: -longest[u])
+    out: list[list[int]] = []
+    width = 0
+    for u in order:
+        if out and (len(out[-1]) + len(units[u])) * width <= token_budget:
+            out[-1].extend(units[u])
+        else:
+            out.append(list(units[u]))
+            width = longest[u]
+    return out
+
+
 def pack_sequences(seqs: Sequence[TrainSeq], token_budget: int, mode: str = "pad") -> list[MicroBatch]:
     """Shifted sequences -> micro-batches whose input tokens (padding included) fit `token_budget`.
 
-    A sequence longer than the budget gets a micro-batch of its own.
+    A sequence longer than the budget gets a micro-batch of its own; a segmented trajectory's segments
+    (one `unit`) always share one micro-batch (so one mini-batch too), alone when over the budget.
     """
     check_choice("pack mode", mode, get_args(PackMode))
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    lengths = [len(s.inputs) for s in seqs]
-    plans = _plan_pad(lengths, token_budget) if mode == "pad" else _plan_pack(lengths, token_budget)
+    plans = _plan_units(seqs, token_budget, mode)
     build = _pad_micro_batch if mode == "pad" else _packed_micro_batch
     return [build([seqs[i] for i in plan]) for plan in plans]
 
@@ -214,6 +304,30 @@ def pack_batch(
     """A leased batch (JSON form) -> micro-batches under `token_budget`; see `pack_sequences`.
     Each position is scored at its group's sampling temperature (`default_temperature` when absent)."""
     return pack_sequences(sequences_from_batch(batch, default_temperature), token_budget, mode)
+
+
+def split_mini_batches(seqs: Sequence[TrainSeq], parts: int) -> list[list[TrainSeq]]:
+    """Shifted sequences -> exactly `parts` mini-batches of whole trajectories, in batch order: the
+    trajectories (a segmented one's segments count as one, and stay together) are cut into `parts`
+    consecutive runs of near-equal count (run i holds trajectories round(i n / parts) .. round((i+1) n / parts) - 1).
+    With fewer trajectories than `parts` some runs are empty (the step skips them: `mini_batches` records
+    how many updates an epoch really took)."""
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"mini_batches must be an int >= 1, got {parts!r}")
+    units = _units(seqs)
+    bounds = [round(i * len(units) / parts) for i in range(parts + 1)]
+    return [[seqs[i] for u in units[bounds[k] : bounds[k + 1]] for i in u] for k in range(parts)]
+
+
+def pack_mini_batches(
+    batch: dict[str, Any] | None, parts: int, token_budget: int, mode: str = "pad", default_temperature: float = 1.0
+) -> list[list[MicroBatch]]:
+    """A leased batch -> `parts` mini-batches (`split_mini_batches`), each packed into micro-batches under
+    `token_budget` (`pack_sequences`); an empty mini-batch is one empty micro-batch, so every rank of a
+    distributed step has `parts` of them and runs the same collectives. `batch` None: nothing to train."""
+    seqs = sequences_from_batch(batch, default_temperature) if batch else []
+    return [pack_sequences(part, token_budget, mode) if part else [empty_micro_batch()]
+            for part in split_mini_batches(seqs, parts)]
 
 
 def empty_micro_batch() -> MicroBatch:

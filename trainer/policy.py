@@ -13,12 +13,16 @@ Two things make it the model's own distribution, the same in every forward:
   temperature (logits / T = z / (T / s)). A model whose logits are not a constant multiple of
   `hidden @ W.T` (soft-capping, a bias) is refused with the config attributes that may cause it.
 - Dropout. pi_old is computed without gradient and pi_theta with it; with dropout on in the gradient
-  forward their ratio would not be 1 at identical weights. Every dropout (and router jitter) is
-  switched off at construction (`disable_dropout`), so train and eval forwards are the same function.
+  forward their ratio would not be 1 at identical weights. Every dropout (and router / input jitter,
+  layerdrop) is switched off at construction (`disable_dropout`: by module type and by attribute name,
+  not a fixed list), and `check_no_training_noise` verifies that a train-mode forward equals an
+  eval-mode one (else the model is refused), so train and eval forwards are the same function. The
+  gradient forward stays in train mode because transformers' gradient checkpointing runs only then.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -27,33 +31,84 @@ from torch import Tensor, nn
 from trainer.logprobs import DEFAULT_CHUNK_TOKENS, HeadImpl, token_logprobs
 from trainer.packing import MicroBatch
 
-# module attributes holding a dropout probability or a training-time noise level (set to 0)
-_NOISE_ATTRS = (
-    "attention_dropout", "attn_dropout", "dropout", "dropout_p", "dropout_rate", "hidden_dropout",
-    "activation_dropout", "resid_dropout", "embd_pdrop", "attn_pdrop", "resid_pdrop",
-    "router_jitter_noise", "jitter_noise",
-)
+_NOISE_NAME = re.compile(r"drop|jitter", re.IGNORECASE)  # dropout, layerdrop, attn_pdrop, input_jitter_noise...
 _CALIBRATION_TOKENS = 8
 
 
+def _noise_attrs(obj: Any) -> list[str]:
+    """Names of `obj`'s own float attributes that are dropout probabilities or training-time noise levels
+    (by name: every name containing "drop" or "jitter"; bools and zeros excluded)."""
+    return [k for k, v in vars(obj).items()
+            if isinstance(v, float) and not isinstance(v, bool) and v and _NOISE_NAME.search(k)]
+
+
+def _configs(config: Any, seen: set[int] | None = None) -> list[Any]:
+    """`config` and every config nested in it (text_config, attn_config, ...), each once."""
+    from transformers import PretrainedConfig
+
+    seen = set() if seen is None else seen
+    if not isinstance(config, PretrainedConfig) or id(config) in seen:
+        return []
+    seen.add(id(config))
+    out = [config]
+    for value in vars(config).values():
+        out += _configs(value, seen)
+    return out
+
+
 def disable_dropout(model: nn.Module) -> int:
-    """Set every dropout probability and router jitter of `model` (modules and config) to 0 -> how many
-    non-zero values were switched off."""
+    """Set every dropout probability and training-time noise of `model` to 0 -> how many non-zero module
+    values were switched off. Generic, not a list of attribute names that goes stale: every
+    ``nn.Dropout``-family module gets p = 0, and every float attribute whose name contains "drop" or
+    "jitter" (dropout, attention_dropout, residual_dropout, layerdrop, attn_dropout_p, input_jitter_noise,
+    ...) is set to 0 on every submodule and on the config and each config nested in it (dicts inside a
+    config too: MPT's attn_config). `check_no_training_noise` then verifies it."""
     changed = 0
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p:
             module.p, changed = 0.0, changed + 1
-        for name in _NOISE_ATTRS:
-            value = getattr(module, name, None)
-            if isinstance(value, float) and not isinstance(value, bool) and value:
-                setattr(module, name, 0.0)
-                changed += 1
-    config = getattr(model, "config", None)
-    for cfg in (config, getattr(config, "text_config", None)):
-        for name in _NOISE_ATTRS:
-            if cfg is not None and isinstance(getattr(cfg, name, None), float) and getattr(cfg, name):
+        for name in _noise_attrs(module):
+            setattr(module, name, 0.0)
+            changed += 1
+    for cfg in _configs(getattr(model, "config", None)):
+        for name in _noise_attrs(cfg):
+            try:
                 setattr(cfg, name, 0.0)
+            except Exception:  # noqa: BLE001 - a strict config field; the modules are what run (and are checked)
+                continue
+        for value in vars(cfg).values():
+            if isinstance(value, dict):
+                for key, v in list(value.items()):
+                    if isinstance(v, float) and v and _NOISE_NAME.search(str(key)):
+                        value[key] = 0.0
     return changed
+
+
+@torch.no_grad()
+def check_no_training_noise(model: Any) -> None:
+    """Raise ValueError when a train-mode forward of `model` still differs from an eval-mode one on fixed
+    tokens (a training-time noise source `disable_dropout` did not find); the mode is restored."""
+    weight = model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, weight.shape[0], (1, _CALIBRATION_TOKENS), generator=gen).to(weight.device)  # (1, K)
+    was_training = model.training
+    try:
+        model.eval()
+        ref = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state.double()  # (1, K, H)
+        model.train()
+        got = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state.double()  # (1, K, H)
+    finally:
+        model.train(was_training)
+    tol = (1e-2 if weight.dtype in (torch.float16, torch.bfloat16) else 1e-5) * max(float(ref.abs().max()), 1.0)
+    err = float((ref - got).abs().max())
+    if not err <= tol:
+        left = sorted({f"{type(m).__name__}.{k}" for m in model.modules() for k, v in vars(m).items()
+                       if isinstance(v, float) and v and not isinstance(v, bool)})[:20]
+        raise ValueError(
+            f"the model's train-mode forward differs from its eval-mode forward by {err:.3g} after every dropout "
+            f"was switched off: a training-time noise source the trainer does not know, so pi_theta / pi_old "
+            f"would not be 1 at identical weights. Non-zero float module attributes: {', '.join(left) or 'none'}"
+        )
 
 
 def _scale_attributes(config: Any) -> list[str]:
@@ -122,6 +177,7 @@ class PolicyLogprobs(nn.Module):
                     f"{cfg.final_logit_softcapping!r}) are not supported by the fused head"
                 )
         disable_dropout(model)
+        check_no_training_noise(model)
         self.model: Any = model  # a transformers PreTrainedModel
         self.chunk_tokens = chunk_tokens
         self.temperature = temperature

@@ -42,6 +42,7 @@ from trainer.delivery import (
     DeliveryClient,
     Heartbeat,
     Ledger,
+    ack_batches,
     lease_batch,
     next_version,
     publish_version,
@@ -50,7 +51,7 @@ from trainer.delivery import (
 )
 from trainer.logprobs import DEFAULT_CHUNK_TOKENS, HeadImpl
 from trainer.loss import LossConfig, check_choice
-from trainer.packing import MicroBatch, PackMode, empty_micro_batch, pack_batch
+from trainer.packing import MicroBatch, PackMode, pack_mini_batches
 from trainer.parallel import DistContext, ParallelMode, all_reduce, barrier, init_distributed, wrap_policy
 from trainer.policy import PolicyLogprobs, compile_decoder_layers
 from trainer.step import StepConfig, train_step
@@ -66,7 +67,7 @@ class TrainerConfig:
     """Everything `grpo-curator train` needs. `model` (a transformers directory) or `model_config`
     (a config dict, or the path of a JSON config, with `model_type`) for a random-initialised model."""
 
-    service_url: str = "http://127.0.0.1:8000"
+    service_url: str | None = None  # None: --url, else GRPO_CURATOR_URL, else 127.0.0.1:GRPO_CURATOR_PORT (8000)
     trainer_id: str = "trainer"
     model: str | None = None
     model_config: dict[str, Any] | str | None = None
@@ -211,8 +212,9 @@ def usable(
     reason = unusable(batch, need_logprobs=cfg.old_from_batch, vocab_size=vocab_size)
     if reason is None:
         return batch
-    log.warning("batch %s refused and nacked (its groups are dropped): %s", batch.get("batch_id"), reason)
-    refuse(client, batch, reason, vocab_size)
+    offending = [g.get("id") for g in batch.get("groups", [])
+                 if unusable({"groups": [g]}, need_logprobs=cfg.old_from_batch, vocab_size=vocab_size)]
+    refuse(client, batch, reason, vocab_size, offending)  # logs it once: the groups dropped, the rest go back
     return None
 
 
@@ -221,6 +223,14 @@ def drop_nonfinite(client: LeaseClient, batch: dict[str, Any], ledger: Ledger, h
     refuse(client, batch, "loss or gradient norm not finite; the optimizer step was skipped")
     ledger.pending.pop(batch["batch_id"], None)
     heartbeat.release([batch["batch_id"]])
+
+
+def ack_untrained(client: LeaseClient, batch: dict[str, Any], ledger: Ledger, heartbeat: Heartbeat) -> None:
+    """Ack at once a batch that had nothing to train (no mask-1 token): no update depends on it, so it
+    need not wait for a checkpoint (its lease would otherwise be held until the next one)."""
+    ledger.pending.pop(batch["batch_id"], None)
+    heartbeat.release([batch["batch_id"]])
+    ack_batches(client, [batch["batch_id"]])
 
 
 def ack(client: LeaseClient, ledger: Ledger, heartbeat: Heartbeat) -> bool:
@@ -314,10 +324,10 @@ def _setup(
     return ctx, model, policy, optimizer, state
 
 
-def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[MicroBatch]:
-    """This rank's micro-batches; one empty micro-batch when it has nothing to train on."""
-    mbs = pack_batch(batch, cfg.micro_token_budget, cfg.pack_mode, cfg.temperature) if batch else []
-    return mbs or [empty_micro_batch()]
+def micro_batches(batch: dict[str, Any] | None, cfg: TrainerConfig) -> list[list[MicroBatch]]:
+    """This rank's `cfg.mini_batches` mini-batches of whole trajectories, each a list of micro-batches (one
+    empty micro-batch for a mini-batch with nothing to train on, so every rank runs the same steps)."""
+    return pack_mini_batches(batch, cfg.mini_batches, cfg.micro_token_budget, cfg.pack_mode, cfg.temperature)
 
 
 def checkpoint(cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState,
@@ -408,8 +418,12 @@ def run(cfg: TrainerConfig, client: LeaseClient, max_steps: int | None = None) -
             mbs = micro_batches(batch, cfg)
             metrics = train_step(policy, optimizer, mbs, step_cfg, ref)  # log-probs -> loss -> step
             seconds = time.perf_counter() - t0
-            if metrics.get("nonfinite") and batch is not None:  # not stepped; would poison every trainer
-                drop_nonfinite(client, batch, ledger, heartbeat)
+            if metrics["skipped"] and batch is not None:  # no update applied
+                if metrics.get("nonfinite"):  # not stepped; would poison every trainer
+                    drop_nonfinite(client, batch, ledger, heartbeat)
+                else:  # nothing to train: acked now, whether or not a checkpoint is due
+                    ack_untrained(client, batch, ledger, heartbeat)
+            # some updates applied before a non-finite one (nonfinite_updates): the batch was trained, acked
             acked = ack(client, ledger, heartbeat) if not cfg.checkpoint_dir else True  # nothing is durable
             metrics = _report(metrics, batch, state.policy_version, seconds, acked, ctx)
             metrics["lease_wait_s"] = lease_wait
@@ -458,7 +472,9 @@ def config_help() -> str:
 
 
 def config_from_args(argv: list[str] | None = None) -> tuple[TrainerConfig, int | None]:
-    """Command line -> (TrainerConfig, max_steps)."""
+    """Command line -> (TrainerConfig, max_steps); ``service_url`` resolved (``--url``, the config's, then
+    the environment: ``service.client.resolve_connection``, every command's one client configuration)."""
+    from service.cli.connection import add_client_options, connection
     ap = argparse.ArgumentParser(
         prog="grpo-curator train",
         description=__doc__.splitlines()[0],
@@ -471,22 +487,26 @@ def config_from_args(argv: list[str] | None = None) -> tuple[TrainerConfig, int 
     )
     ap.add_argument("--tiny", action="store_true", help="train a tiny random-initialised Qwen2 model")
     ap.add_argument("--max-steps", type=int, default=None)
+    add_client_options(ap)
     args = ap.parse_args(argv)
     raw: dict[str, Any] = json.loads(Path(args.config).read_text()) if args.config else {}
     for key, value in _parse_set(args.set).items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     if args.tiny:
         raw.setdefault("model_config", tiny_model_config())
+    args.url = args.url or raw.get("service_url")
+    raw["service_url"] = connection(args).url
     return TrainerConfig.from_dict(raw), args.max_steps
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `grpo-curator train` / `python -m trainer.worker`."""
+    from service.cli.connection import api_key_of
     from service.client import CuratorClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, max_steps = config_from_args(argv)
-    client = CuratorClient(cfg.service_url)
+    client = CuratorClient(cfg.service_url, api_key=api_key_of(argv))  # kept out of TrainerConfig (logged)
     history = run(cfg, client, max_steps)
     print(f"[train] stopped after {len(history)} updates", flush=True)
     log.info("config %s", json.dumps(asdict(cfg), default=str))

@@ -26,41 +26,60 @@ class Window:
     metrics: Mapping[int, Mapping[str, Any]]  # version -> published trainer metrics
 
 
-def _spec_components(session: Session, name: str | None, version: int | None, cache: dict) -> dict[str, tuple[float, bool]]:
-    """component name -> (weight, is the outcome) of a stored spec version; {} when unknown."""
-    if name is None or version is None:
-        return {}
-    if (name, version) not in cache:
-        try:
-            body = specs.get_versioned(session, "reward_spec", name, version).body
-        except Exception:  # noqa: BLE001 - a spec that cannot be read: components weighted 1
-            log.warning("alerts: reward spec %s@%s unreadable; weights taken as 1", name, version)
-            cache[(name, version)] = {}
-            return {}
-        comps = body.get("components", [])
-        marked = [c.get("name") for c in comps if c.get("outcome")]
-        first_verifier = next((c.get("name") for c in comps if str(c.get("kind", "")).startswith("verifier.")), None)
-        outcome = marked[0] if marked else first_verifier
-        cache[(name, version)] = {c.get("name"): (float(c.get("weight", 1.0)), c.get("name") == outcome) for c in comps}
-    return cache[(name, version)]
+@dataclass(frozen=True)
+class WindowRows:
+    """What ``read_window`` read: rows only, so that building the facts (Python) needs no transaction."""
+
+    as_of: int
+    versions: tuple[int, ...]
+    groups: list[Any]
+    trajectories: list[Any]
+    rewards: list[Any]
+    specs: Mapping[tuple[str, int], dict[str, tuple[float, bool]] | None]  # None: unreadable
+    metrics: Mapping[int, Mapping[str, Any]]
 
 
-def gather(session: Session, as_of: int, window_versions: int) -> Window:
+def _spec_components(session: Session, name: str, version: int) -> dict[str, tuple[float, bool]] | None:
+    """component name -> (weight, is the outcome) of a stored spec version; None when it cannot be read."""
+    try:
+        body = specs.get_versioned(session, "reward_spec", name, version).body
+    except Exception:  # noqa: BLE001 - a spec that cannot be read: components weighted 1
+        log.warning("alerts: reward spec %s@%s unreadable; weights taken as 1", name, version)
+        return None
+    comps = body.get("components", [])
+    marked = [c.get("name") for c in comps if c.get("outcome")]
+    first_verifier = next((c.get("name") for c in comps if str(c.get("kind", "")).startswith("verifier.")), None)
+    outcome = marked[0] if marked else first_verifier
+    return {c.get("name"): (float(c.get("weight", 1.0)), c.get("name") == outcome) for c in comps}
+
+
+def read_window(session: Session, as_of: int, window_versions: int) -> WindowRows:
+    """The statements only, back to back (no Python work between them beyond fetching): a caller can read in
+    a short transaction and build the facts (``build``) after it ended."""
     lo = max(0, as_of - window_versions + 1)
-    versions = tuple(range(lo, as_of + 1))
     rows = alert_repo.window_groups(session, lo, as_of)
     pks = [r.pk for r in rows]
+    trajs = alert_repo.window_trajectories(session, pks, ZLIB_TAIL_CHARS) if pks else []
+    comps = alert_repo.window_rewards(session, pks) if pks else []
+    keys = {(g.reward_spec_name, g.reward_spec_version) for g in rows
+            if g.reward_spec_name is not None and g.reward_spec_version is not None}
+    spec_map = {key: _spec_components(session, *key) for key in keys}
+    published = policy.history(session, window_versions).versions
+    metrics = {p.version: p.metrics for p in published if lo <= p.version <= as_of}
+    return WindowRows(as_of, tuple(range(lo, as_of + 1)), rows, trajs, comps, spec_map, metrics)
+
+
+def build(read: WindowRows) -> Window:
+    """The monitors' facts from what ``read_window`` read (pure Python)."""
     trajs: dict[int, list[Any]] = {}
     comps: dict[tuple[int, int], list[Any]] = {}
-    if pks:
-        for t in alert_repo.window_trajectories(session, pks, ZLIB_TAIL_CHARS):
-            trajs.setdefault(t.group_pk, []).append(t)
-        for c in alert_repo.window_rewards(session, pks):
-            comps.setdefault((c.group_pk, c.idx), []).append(c)
-    cache: dict = {}
+    for t in read.trajectories:
+        trajs.setdefault(t.group_pk, []).append(t)
+    for c in read.rewards:
+        comps.setdefault((c.group_pk, c.idx), []).append(c)
     groups: dict[str, list[GroupFact]] = {}
-    for g in rows:
-        weights = _spec_components(session, g.reward_spec_name, g.reward_spec_version, cache)
+    for g in read.groups:
+        weights = read.specs.get((g.reward_spec_name, g.reward_spec_version)) or {}
         facts = tuple(
             TrajectoryFact(
                 tokens=t.num_tokens, finish_reason=t.finish_reason, text=t.tail or "", outcome=t.outcome,
@@ -77,6 +96,8 @@ def gather(session: Session, as_of: int, window_versions: int) -> Window:
             zero_variance=g.metric_std is not None and abs(g.metric_std) < ZERO_SPREAD,
             stale=g.status == "dropped" and g.drop_reason == "stale",
         ))
-    published = policy.history(session, window_versions).versions
-    metrics = {p.version: p.metrics for p in published if lo <= p.version <= as_of}
-    return Window(versions, groups, metrics)
+    return Window(read.versions, groups, read.metrics)
+
+
+def gather(session: Session, as_of: int, window_versions: int) -> Window:
+    return build(read_window(session, as_of, window_versions))

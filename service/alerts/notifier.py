@@ -1,97 +1,101 @@
-"""Posts alert transitions to the deployment's webhook (``alert_webhook_url``) as Slack-compatible JSON
-(``{"text": ..., "alert": ...}``; Slack reads ``text``, other receivers the structured part).
+"""The webhook outbox: alert transitions posted to the deployment's webhook (``alert_webhook_url``) as
+Slack-compatible JSON (``{"text": ..., "alert": ...}``; Slack reads ``text``, other receivers the rest).
 
-Transitions are queued after their transaction commits (nothing is announced that was rolled back) and
-posted by one daemon thread per process, each retried ``alert_webhook_retries`` times with exponential
-backoff: a slow or dead webhook never blocks ingest, leasing or the evaluation itself. A transition still
-undelivered after its retries is logged and dropped (the alert rows stay the durable record).
+Durable: a transition row is stored with ``notified_at`` NULL in the transaction that makes it (nothing is
+announced that was rolled back, nothing committed is forgotten by a kill -9) and the worker posts the
+pending rows, oldest first, on every maintenance pass (``deliver_due``). At least once: each post carries
+the transition's idempotency key (``alert-transition-<pk>``, in the body and the ``Idempotency-Key``
+header), so a receiver that dedupes by it sees each transition once even when a crash between the post and
+its commit sends it again. A failed post waits a backoff (``notify_after``) and the pass stops there: a hung
+receiver costs one timeout per backoff, never the queue behind it for good; after
+``alert_webhook_retries`` failed tries a transition is logged and given up (its row keeps the record).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
+from datetime import timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import event
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.settings import get_settings
+from service.settings import Settings, get_settings
+from service.store.models import Alert, AlertTransition
 
 log = logging.getLogger(__name__)
 BACKOFF_S = 0.5
-BACKOFF_MAX_S = 30.0
+BACKOFF_MAX_S = 300.0
+TIMEOUT_S = 5.0
+BATCH = 100
 
 
-def message(change: dict[str, Any]) -> dict[str, Any]:
-    a = change["alert"]
-    scope = "overall" if a["dataset"] is None else f"dataset {a['dataset']}"
-    text = (f"[{change['to'].upper()}] {a['monitor']} ({scope}): {change['from']} -> {change['to']} at policy "
-            f"version {change['version']}; value {a['value']}, threshold {a['threshold']}")
-    return {"text": text, "alert": a, "from": change["from"], "to": change["to"], "version": change["version"]}
+def idempotency_key(pk: int) -> str:
+    return f"alert-transition-{pk}"
 
 
-class WebhookNotifier:
-    def __init__(self, url: str, retries: int = 5, backoff_s: float = BACKOFF_S, timeout_s: float = 5.0) -> None:
-        self.url, self.retries, self.backoff_s, self.timeout_s = url, retries, backoff_s, timeout_s
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=10_000)
-        self.delivered = 0
-        self.dropped = 0
-        self.thread = threading.Thread(target=self._run, name="alert-webhook", daemon=True)
-        self.thread.start()
+def message(t: AlertTransition, a: Alert) -> dict[str, Any]:
+    """The payload of one stored transition: its own version, value and reason (a resolve says how it
+    resolved, not the value that opened the alert)."""
+    scope = "overall" if a.dataset is None else f"dataset {a.dataset}"
+    head = f"[{t.to_state.upper()}] {a.monitor} ({scope}): {t.from_state} -> {t.to_state} at policy version {t.version}"
+    if t.reason != "monitor":
+        tail = f"by {t.reason}"
+    elif t.to_state == "resolved":
+        tail = f"value now {t.value}, below the resolve line under warning"
+    else:
+        tail = f"value {t.value}, threshold {a.threshold}"
+    key = idempotency_key(t.pk)
+    alert = {"id": a.id, "monitor": a.monitor, "dataset": a.dataset, "state": t.to_state, "value": t.value,
+             "threshold": a.threshold}
+    return {"text": f"{head}; {tail}", "alert": alert, "from": t.from_state, "to": t.to_state,
+            "version": t.version, "reason": t.reason, "transition_id": t.pk, "idempotency_key": key}
 
-    def post(self, change: dict[str, Any]) -> None:
-        """Queue one transition; never blocks (a full queue drops it, logged)."""
-        try:
-            self.queue.put_nowait(message(change))
-        except queue.Full:
-            self.dropped += 1
-            log.error("alert webhook: queue full; transition dropped: %s", change.get("alert", {}).get("id"))
 
-    def _send(self, payload: dict[str, Any]) -> bool:
-        for attempt in range(self.retries + 1):
-            try:
-                r = httpx.post(self.url, json=payload, timeout=self.timeout_s)
-                if r.status_code < 300:
-                    return True
-                log.warning("alert webhook: %s answered %d (attempt %d)", self.url, r.status_code, attempt + 1)
-            except httpx.HTTPError as exc:
-                log.warning("alert webhook: %s failed: %s (attempt %d)", self.url, exc.__class__.__name__, attempt + 1)
-            time.sleep(min(BACKOFF_MAX_S, self.backoff_s * 2**attempt))
+def pending_mark(settings: Settings | None = None) -> Any:
+    """``notified_at`` of a new transition row: NULL (pending) with a webhook configured, else now."""
+    return None if (settings or get_settings()).alert_webhook_url else func.now()
+
+
+def deliver_due(session: Session, settings: Settings | None = None) -> int:
+    """Post the pending transitions that are due, oldest first; the number delivered. Rows are locked
+    (SKIP LOCKED: two workers never post the same row at once); the caller commits."""
+    settings = settings or get_settings()
+    if not settings.alert_webhook_url:
+        return 0
+    now = session.execute(select(func.clock_timestamp())).scalar_one()
+    stmt = (
+        select(AlertTransition, Alert).join(Alert, Alert.id == AlertTransition.alert_id)
+        .where(AlertTransition.notified_at.is_(None))
+        .where(AlertTransition.notify_after.is_(None) | (AlertTransition.notify_after <= now))
+        .order_by(AlertTransition.pk).limit(BATCH).with_for_update(of=AlertTransition, skip_locked=True)
+    )
+    delivered = 0
+    for t, a in session.execute(stmt).all():
+        payload = message(t, a)
+        ok = _post(settings.alert_webhook_url, payload)
+        if ok:
+            t.notified_at, delivered = now, delivered + 1
+            continue
+        t.notify_attempts += 1
+        if t.notify_attempts > settings.alert_webhook_retries:
+            t.notified_at = now
+            log.error("alert webhook: gave up on transition %d after %d tries: %s", t.pk, t.notify_attempts,
+                      payload["text"])
+        else:
+            t.notify_after = now + timedelta(seconds=min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (t.notify_attempts - 1)))
+        break  # the receiver is failing: the rest wait for the next pass
+    session.flush()
+    return delivered
+
+
+def _post(url: str, payload: dict[str, Any]) -> bool:
+    try:
+        r = httpx.post(url, json=payload, timeout=TIMEOUT_S, headers={"Idempotency-Key": payload["idempotency_key"]})
+    except httpx.HTTPError as exc:
+        log.warning("alert webhook: %s failed: %s", url, exc.__class__.__name__)
         return False
-
-    def _run(self) -> None:
-        while True:
-            payload = self.queue.get()
-            if self._send(payload):
-                self.delivered += 1
-            else:
-                self.dropped += 1
-                log.error("alert webhook: gave up on %s", payload["text"])
-
-
-_notifiers: dict[str, WebhookNotifier] = {}
-_lock = threading.Lock()
-
-
-def get_notifier(url: str, retries: int) -> WebhookNotifier:
-    with _lock:
-        if url not in _notifiers:
-            _notifiers[url] = WebhookNotifier(url, retries)
-        return _notifiers[url]
-
-
-def notify_after_commit(session: Session, changes: list[dict[str, Any]]) -> None:
-    """Post ``changes`` once ``session`` commits (nothing when no webhook is configured)."""
-    settings = get_settings()
-    if not changes or not settings.alert_webhook_url:
-        return
-    notifier = get_notifier(settings.alert_webhook_url, settings.alert_webhook_retries)
-
-    @event.listens_for(session, "after_commit", once=True)
-    def _posted(_: Session) -> None:
-        for change in changes:
-            notifier.post(change)
+    if r.status_code >= 300:
+        log.warning("alert webhook: %s answered %d", url, r.status_code)
+    return r.status_code < 300

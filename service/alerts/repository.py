@@ -6,10 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import BigInteger, any_, func, select, text
 from sqlalchemy.orm import Session
 
-from service.store.models import Alert, AlertTransition, Group, MonitorSetting, Reward, Trajectory
+from service.store.models import (
+    Alert,
+    AlertCursor,
+    AlertTransition,
+    Group,
+    MonitorSetting,
+    Reward,
+    Trajectory,
+)
+from service.store.queries import array_param
 
 OPEN_STATES = ("warning", "critical")
 _EVALUATE_LOCK_KEY = 0x67616C657274  # "galert": one evaluation (or resolve) at a time
@@ -25,13 +34,25 @@ def settings_rows(session: Session) -> list[MonitorSetting]:
     return list(session.execute(select(MonitorSetting)).scalars())
 
 
-def upsert_setting(session: Session, monitor: str, scope: str, warning: float, critical: float, action: str) -> None:
+def upsert_setting(session: Session, monitor: str, scope: str, fields: dict[str, Any]) -> None:
+    """Store the given fields of one setting (the others kept; a new row's others inherit: NULL)."""
     row = session.get(MonitorSetting, (monitor, scope))
     if row is None:
-        session.add(MonitorSetting(monitor=monitor, scope=scope, warning=warning, critical=critical, action=action))
+        session.add(MonitorSetting(monitor=monitor, scope=scope, **fields))
     else:
-        row.warning, row.critical, row.action, row.updated_at = warning, critical, action, func.now()
+        for name, value in fields.items():
+            setattr(row, name, value)
+        row.updated_at = func.now()
     session.flush()
+
+
+def delete_setting(session: Session, monitor: str, scope: str) -> bool:
+    row = session.get(MonitorSetting, (monitor, scope))
+    if row is None:
+        return False
+    session.delete(row)
+    session.flush()
+    return True
 
 
 def open_alerts(session: Session) -> list[Alert]:
@@ -59,8 +80,12 @@ def get_alert(session: Session, alert_id: str, lock: bool = False) -> Alert | No
     return session.execute(stmt.with_for_update() if lock else stmt).scalar_one_or_none()
 
 
-def list_alerts(session: Session, dataset: str | None, state: str | None, monitor: str | None, limit: int) -> list[Alert]:
+def list_alerts(session: Session, dataset: str | None, state: str | None, monitor: str | None, limit: int,
+                datasets: Sequence[str] | None = None) -> list[Alert]:
+    """``datasets``: a scoped key's datasets; only their alerts and the overall ones (dataset null)."""
     stmt = select(Alert)
+    if datasets is not None:
+        stmt = stmt.where(Alert.dataset.is_(None) | Alert.dataset.in_(list(datasets)))
     if dataset is not None:
         stmt = stmt.where(Alert.dataset == dataset)
     if state is not None:
@@ -75,9 +100,11 @@ def add_alert(session: Session, alert: Alert) -> None:
     session.flush()
 
 
-def add_transition(session: Session, **row: Any) -> None:
-    session.add(AlertTransition(**row))
+def add_transition(session: Session, **row: Any) -> int:
+    t = AlertTransition(**row)
+    session.add(t)
     session.flush()
+    return t.pk
 
 
 def transitions(session: Session, alert_id: str) -> list[AlertTransition]:
@@ -98,12 +125,37 @@ def window_trajectories(session: Session, group_pks: Sequence[int], tail_chars: 
     stmt = select(
         Trajectory.group_pk, Trajectory.idx, Trajectory.num_tokens, Trajectory.finish_reason,
         func.right(Trajectory.final_answer, tail_chars).label("tail"), Trajectory.outcome, Trajectory.total_reward,
-    ).where(Trajectory.group_pk.in_(group_pks))
+    ).where(Trajectory.group_pk == any_(array_param("pks", group_pks, BigInteger)))
     return list(session.execute(stmt))
 
 
 def window_rewards(session: Session, group_pks: Sequence[int]) -> list[Any]:
     stmt = select(Reward.group_pk, Reward.idx, Reward.component, Reward.kind, Reward.value).where(
-        Reward.group_pk.in_(group_pks)
+        Reward.group_pk == any_(array_param("pks", group_pks, BigInteger))
     )
     return list(session.execute(stmt))
+
+
+def peek_scored_since(session: Session, as_of: int) -> int | None:
+    """What ``scored_since`` answers now, the cursor left where it is."""
+    row = session.get(AlertCursor, "evaluate")
+    if row is None:
+        return None
+    return (row.since if as_of == row.version else row.version) if as_of <= row.version else row.version
+
+
+def scored_since(session: Session, as_of: int) -> int | None:
+    """The version after which an evaluation at ``as_of`` scores new values: the last evaluated version,
+    or, evaluating that same version again, the one it started from (the same values, the same result);
+    the cursor moves to ``as_of``. None: never evaluated."""
+    row = session.get(AlertCursor, "evaluate")
+    if row is None:
+        session.add(AlertCursor(name="evaluate", version=as_of, since=None))
+        session.flush()
+        return None
+    if as_of <= row.version:
+        return row.since if as_of == row.version else row.version
+    since = row.version
+    row.version, row.since = as_of, since
+    session.flush()
+    return since

@@ -198,7 +198,15 @@ def document_errors(schema: dict[str, Any], extra_models: tuple[type, ...] = ())
         for operation in item.values():
             responses = operation.setdefault("responses", {})
             for code, description in _operation_errors(path, operation).items():
-                responses[str(code)] = {"description": description, "content": ref}
+                declared = responses.get(str(code), {})
+                entry = {"description": description, "content": ref}
+                own = declared.get("content", {}).get("application/json", {}).get("schema")
+                if own is not None and not own.get("$ref", "HTTPValidationError").endswith("HTTPValidationError"):
+                    # a route's own error body (ErrorOut-shaped, e.g. the lease's LeasePausedOut), kept
+                    entry["content"] = {"application/json": {"schema": own}}
+                if "headers" in declared:  # e.g. Retry-After
+                    entry["headers"] = declared["headers"]
+                responses[str(code)] = entry
     return schema
 class Unauthorized(ServiceError):
     status_code = 401

@@ -161,6 +161,10 @@ EXTEND: dict[str, Any] = {"lease_seconds": 600}
 SESSION: dict[str, Any] = {"group_id": "g-agent-17", "group_size": 4, "policy_version": 12, "prompt_id": "p-research-3",
                            "metadata": {"episode": 17}}
 SESSION_FINISH: dict[str, Any] = {"finish_reason": "stop", "final_answer": "42", "rewards": {"tool_ok": 1.0}}
+SLOT_FILL: dict[str, Any] = {"policy_version": 13, "trajectory": {
+    "messages": [{"role": "assistant", "content": "The answer is \\boxed{42}"}], "token_ids": [101, 102, 7, 9],
+    "loss_mask": [0, 0, 1, 1], "logprobs": [0.0, 0.0, -0.4, -0.1], "versions": [-1, -1, 13, 13],
+    "finish_reason": "stop"}}
 STATEFUL_EXAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("post", "/v1/score"): ("score one completion synchronously with the math-boxed spec", SCORE),
     ("post", "/compat/openrlhf/{spec}/get_reward"): ("OpenRLHF's remote reward request", OPENRLHF),
@@ -170,5 +174,7 @@ STATEFUL_EXAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
                                SESSION),
     ("post", "/v1/sessions/{session_id}/finish"): ("the agent answered; the environment reports a component",
                                                    SESSION_FINISH),
+    ("post", "/v1/groups/{group_id}/trajectories/{index}"): (
+        "fill a resample / resume slot of a waiting group", SLOT_FILL),
 }
 EXAMPLE_PATHS = {"/v1/datasets/{name}": "/v1/datasets/gsm8k"}  # the concrete path each example is sent to

@@ -19,7 +19,8 @@ from reward_models.spec import NAME_PATTERN as SPEC_NAME_PATTERN
 _WireFinishReason = Literal[(*get_args(CurationFinishReason), *DEPRECATED_FINISH_REASONS)]  # type: ignore[valid-type]
 FinishReason = Annotated[_WireFinishReason, AfterValidator(normalize_finish_reason)]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
-GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error")
+GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error",
+                  "waiting")
 
 # Limits of the wire (docs/errors.md). Integers that reach an int4 column are bounded by INT4_MAX; any
 # integer anywhere in a body must fit int64 and any string must be storable (service.api.wire_checks).

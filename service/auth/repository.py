@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
-from service.store.models import ApiKey
+from service.store.models import AgentSession, ApiKey
 
 
 def any_key(session: Session) -> bool:
@@ -41,3 +41,10 @@ def revoke(session: Session, name: str) -> bool:
         .execution_options(synchronize_session=False)
     )
     return bool(session.execute(stmt).rowcount)
+
+
+def session_secret(session: Session, session_id: str) -> tuple[str, str | None, str] | None:
+    """(sha256 of the secret, dataset, status) of an agent session's key; None for an unknown session."""
+    row = session.execute(select(AgentSession.secret_hash, AgentSession.dataset, AgentSession.status)
+                          .where(AgentSession.id == session_id)).first()
+    return None if row is None else (row[0], row[1], row[2])

@@ -14,6 +14,13 @@ e.g. the policy version); ``dataset="<param>"`` requires that path / query param
 the key's datasets; ``dataset=SERVICE`` leaves the check to the service, which is passed the key
 (``KeyDep``) and filters or refuses by the stored rows' datasets.
 
+**Session keys** are a kind of their own (not an API key, not a role): ``gcs_<session id>_<secret>``, made
+by ``POST /v1/sessions`` for one agent session (``agent_sessions.secret_hash`` holds sha256(secret)). Only a
+route declared with ``session_param`` (``allow(PRODUCER, session_param="session_id")``: the gateway's
+routes of that one session) admits one, and only when the path names its own session: another session's
+route is a 403, a wrong secret a 401, every other route a 403, whether auth is on or off. What a finished
+session's key may still do is the route's business (service.sessions: it forwards and writes nothing).
+
 Auth is on once any key exists (revoked ones included: revoking the last key does not open the service)
 or when ``require_auth`` is set; otherwise requests without a token act as an anonymous admin.
 Tokens are ``gck_<id>_<secret>``; the table holds the id and sha256(secret), compared in constant time.
@@ -50,6 +57,7 @@ PRODUCER, TRAINER, VIEWER, ADMIN = Role.producer, Role.trainer, Role.viewer, Rol
 ANY = "*"  # dataset=ANY: scoped keys may use the route (it holds no dataset's data)
 SERVICE = "service"  # dataset=SERVICE: the service checks the rows' datasets against the key's
 TOKEN_PREFIX = "gck_"
+SESSION_TOKEN_PREFIX = "gcs_"  # a session key (SessionKey), valid on its one session's routes only
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,15 @@ class Principal:
 OPEN = Principal(name=None, role=Role.admin)
 
 
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """The caller holds one agent session's key: it may use that session's routes and nothing else."""
+
+    session_id: str
+    dataset: str | None
+    status: str  # the session's status when the key was checked (open / finished)
+
+
 # -- tokens ----------------------------------------------------------------------------------------------
 def new_token() -> tuple[str, str, str]:
     """(key id, sha256 of the secret, the token shown once). 128 bits of id, 256 bits of secret."""
@@ -98,6 +115,44 @@ def split_token(token: str) -> tuple[str, str] | None:
     if not sep or len(key_id) != 32 or not secret:
         return None
     return key_id, secret
+
+
+def split_session_token(token: str) -> tuple[str, str] | None:
+    """``gcs_<session id>_<secret>`` -> (session id, secret); None when it is not of that shape."""
+    if not token.startswith(SESSION_TOKEN_PREFIX):
+        return None
+    session_id, sep, secret = token[len(SESSION_TOKEN_PREFIX) :].partition("_")
+    return (session_id, secret) if sep and session_id and secret else None
+
+
+def authenticate_session(request: Request, session: SessionDep, token: str, session_param: str) -> SessionKey:
+    """The session key ``token`` for the session the path names (403 for another session's, 401 for a
+    wrong secret or a session that does not exist); the lookup's transaction ends here, as in
+    ``authenticate``."""
+    parts = split_session_token(token)
+    if parts is None:
+        raise Unauthorized("authorization: malformed session key (gcs_<session id>_<secret>)")
+    if parts[0] != request.path_params.get(session_param):
+        raise Forbidden("authorization: this session key belongs to another session")
+    try:
+        row = key_repo.session_secret(session, parts[0])
+    finally:
+        session.commit()
+    # the digest is compared even when the session is unknown, so timing does not tell ids apart
+    matches = hmac.compare_digest(hash_secret(parts[1]), row[0] if row is not None else "0" * 64)
+    if row is None or not matches:
+        raise Unauthorized("authorization: wrong session key")
+    return SessionKey(session_id=parts[0], dataset=row[1], status=row[2])
+
+
+def _session_token(request: Request) -> str | None:
+    """The request's bearer token when it is a session key (``gcs_...``)."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token.startswith(SESSION_TOKEN_PREFIX) else None
 
 
 def _bearer(request: Request, token_param: str | None = None) -> str | None:
@@ -161,6 +216,7 @@ class Access:
     public: bool = False
     public_setting: str | None = None  # a bool setting that, when true, opens the route (e.g. /metrics)
     token_param: str | None = None  # a path parameter that may carry the token (no Authorization header)
+    session_param: str | None = None  # the path parameter naming the session whose key the route admits
 
     def admits(self, role: Role) -> bool:
         return self.public or role == Role.admin or role in self.roles
@@ -178,6 +234,13 @@ def _checker(access: Access) -> Any:
         if access.public or (
             access.public_setting and getattr(request.app.state.settings, access.public_setting)
         ):
+            return
+        session_token = _session_token(request)
+        if session_token is not None:
+            if access.session_param is None:
+                raise Forbidden("authorization: a session key is valid only on its own session's routes "
+                                "(/v1/sessions/{session_id}/...); this route needs an API key")
+            request.state.principal = authenticate_session(request, session, session_token, access.session_param)
             return
         key = request.state.principal = authenticate(request, session, access.token_param)
         if not access.admits(key.role):
@@ -200,11 +263,14 @@ def _checker(access: Access) -> Any:
 
 
 def allow(
-    *roles: Role, dataset: str | None = None, public_setting: str | None = None, token_param: str | None = None
+    *roles: Role, dataset: str | None = None, public_setting: str | None = None, token_param: str | None = None,
+    session_param: str | None = None,
 ) -> Any:
     """The route admits ``roles`` (and admin); see the module docstring for ``dataset``. ``token_param``:
-    the path parameter that may carry the token instead of the Authorization header."""
-    access = Access(frozenset(roles), dataset=dataset, public_setting=public_setting, token_param=token_param)
+    the path parameter that may carry the token instead of the Authorization header. ``session_param``:
+    the path parameter naming a session whose own key (``SessionKey``) the route admits too."""
+    access = Access(frozenset(roles), dataset=dataset, public_setting=public_setting, token_param=token_param,
+                    session_param=session_param)
     return _checker(access)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import re
 
+import httpx
+
 # commands that need the ``trainer`` extra (torch, transformers), and the modules that extra provides
 TRAINER_COMMANDS = ("train", "rollout", "demo")
 TRAINER_MODULES = ("torch", "transformers", "safetensors")
@@ -17,6 +19,22 @@ EXTRA_HINT = "pip install 'grpo-curator[trainer]' (or, in a checkout, `make inst
 
 class CommandFailed(Exception):
     """A failure the command itself explains (bad arguments, bad configuration): printed as is."""
+
+
+class ServiceAnswered(RuntimeError):
+    """The service answered an error: the line names the method, the service URL (path included, query
+    left out), the status and what the service said. Printed through ``connection.redact`` like every line
+    of the client commands (a URL's userinfo becomes ``***@``, the key ``***``)."""
+
+    def __init__(self, method: str | None, url: str, status: int, said: str) -> None:
+        where = f"{method} {url}" if method else url
+        super().__init__(f"{where}: {status} {' '.join(said.split())[:500]}")
+        self.status = status
+
+    @classmethod
+    def of(cls, r: httpx.Response) -> ServiceAnswered:
+        """From an answer whose body was read."""
+        return cls(r.request.method, str(r.request.url.copy_with(query=None)), r.status_code, r.text)
 
 
 def missing_extra(command: str) -> str | None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from service.cli.import_prompts import http_client
+from service.cli.connection import add_client_options, api_key, http_client, redact, service_url, unreachable
+from service.cli.errors import ServiceAnswered
 from service.export.schemas import EXPORT_FORMATS
 
 
@@ -29,7 +30,7 @@ def export_to(client: httpx.Client, params: dict[str, Any], out: Path) -> int:
         with client.stream("GET", "/v1/export", params={**params, "filetype": filetype}) as r:
             if r.status_code != 200:
                 r.read()
-                raise RuntimeError(f"GET /v1/export: {r.status_code} {r.text[:500]}")
+                raise ServiceAnswered.of(r)
             with part.open("wb") as f:
                 for chunk in r.iter_bytes():
                     f.write(chunk)
@@ -49,8 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="grpo-curator export", description="export SFT / DPO / KTO / rollout data")
     ap.add_argument("--format", choices=EXPORT_FORMATS, required=True)
     ap.add_argument("--out", type=Path, required=True, help="FILE.parquet or FILE.jsonl")
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
-    ap.add_argument("--api-key", help="default: GRPO_CURATOR_API_KEY")
+    add_client_options(ap)
     ap.add_argument("--dataset")
     ap.add_argument("--min-policy-version", type=int)
     ap.add_argument("--max-policy-version", type=int)
@@ -58,18 +58,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--min-reward", type=float)
     ap.add_argument("--correct-threshold", type=float)
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--tool-arguments", choices=["object", "string"],
+                    help="tool-call arguments as JSON objects (default; what TRL's chat templates need) or as text")
+    ap.add_argument("--include-archived", action="store_true", default=None,
+                    help="also the archived groups (grpo-curator archive), read back from their Parquet files")
     args = ap.parse_args(argv)
     if args.out.suffix not in (".parquet", ".jsonl"):
         print("error: --out: must end in .parquet or .jsonl", file=sys.stderr)
         return 1
     names = ("format", "dataset", "min_policy_version", "max_policy_version", "status", "min_reward",
-             "correct_threshold", "limit")
+             "correct_threshold", "limit", "tool_arguments", "include_archived")
     params = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    url = service_url(args)
     try:
-        with http_client(args.url, args.api_key) as client:
+        with http_client(url, api_key(args)) as client:
             rows = export_to(client, params, args.out)
+    except httpx.TransportError as exc:
+        print(f"error: {unreachable(url, exc)}", file=sys.stderr)
+        return 1
     except (RuntimeError, httpx.HTTPError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact(f"error: {exc}", args), file=sys.stderr)
         return 1
     print(f"wrote {rows} {args.format} rows to {args.out}")
     return 0

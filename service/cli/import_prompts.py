@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -24,18 +23,13 @@ import orjson
 from pydantic import ValidationError
 
 from service.api.validation import format_errors
-from service.client import default_url
+from service.cli.connection import add_client_options, api_key, http_client, redact, service_url, unreachable
+from service.cli.errors import ServiceAnswered
 from service.export.schemas import ImportSummary
 from service.ingest.schemas import PromptUpsert
 
 BATCH = 1000
 EXAMPLES = 5
-
-
-def http_client(url: str, api_key: str | None, timeout: float = 300.0) -> httpx.Client:
-    key = api_key or os.environ.get("GRPO_CURATOR_API_KEY")
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
 
 
 def verl_prompt(row: dict[str, Any]) -> dict[str, Any]:
@@ -52,8 +46,40 @@ def verl_prompt(row: dict[str, Any]) -> dict[str, Any]:
     metadata = {**extra, **({"ability": row["ability"]} if row.get("ability") is not None else {})}
     content = [row.get("data_source"), row.get("prompt"), rm["ground_truth"]]
     digest = hashlib.sha256(orjson.dumps(content, default=str)).hexdigest()[:24]
+    reference = code_reference(rm["ground_truth"]) if row.get("ability") == "code" else {"answer": rm["ground_truth"]}
     return {"id": f"verl-{digest}", "dataset": row.get("data_source"), "messages": row.get("prompt"),
-            "reference": {"answer": rm["ground_truth"]}, "metadata": metadata}
+            "reference": reference, "metadata": metadata}
+
+
+def code_reference(truth: Any) -> dict[str, Any]:
+    """A verl code row's ground truth (``ability == "code"``) -> the reference ``verifier.code`` runs: JSON
+    ``{"inputs": [...], "outputs": [...]}`` (stdin / stdout cases, verl's code datasets) -> ``io``; a JSON
+    list of assert lines -> ``tests`` (joined); a JSON string, or text that is not JSON -> ``tests`` (Python
+    source). Anything else is a ValueError naming ``reward_model.ground_truth``."""
+    where = "reward_model.ground_truth"
+    value = truth
+    if isinstance(truth, str):
+        try:
+            value = orjson.loads(truth)
+        except orjson.JSONDecodeError:
+            return {"tests": truth}  # Python source
+    if isinstance(value, str):
+        return {"tests": value}
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return {"tests": "\n".join(value) + "\n"}
+    if isinstance(value, dict) and "inputs" in value and "outputs" in value:
+        if value.get("fn_name"):
+            raise ValueError(f"{where}: call-based cases (fn_name) are not supported; give stdin / stdout "
+                             "cases or Python tests")
+        inputs, outputs = value["inputs"], value["outputs"]
+        if not (isinstance(inputs, list) and isinstance(outputs, list) and inputs and len(inputs) == len(outputs)
+                and all(isinstance(x, str) for x in inputs + outputs)):
+            raise ValueError(f"{where}: inputs / outputs must be equally long non-empty lists of strings")
+        return {"io": [{"input": i, "output": o} for i, o in zip(inputs, outputs, strict=True)]}
+    if isinstance(truth, str) and not isinstance(value, dict | list):
+        return {"tests": truth}  # source that happens to be a JSON scalar ("1")
+    raise ValueError(f"{where}: a code row needs Python tests (text, or a JSON list of asserts) or JSON "
+                     '{"inputs": [...], "outputs": [...]}')
 
 
 def _verl_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -120,7 +146,7 @@ def _post(client: httpx.Client, batch: dict[str, PromptUpsert]) -> None:
     body = b'{"prompts":[' + b",".join(p.model_dump_json(exclude_none=True).encode() for p in batch.values()) + b"]}"
     r = client.post("/v1/prompts", content=body, headers={"content-type": "application/json"})
     if r.status_code != 200:
-        raise RuntimeError(f"POST /v1/prompts: {r.status_code} {r.text[:500]}")
+        raise ServiceAnswered.of(r)
     batch.clear()
 
 
@@ -129,22 +155,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("what", choices=["prompts"])
     ap.add_argument("file", type=Path)
     ap.add_argument("--format", choices=["verl", "jsonl"], required=True)
-    ap.add_argument("--url", default=default_url(),
-                    help="the service (default: GRPO_CURATOR_URL, else http://127.0.0.1:GRPO_CURATOR_PORT or 8000)")
-    ap.add_argument("--api-key", help="default: GRPO_CURATOR_API_KEY")
+    add_client_options(ap)
     args = ap.parse_args(argv)
     if not args.file.is_file():
         print(f"error: {args.file}: no such file", file=sys.stderr)
         return 1
+    url = service_url(args)
     try:
-        with http_client(args.url, args.api_key) as client:
+        with http_client(url, api_key(args)) as client:
             summary = import_prompts(client, args.file, args.format)
     except httpx.TransportError as exc:  # unreachable / unknown host: "[Errno -2] ..." alone names nothing
-        print(f"error: cannot reach the service at {args.url} ({exc or type(exc).__name__}); start it "
-              "(`grpo-curator serve`) or fix --url", file=sys.stderr)
+        print(f"error: {unreachable(url, exc)}", file=sys.stderr)
         return 1
     except (RuntimeError, httpx.HTTPError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact(f"error: {exc}", args), file=sys.stderr)
         return 1
     print(summary.model_dump_json(indent=2))
     return 0 if summary.taken or not summary.rejected else 2

@@ -1,4 +1,4 @@
-"""The ``grpo-curator`` command line: serve, migrate, score-worker, train, rollout, demo, stats."""
+"""The ``grpo-curator`` command line (its commands: `build_parser`, the one list, shown by ``--help``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from service.cli.errors import CommandFailed, check_set_options, explain, missing_extra
 from service.settings import LOG_LEVEL_ALIASES, LOG_LEVELS, get_settings, normalize_log_level
-from service.store.processes import exit_on_signals
+from service.store.processes import exit_on_signals, hangup_as_terminate
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     from uvicorn.config import STARTUP_FAILURE
 
+    hangup_as_terminate()  # uvicorn handles SIGTERM, not SIGHUP: a hang-up must not raise inside its loop
     try:
         uvicorn.run(
             "service.app:create_served_app",
@@ -124,6 +125,7 @@ LATER = {
     "stats": ("service.cli.stats", "print reward statistics as a table"),
     "import": ("service.cli.import_prompts", "import prompts from verl Parquet or JSONL"),
     "export": ("service.cli.export", "export SFT / DPO / KTO / rollout datasets (Parquet or JSONL)"),
+    "archive": ("service.cli.archive", "move finished groups older than --older-than to Parquet (--to DIR|s3://...)"),
     "keys": ("service.cli.keys", "API keys: create --role R --name N [--dataset D], list, revoke NAME"),
     "infer": ("service.cli.infer", "an OpenAI-compatible inference server over transformers (token ids, log-probs)"),
 }
@@ -132,7 +134,6 @@ LATER = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-curator",
-        description=__doc__,
         epilog=f"Global options (before or after the command): --log-level {'|'.join(LOG_LEVELS)} "
         "(warn and fatal are aliases; default warning), --debug (full tracebacks).",
     )
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_migrate)
     for name, (_module, help_text) in LATER.items():  # dispatched in main(); listed here for --help
         sub.add_parser(name, help=help_text + f" (grpo-curator {name} --help)")
+    parser.description = f"The grpo-curator command line: {', '.join(sub.choices)}."  # from the parser itself
     return parser
 
 

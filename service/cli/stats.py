@@ -16,17 +16,15 @@ import httpx
 import orjson
 
 from service.cli.alerts_lines import format_alerts, open_alerts
-from service.client import CuratorClient, CuratorError, default_url
+from service.cli.connection import add_client_options, api_key, redact, service_url, unreachable
+from service.cli.errors import ServiceAnswered
+from service.client import CuratorClient, CuratorError
 from service.stats.service import STATS_BY
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-curator stats", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--url",
-        default=default_url(),
-        help="the service (default: GRPO_CURATOR_URL, else http://127.0.0.1:GRPO_CURATOR_PORT; now %(default)s)",
-    )
+    add_client_options(parser)
     parser.add_argument("--by", default="dataset", choices=STATS_BY)
     parser.add_argument("--dataset", help="only this dataset")
     parser.add_argument("--since", help="ISO time; applied at hour granularity (UTC)")
@@ -142,8 +140,9 @@ def format_table(body: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     params = {k: v for k, v in (("by", args.by), ("dataset", args.dataset), ("since", args.since)) if v}
+    url = service_url(args)
     try:
-        with CuratorClient(args.url) as client:
+        with CuratorClient(url, api_key=api_key(args)) as client:
             if args.rebuild:
                 done = client._json("POST", "/v1/stats/rebuild")
                 print(
@@ -152,10 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             body = client._json("GET", "/v1/stats", params=params)
             alerts = None if args.json else open_alerts(client)
     except CuratorError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(redact(f"error: {ServiceAnswered(None, url, exc.status_code, exc.message)}", args), file=sys.stderr)
+        return 1
+    except httpx.TransportError as exc:
+        print(f"error: {unreachable(url, exc)}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:
-        print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(redact(f"error: {url}: {exc}", args), file=sys.stderr)
         return 1
     print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() if args.json else format_table(body))
     if alerts is not None:

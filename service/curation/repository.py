@@ -3,13 +3,15 @@ prompts' outcome history, and the scores curation reads back."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text
+import orjson
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Decision, Prompt, Reward, SamplingRequest
+from service.store.models import Decision, Group, Prompt, Reward, SamplingRequest
 
 
 def update_trajectory_decisions(session: Session, rows: list[tuple[int, int, float, str, str]]) -> None:
@@ -28,9 +30,28 @@ def update_trajectory_decisions(session: Session, rows: list[tuple[int, int, flo
     )
 
 
+def update_segment_advantages(session: Session, rows: list[tuple[int, int, list[float]]]) -> None:
+    """rows: (group_pk, idx, one advantage per segment)."""
+    if not rows:
+        return
+    pks, idxs, advs = map(list, zip(*rows, strict=True))
+    session.execute(
+        text(
+            "UPDATE trajectories t SET segment_advantages = v.advs"
+            " FROM unnest(CAST(:pks AS bigint[]), CAST(:idxs AS int[]), CAST(:advs AS jsonb[]))"
+            " AS v(pk, idx, advs) WHERE t.group_pk = v.pk AND t.idx = v.idx"
+        ),
+        {"pks": pks, "idxs": idxs, "advs": [orjson.dumps(a).decode() for a in advs]},
+    )
+
+
 def insert_sampling_requests(session: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(insert(SamplingRequest.__table__), rows)
+    """One INSERT per shape of row (a refill names no slot; a resume carries a checkpoint)."""
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        shapes.setdefault(tuple(sorted(k for k, v in row.items() if v is not None)), []).append(row)
+    for keys, same in shapes.items():
+        session.execute(insert(SamplingRequest.__table__), [{k: r[k] for k in keys} for r in same])
 
 
 def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: int = 16) -> None:
@@ -39,9 +60,11 @@ def record_outcomes(session: Session, rows: list[tuple[str, float]], keep_last: 
         return
     rows = sorted(rows)
     ids, means = map(list, zip(*rows, strict=True))
-    # lock the prompt rows in one global order first: two workers never wait on each other in a cycle
+    # lock the prompt rows in one global order first: two workers never wait on each other in a cycle.
+    # COLLATE "C" = code point order = Python's sorted(), the order ingest's upserts lock them in (the
+    # database's default collation, en_US / ICU, orders 'a', 'B', 'a_1' otherwise)
     session.execute(
-        select(Prompt.id).where(Prompt.id.in_(set(ids))).order_by(Prompt.id).with_for_update()
+        select(Prompt.id).where(Prompt.id.in_(set(ids))).order_by(Prompt.id.collate("C")).with_for_update()
     ).all()
     last = (
         "(SELECT x, ord FROM jsonb_array_elements(p.recent_outcomes || v.ms) WITH ORDINALITY AS e(x, ord)"
@@ -68,7 +91,7 @@ def retract_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
     by_prompt: dict[str, list[float]] = {}
     for pid, mean in rows:
         by_prompt.setdefault(pid, []).append(mean)
-    stmt = select(Prompt).where(Prompt.id.in_(by_prompt)).order_by(Prompt.id).with_for_update()
+    stmt = select(Prompt).where(Prompt.id.in_(by_prompt)).order_by(Prompt.id.collate("C")).with_for_update()
     for p in session.execute(stmt).scalars():
         recent = [float(x) for x in p.recent_outcomes]
         for mean in by_prompt[p.id]:
@@ -97,3 +120,55 @@ def trajectory_components(
 def insert_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
     if rows:
         session.execute(insert(Decision.__table__), rows)
+
+
+# -- remedy slots (service.curation.remedies) ------------------------------------------------------------
+_SLOT = (SamplingRequest.idx.is_not(None), SamplingRequest.reason.in_(("resample", "resume")))
+
+
+def slot_history(session: Session, group_pks: list[int]) -> dict[tuple[int, int], list[SamplingRequest]]:
+    """(group pk, idx) -> the remedy requests ever made for that slot, oldest first."""
+    if not group_pks:
+        return {}
+    stmt = (select(SamplingRequest).where(SamplingRequest.source_group_pk.in_(group_pks), *_SLOT)
+            .order_by(SamplingRequest.pk))
+    out: dict[tuple[int, int], list[SamplingRequest]] = {}
+    for r in session.execute(stmt).scalars():
+        out.setdefault((r.source_group_pk, r.idx), []).append(r)  # type: ignore[arg-type]
+    return out
+
+
+def slot_requests(session: Session, group_pk: int, idx: int) -> list[SamplingRequest]:
+    """The remedy requests of one slot, oldest first, locked (the group row is locked before them)."""
+    stmt = (select(SamplingRequest)
+            .where(SamplingRequest.source_group_pk == group_pk, SamplingRequest.idx == idx, *_SLOT)
+            .order_by(SamplingRequest.pk).with_for_update())
+    return list(session.execute(stmt).scalars())
+
+
+def count_open_slots(session: Session, group_pk: int) -> int:
+    """Slots of the group still awaited: a remedy request neither filled nor expired."""
+    stmt = select(func.count()).where(SamplingRequest.source_group_pk == group_pk, *_SLOT,
+                                      SamplingRequest.filled_at.is_(None), SamplingRequest.status != "expired")
+    return int(session.execute(stmt).scalar_one())
+
+
+def mark_filled(session: Session, pk: int, fill_hash: str, now: datetime) -> None:
+    session.execute(update(SamplingRequest).where(SamplingRequest.pk == pk)
+                    .values(filled_at=now, fill_hash=fill_hash, status="done"))
+
+
+def due_waiting(session: Session, now: datetime, limit: int) -> list[Group]:
+    """Waiting groups whose deadline passed, locked (SKIP LOCKED: a fill in progress keeps its group)."""
+    stmt = (select(Group).where(Group.status == "waiting", Group.wait_until <= now).order_by(Group.wait_until)
+            .limit(limit).with_for_update(skip_locked=True, of=Group).options(selectinload(Group.trajectories)))
+    return list(session.execute(stmt).scalars())
+
+
+def expire_slots(session: Session, group_pk: int) -> list[SamplingRequest]:
+    """Mark the group's unfilled slots ``expired``; returns them."""
+    stmt = (update(SamplingRequest)
+            .where(SamplingRequest.source_group_pk == group_pk, *_SLOT, SamplingRequest.filled_at.is_(None),
+                   SamplingRequest.status != "expired")
+            .values(status="expired").returning(SamplingRequest))
+    return list(session.execute(stmt).scalars())

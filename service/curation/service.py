@@ -13,12 +13,15 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from filters import curate_groups
-from filters.types import CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
+from filters.types import REMEDY_ACTIONS, CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
+from service.curation import remedies
 from service.curation import repository as curate_repo
 from service.ingest import service as ingest
 from service.policy import service as policy_service
 from service.specs import service as specs
 from service.stats import service as stats
+from service.store import arrays
+from service.store.db import db_now
 from service.store.models import Group
 
 _PLAIN_METRICS = ("outcome", "total")
@@ -40,6 +43,20 @@ def _policy_for(session: Session, g: Group, prompts: dict, cache: dict) -> tuple
     return cache[key]
 
 
+def trained_segments(t: Any) -> int | None:
+    """How many of a segmented trajectory's segments the trainer trains on (a mask-1 target: a mask-1 token
+    after the segment's first), the K of ``divide`` (filters.segments); None when it is not segmented."""
+    if not t.segments:
+        return None
+    mask = arrays.decode_list(t.loss_mask, arrays.MASK_DTYPE) or []
+    count, start = 0, 0
+    for seg in t.segments:
+        n = int(seg.get("length") or 0) if isinstance(seg, dict) else 0
+        count += any(mask[start + 1 : start + n])
+        start += n
+    return count
+
+
 def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | None]]) -> GroupScore:
     max_tokens = g.sampling.get("max_tokens") if isinstance(g.sampling, dict) else None
     return GroupScore(
@@ -55,6 +72,8 @@ def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | N
                 outcome=t.outcome,
                 num_tokens=t.num_tokens,
                 num_turns=t.num_turns,
+                segments=len(t.segments or ()),
+                trained_segments=trained_segments(t),
             )
             for t in g.trajectories
         ],
@@ -68,8 +87,10 @@ def _rule(reason: str) -> str:
 class _Writes:
     """Rows collected over a batch of groups, written with one statement each."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now or datetime.now(UTC)  # the database's clock (curate): wait_until is compared with it
         self.trajectories: list[tuple[int, int, float, str, str]] = []
+        self.segments: list[tuple[int, int, list[float]]] = []
         self.groups: list[dict[str, Any]] = []
         self.decisions: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
@@ -77,12 +98,16 @@ class _Writes:
         self.counts: dict[str, int] = {}
         self.errors: list[dict[str, Any]] = []
         self.curated: list[tuple[int, datetime]] = []
+        self.waiting: list[dict[str, Any]] = []
+        self.history: remedies.SlotHistory = {}
 
-    def untrainable(self, g: Group, reason: str) -> None:
-        """A group the trainer could not use never reaches the ready queue (dropped, with its decision)."""
-        now = datetime.now(UTC)
+    def untrainable(self, g: Group, reason: str, policy: specs.Versioned | None = None) -> None:
+        """A group the trainer could not use never reaches the ready queue (dropped, with its decision naming
+        the policy that would have curated it, when it resolves)."""
+        now = self.now
         self.errors.append({"pk": g.pk, "status": "dropped", "drop_reason": "untrainable"})
-        self.decisions.append({"group_pk": g.pk, "idx": None, "policy_name": None, "policy_version": None,
+        self.decisions.append({"group_pk": g.pk, "idx": None, "policy_name": policy and policy.name,
+                               "policy_version": policy and policy.version,
                                "action": "drop", "rule": "untrainable", "reason": reason})
         self.curated.append((g.pk, now))
         self.counts["dropped"] = self.counts.get("dropped", 0) + 1
@@ -96,23 +121,63 @@ class _Writes:
                                "rule": "curation_error", "reason": reason})
         self.counts["curation_error"] = self.counts.get("curation_error", 0) + 1
 
-    def add(self, g: Group, d: GroupDecision, policy: specs.Versioned, dataset: str) -> None:
-        now = datetime.now(UTC)
+    def wait(self, g: Group, d: GroupDecision, policy: specs.Versioned, rules: CurationPolicy, dataset: str,
+             slots: list[int]) -> None:
+        """Remedy members that can still be remedied: one request per slot, the group waits for them."""
+        now = self.now
+        until = remedies.wait_until(rules, now)
+        log = {"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version}
+        by_idx = {t.idx: t for t in g.trajectories}
+        for t in d.trajectories:
+            self.trajectories.append((g.pk, t.index, 0.0, t.action, t.reason))
+            if t.index not in slots:
+                continue
+            max_tokens = remedies_budget(g, rules)
+            budget = {**g.sampling, "max_tokens": max_tokens} if max_tokens else dict(g.sampling)
+            self.requests.append(remedies.request_row(g, t.index, t.action, budget, dataset))
+            self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": remedies.REQUESTED,
+                                   "reason": f"slot {t.index}: {by_idx[t.index].finish_reason} -> {t.action} "
+                                             f"(max_tokens {budget.get('max_tokens')}); the group waits until "
+                                             f"{until.isoformat()}"})
+        self.counts["waiting"] = self.counts.get("waiting", 0) + 1
+        self.waiting.append({"pk": g.pk, "status": "waiting", "wait_until": until,
+                             "curation_policy_name": policy.name, "curation_policy_version": policy.version})
+
+    def add(self, g: Group, d: GroupDecision, policy: specs.Versioned, dataset: str,
+            rules: CurationPolicy | None = None) -> None:
+        rules = rules or CurationPolicy()
+        history = self.history
+        remedy = [t for t in d.trajectories if t.action in REMEDY_ACTIONS]
+        if d.drop_reason != "stale":
+            slots = [t.index for t in remedy if remedies.can_remedy(history.get((g.pk, t.index), []), t.action, rules)]
+            if slots:
+                self.wait(g, d, policy, rules, dataset, slots)
+                return
+        now = self.now
         log = {"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version}
         for t in d.trajectories:
             self.trajectories.append((g.pk, t.index, t.advantage, t.action, t.reason))
+            if t.segment_advantages:
+                self.segments.append((g.pk, t.index, list(t.segment_advantages)))
             if t.action != "keep":
                 self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": _rule(t.reason), "reason": t.reason})
+            if t.action in REMEDY_ACTIONS and remedies.was_remedied(history.get((g.pk, t.index), [])):
+                self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": remedies.EXHAUSTED,
+                                       "reason": f"slot {t.index}: cut again after {t.action}; the bound of "
+                                                 f"{remedies.limit_of(t.action, rules)} is reached, it stays out "
+                                                 "of training"})
         if d.status == "dropped":
             self.decisions.append({**log, "idx": None, "action": "drop", "rule": _rule(d.drop_reason or "dropped"),
                                    "reason": d.drop_reason or "dropped"})
             self.requests.append({"prompt_id": None, "dataset": dataset, "reason": "refill", "n": len(g.trajectories),
                                   "budget": dict(g.sampling), "priority": 1.0, "source_group_pk": g.pk})
-        if d.resample:
+        # no wait: a fresh group of the prompt instead of the resample / resume members (the pre-0010 behaviour)
+        fresh = [t.index for t in remedy] if rules.resample_wait_seconds <= 0 else []
+        if fresh:
             budget = {**g.sampling, "max_tokens": d.resample_max_tokens} if d.resample_max_tokens else dict(g.sampling)
             self.requests.append({"prompt_id": g.prompt_id, "dataset": dataset, "reason": "resample",
-                                  "n": len(d.resample), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
-        if d.outcome_mean is not None:
+                                  "n": len(fresh), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
+        if d.outcome_mean is not None and d.drop_reason != "below_min_group_size":  # too few to say
             self.outcomes.append((g.prompt_id, d.outcome_mean))
         self.counts[d.status] = self.counts.get(d.status, 0) + 1
         self.groups.append({"pk": g.pk, "status": d.status, "drop_reason": d.drop_reason,
@@ -122,8 +187,10 @@ class _Writes:
 
     def flush(self, session: Session) -> None:
         curate_repo.update_trajectory_decisions(session, self.trajectories)
+        curate_repo.update_segment_advantages(session, self.segments)
         ingest.update_groups(session, self.groups)
         ingest.update_groups(session, self.errors)
+        ingest.update_groups(session, self.waiting)
         ingest.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
         curate_repo.insert_decisions(session, self.decisions)
         curate_repo.insert_sampling_requests(session, self.requests)
@@ -187,24 +254,58 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
         return {}
     prompts = ingest.prompts_by_id(session, {g.prompt_id for g in groups})
     current = policy_service.current_version(session)
-    writes = _Writes()
-    trainable = []
+    writes = _Writes(db_now(session))  # the database's clock, not this worker's
+    trainable, cache = [], {}
     for g in groups:
         reason = untrainable_reason(g)
         if reason is None:
             trainable.append(g)
-        else:
-            writes.untrainable(g, reason)
+            continue
+        try:
+            named: specs.Versioned | None = _policy_for(session, g, prompts, cache)[0]
+        except Exception:  # noqa: BLE001 - the drop stands; only the policy's name is not known
+            named = None
+        writes.untrainable(g, reason, named)
     by_policy = _resolve(session, trainable, prompts, writes)
+    writes.history = curate_repo.slot_history(session, [g.pk for g in trainable])
     for version, policy, members in by_policy.values():
         for g, d in zip(members, _decide(session, policy, members, current), strict=True):
             if isinstance(d, str):
                 writes.error(g, d, version)
             else:
-                writes.add(g, d, version, prompts[g.prompt_id].dataset)
+                writes.add(g, d, version, prompts[g.prompt_id].dataset, policy)
     writes.flush(session)
-    stats.record_groups(session, [g.pk for g in groups])  # pre-aggregated reward statistics
+    waiting = {row["pk"] for row in writes.waiting}  # counted once they are curated for good
+    stats.record_groups(session, [g.pk for g in groups if g.pk not in waiting])  # pre-aggregated reward statistics
     return writes.counts
+
+
+def remedies_budget(g: Group, rules: CurationPolicy) -> int | None:
+    """The larger max_tokens of a resume request (the group's budget times the multiplier)."""
+    from filters.rules import resample_budget
+
+    max_tokens = g.sampling.get("max_tokens") if isinstance(g.sampling, dict) else None
+    return resample_budget(max_tokens if isinstance(max_tokens, int) else None, rules.resample_budget_multiplier)
+
+
+def expire_waits(session: Session) -> dict[str, int]:
+    """Worker maintenance: waiting groups past their deadline train with what they have (their unfilled
+    slots are recorded); returns counts by resulting status."""
+    return curate(session, remedies.expire_waits(session))
+
+
+def fill_slot(session: Session, group_id: str, index: int, policy_version: int, trajectory: Any, *,
+              max_sequence_tokens: int, key: Any) -> tuple[dict[str, Any], bool]:
+    """``POST /v1/groups/{group_id}/trajectories/{index}`` (see ``service.curation.remedies``)."""
+    return remedies.fill_slot(session, group_id, index, policy_version, trajectory,
+                              max_sequence_tokens=max_sequence_tokens, key=key)
+
+
+def open_resume_request(session: Session, group_pk: int, index: int) -> Any:
+    """The newest resume request of slot ``index`` of the group still open (not filled, not expired), or None."""
+    waiting = [r for r in curate_repo.slot_requests(session, group_pk, index)
+               if r.reason == "resume" and r.filled_at is None and r.status != "expired"]
+    return waiting[-1] if waiting else None
 
 
 def forget_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:

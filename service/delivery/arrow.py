@@ -4,21 +4,28 @@ A batch is held as columns, one entry per trajectory (groups in lease order, tra
 Arrow: one row per trajectory; ``token_ids`` list<int32>, ``loss_mask`` list<uint8>, ``logprobs``
 list<float32> are built straight from the concatenated bytea values plus offsets (no per-token Python);
 ``batch_id``, ``trainer_id``, ``expires_at`` and ``stats`` travel in the schema metadata.
+A segmented trajectory is still one row: its arrays hold the segments concatenated and
+``segment_lengths`` / ``segment_advantages`` cut them apart; both decoded forms give it ``segments``
+(``segment_index``, ``is_last``, the arrays, ``advantage``) and null top-level arrays, so a trajectory's
+segments always travel together.
 JSON (orjson, numpy arrays serialised natively) carries the same numbers: log-probs, advantages and
 rewards are float32 values written as the float64 that equals them, so both formats decode to
 identical Python numbers. A missing array (the producer sent none) is null in both.
+Each trajectory also carries its stored ``finish_reason`` and ``rewards``: {component: value} of the spec
+version that scored its group (an errored component's value is null; null when no component is stored),
+an Arrow map<string, float32>; decoded, both give the same dict.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 
-from service.store.arrays import LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE
+from service.store.arrays import LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE, VERSION_DTYPE
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -29,12 +36,21 @@ ARROW_SCHEMA = pa.schema(
         ("token_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.uint8())),
         ("logprobs", pa.list_(pa.float32())),
+        ("versions", pa.list_(pa.int32())),  # per-token policy versions (-1: not generated); null: not given
         ("advantage", pa.float32()),
         ("total_reward", pa.float32()),
         ("temperature", pa.float64()),  # the group's sampling.temperature (null when it did not say)
+        ("finish_reason", pa.string()),  # the stored finish_reason ('stop', 'length', ...)
+        # {component: value} of the spec version that scored the group (null value: errored; null: none stored)
+        ("rewards", pa.map_(pa.string(), pa.float32())),
+        # a segmented trajectory: its arrays are the segments concatenated; these cut them apart (null: not)
+        ("segment_lengths", pa.list_(pa.int32())),
+        ("segment_advantages", pa.list_(pa.float32())),
     ]
 )
-_ARRAYS = (("token_ids", TOKEN_DTYPE), ("loss_mask", MASK_DTYPE), ("logprobs", LOGPROB_DTYPE))
+_ARRAYS = (
+    ("token_ids", TOKEN_DTYPE), ("loss_mask", MASK_DTYPE), ("logprobs", LOGPROB_DTYPE), ("versions", VERSION_DTYPE)
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,18 @@ class BatchColumns:
     advantage: list[float | None]
     total_reward: list[float | None]
     temperature: list[float | None]
+    finish_reason: list[str | None]
+    rewards: list[dict[str, float | None] | None]
+    segment_lengths: list[list[int] | None] | None = None  # None: no trajectory of the batch is segmented
+    segment_advantages: list[list[float] | None] | None = None
+
+    def seg(self, i: int) -> tuple[list[int] | None, list[float] | None]:
+        """Trajectory i's segment lengths and advantages (None, None: not segmented)."""
+        if self.segment_lengths is None:
+            return None, None
+        advs = self.segment_advantages[i] if self.segment_advantages is not None else None
+        return self.segment_lengths[i], advs
+    versions: list[bytes | None] = field(default_factory=list)  # empty: none of them given
 
     def header(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "trainer_id": self.trainer_id, "expires_at": self.expires_at}
@@ -77,6 +105,12 @@ def _array(raw: bytes | None, dtype: np.dtype) -> np.ndarray | None:
     )
 
 
+def _column(batch: BatchColumns, name: str) -> list[Any]:
+    """A per-trajectory column; ``versions`` left empty means null for every trajectory."""
+    values = getattr(batch, name)
+    return values if values or name != "versions" else [None] * len(batch.index)
+
+
 def encode_json(batch: BatchColumns) -> bytes:
     """BatchColumns -> ``{"batch_id", "trainer_id", "expires_at", "groups": [...], "stats"}`` as bytes."""
     groups: list[dict[str, Any]] = []
@@ -93,12 +127,39 @@ def encode_json(batch: BatchColumns) -> bytes:
             )
         traj: dict[str, Any] = {"index": batch.index[i]}
         for name, dtype in _ARRAYS:
-            traj[name] = _array(getattr(batch, name)[i], dtype)
+            traj[name] = _array(_column(batch, name)[i], dtype)
         traj["advantage"] = _f32(batch.advantage[i])
         traj["total_reward"] = _f32(batch.total_reward[i])
+        traj["finish_reason"] = batch.finish_reason[i]
+        traj["rewards"] = _rewards(batch.rewards[i])
+        lengths, advs = batch.seg(i)
+        if lengths is not None:
+            _segment(traj, lengths, [None if a is None else _f32(a) for a in advs or [None] * len(lengths)])
         groups[-1]["trajectories"].append(traj)
     body = {**batch.header(), "groups": groups, "stats": batch.stats}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _rewards(values: dict[str, float | None] | None) -> dict[str, float | None] | None:
+    """Stored component values -> the float32 both formats carry, components in name order."""
+    return None if values is None else {name: _f32(values[name]) for name in sorted(values)}
+
+
+def _segment(traj: dict[str, Any], lengths: list[int], advs: list[float | None]) -> None:
+    """A trajectory dict with concatenated arrays -> its ``segments`` (in order, each with
+    ``segment_index``, ``is_last``, its arrays and ``advantage``); the top-level arrays become null."""
+    segments, start = [], 0
+    for k, n in enumerate(lengths):
+        seg: dict[str, Any] = {"segment_index": k, "is_last": k == len(lengths) - 1}
+        for name, _ in _ARRAYS:
+            arr = traj[name]
+            seg[name] = None if arr is None else arr[start : start + n]
+        seg["advantage"] = advs[k]
+        segments.append(seg)
+        start += n
+    for name, _ in _ARRAYS:
+        traj[name] = None
+    traj["segments"] = segments
 
 
 def _list_column(chunks: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.ListArray:
@@ -125,12 +186,18 @@ def encode_arrow(batch: BatchColumns) -> bytes:
         pa.array(batch.policy_version, type=pa.int64()),
         pa.array(batch.index, type=pa.int32()),
         *(
-            _list_column(getattr(batch, name), dtype, schema.field(name).type.value_type)
+            _list_column(_column(batch, name), dtype, schema.field(name).type.value_type)
             for name, dtype in _ARRAYS
         ),
         pa.array([_f32(v) for v in batch.advantage], type=pa.float32()),
         pa.array([_f32(v) for v in batch.total_reward], type=pa.float32()),
         pa.array(batch.temperature, type=pa.float64()),
+        pa.array(batch.finish_reason, type=pa.string()),
+        pa.array([None if (r := _rewards(v)) is None else list(r.items()) for v in batch.rewards],
+                 type=schema.field("rewards").type),
+        pa.array([batch.seg(i)[0] for i in range(len(batch.index))], type=pa.list_(pa.int32())),
+        pa.array([None if (a := batch.seg(i)[1]) is None else [_f32(v) for v in a]
+                  for i in range(len(batch.index))], type=pa.list_(pa.float32())),
     ]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -159,12 +226,19 @@ def _rows(record: pa.RecordBatch, as_numpy: bool) -> list[tuple[tuple[str, str, 
     keys = ("group_id", "prompt_id", "policy_version", "temperature", "index")
     plain = {name: cols[name].to_pylist() for name in keys}
     lists = {name: _split(cols[name], as_numpy) for name, _ in _ARRAYS}
-    scalars = {name: cols[name].to_pylist() for name in ("advantage", "total_reward")}
+    scalars = {name: cols[name].to_pylist() for name in ("advantage", "total_reward", "finish_reason")}
+    rewards = [None if r is None else dict(r) for r in cols["rewards"].to_pylist()] if "rewards" in cols else None
+    none = [None] * record.num_rows
+    seg_lengths = cols["segment_lengths"].to_pylist() if "segment_lengths" in cols else none
+    seg_advs = cols["segment_advantages"].to_pylist() if "segment_advantages" in cols else none
     out = []
     for i in range(record.num_rows):
         key = (plain["group_id"][i], plain["prompt_id"][i], plain["policy_version"][i], plain["temperature"][i])
         traj = {"index": plain["index"][i], **{k: v[i] for k, v in lists.items()}}
         traj.update({k: v[i] for k, v in scalars.items()})
+        traj["rewards"] = None if rewards is None else rewards[i]
+        if seg_lengths[i] is not None:
+            _segment(traj, seg_lengths[i], seg_advs[i] or [None] * len(seg_lengths[i]))
         out.append((key, traj))
     return out
 

@@ -30,6 +30,7 @@ import psycopg
 log = logging.getLogger(__name__)
 
 CHANNEL = "grpo_curator_ready"
+_STOP_POLL_S = 0.5  # how often the listener looks at its stop flag while it waits
 _RECONNECT_S = 1.0
 
 
@@ -192,10 +193,16 @@ class ReadyHub:
 
     def _serve(self, conn: psycopg.Connection, idle_since: float | None) -> float | None:
         """Wake chains on notifications and every ``check_s``; return when idle for a while (or stopped)."""
+        next_check = time.monotonic() + self.check_s
         while not self._stop.is_set():
             heard = 0
-            for _ in conn.notifies(timeout=self.check_s, stop_after=1):
+            # short slices, so close() is answered within _STOP_POLL_S, not after a whole check_s
+            wait = max(0.0, min(next_check - time.monotonic(), _STOP_POLL_S))
+            for _ in conn.notifies(timeout=wait, stop_after=1):
                 heard += 1
+            if not heard and time.monotonic() < next_check:
+                continue
+            next_check = time.monotonic() + self.check_s
             self.notifications += heard
             self._bump(listening=True)
             self.start_chain()

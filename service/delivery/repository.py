@@ -171,17 +171,27 @@ def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
 
 _BATCH_ROWS_SQL = """
 SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs,
-       t.advantage, t.total_reward,
+       t.versions, t.advantage, t.total_reward, t.segments, t.segment_advantages, t.finish_reason,
        CASE WHEN jsonb_typeof(g.sampling -> 'temperature') = 'number'
-            THEN (g.sampling ->> 'temperature')::float8 END AS temperature
+            THEN (g.sampling ->> 'temperature')::float8 END AS temperature,
+       rw.rewards
   FROM trajectories t JOIN groups g ON g.pk = t.group_pk
+  -- the components of the spec version that scored the group (uq_rewards_key's index); NULL: none stored
+  LEFT JOIN LATERAL (
+       SELECT jsonb_object_agg(r.component, CASE WHEN r.value IN ('NaN', 'Infinity', '-Infinity') THEN NULL
+                                                 ELSE r.value END) AS rewards
+         FROM rewards r
+        WHERE r.group_pk = t.group_pk AND r.idx = t.idx
+          AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version) rw ON true
  WHERE t.group_pk = ANY(%(pks)s) AND (t.action IS NULL OR t.action = ANY(%(actions)s))
  ORDER BY t.group_pk, t.idx
 """
 
 
 def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Any]:
-    """One row per deliverable trajectory of these groups, with its group's ids; in group-pk, idx order.
+    """One row per deliverable trajectory of these groups, with its group's ids, its ``finish_reason`` and
+    its ``rewards`` ({component: value | None}, the spec version that scored the group; None: no component
+    stored); in group-pk, idx order.
 
     Fetched in PostgreSQL's binary format on the session's own connection (same transaction): bytea
     arrives as raw bytes instead of hex text, which halves the cost of the largest read of a lease.

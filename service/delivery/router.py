@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from service.alerts.schemas import LeasePausedOut
 from service.api.deps import SessionDep, SettingsDep
 from service.auth.service import SERVICE, TRAINER, VIEWER, KeyDep, allow
 from service.delivery import service as leases
@@ -30,6 +31,15 @@ _LEASE_RESPONSES: dict[int | str, dict] = {
     204: {"description": "nothing became ready within wait_seconds"},
     409: {"description": "request_id belongs to a lease that is no longer active, or to another trainer"},
     429: {"description": "too many lease requests already wait in this process; retry after Retry-After seconds"},
+    503: {
+        "model": LeasePausedOut,
+        "description": "leasing is paused: a monitor whose action is pause_leases is critical for every dataset or"
+        " for one this lease could hold (detail.alert is the alert, detail.retry_after_s when to ask again;"
+        " nothing was leased; docs/alerts.md), or the database is unavailable (detail null); retry after"
+        " Retry-After seconds",
+        "headers": {"Retry-After": {"description": "seconds to wait before asking again (alert_retry_after_s while"
+                                    " paused)", "schema": {"type": "integer"}}},
+    },
 }
 
 

@@ -79,13 +79,29 @@ class NackIn(Strict):
                     " dropped as untrainable (the service checks it; other groups go back to the queue)")
 
 
+class LeasedSegment(BaseModel):
+    segment_index: int
+    is_last: bool
+    token_ids: list[int] | None
+    loss_mask: list[int] | None
+    logprobs: list[float] | None
+    advantage: float | None = Field(description="this segment's share of the trajectory's advantage")
+
+
 class LeasedTrajectory(BaseModel):
     index: int
     token_ids: list[int] | None
     loss_mask: list[int] | None
     logprobs: list[float] | None
+    versions: list[int] | None = Field(None, description="per-token policy versions (-1: not generated); null: not given")
     advantage: float | None
     total_reward: float | None
+    finish_reason: str | None = Field(None, description="the stored finish_reason: stop, length, max_turns, ...")
+    rewards: dict[str, float | None] | None = Field(
+        None, description="{component: value} of the spec version that scored the group (null value: the"
+                          " component errored); null when no component is stored")
+    segments: list[LeasedSegment] | None = Field(
+        None, description="a segmented trajectory's segments, all in this batch (then null top-level arrays)")
 
 
 class LeasedGroup(BaseModel):

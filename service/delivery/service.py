@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from starlette.concurrency import run_in_threadpool
 
-from service.alerts.service import check_leasing
+from service.alerts.service import check_leasing, raise_if_paused
 from service.api.errors import Conflict, Forbidden, LeaseConflict, NotFound, TooManyWaiters
 from service.auth.service import OPEN, Principal
 from service.curation import service as curation
@@ -154,13 +154,18 @@ def _columns(
     position = {pk: i for i, pk in enumerate(lease.group_pks)}
     rows = sorted(lease_repo.batch_rows(session, lease.group_pks), key=lambda r: (position[r.pk], r.idx))
     names: tuple[str, ...] = ("group_id", "prompt_id", "policy_version", "index", "token_ids", "loss_mask")
-    names += ("logprobs", "advantage", "total_reward", "temperature")
+    names += ("logprobs", "advantage", "total_reward", "temperature", "versions", "finish_reason", "rewards")
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for r in rows:
         values = (r.id, r.prompt_id, r.policy_version, r.idx, r.token_ids, r.loss_mask, r.logprobs)
-        for name, value in zip(names, (*values, r.advantage, r.total_reward, r.temperature), strict=True):
+        more = (r.advantage, r.total_reward, r.temperature, r.versions, r.finish_reason, r.rewards)
+        for name, value in zip(names, (*values, *more), strict=True):
             columns[name].append(value)
     stats = _stats(body, lease.policy_version or 0, columns, replayed=replayed, skipped=skipped)
+    if any(r.segments is not None for r in rows):
+        columns["segment_lengths"] = [None if r.segments is None else [int(s["length"]) for s in r.segments]
+                                      for r in rows]
+        columns["segment_advantages"] = [None if r.segments is None else r.segment_advantages for r in rows]
     return BatchColumns(
         batch_id=lease.id,
         trainer_id=lease.trainer_id,
@@ -212,7 +217,8 @@ def lease_once(
         lease_repo.lock_request_id(session, body.request_id)
         existing = lease_repo.lease_by_request_id(session, body.request_id)
         if existing is not None:
-            return _replay(session, existing, body, key)
+            return _replay(session, existing, body, key)  # a retry returns its batch, paused or not
+    raise_if_paused(session, key.datasets)  # again: a long poll may wake long after the check in ``lease``
     policy_version = current_version(session)
     min_version = None if body.max_staleness is None else policy_version - body.max_staleness
     claim = claim_groups(session, body, min_version, key.datasets)
@@ -259,7 +265,8 @@ async def lease(
     notification's wake-up reaches it. 429 when the process already has ``hub.max_waiters`` waiting.
     A client that went away is not leased for.
     """
-    await run_in_threadpool(check_leasing, session, key.datasets)  # 503 while a pause_leases alert is critical
+    if body.request_id is None:  # a retried request_id may replay its batch (lease_once checks the pause)
+        await run_in_threadpool(check_leasing, session, key.datasets)  # 503 while a pause_leases alert is critical
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
     filtered = body.max_staleness is not None or body.min_groups is not None or body.need_logprobs

@@ -6,23 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Text, and_, func, select
-from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy import Text, func, select
 from sqlalchemy.orm import Session
 
-from service.store.models import Group, Prompt, Reward, Trajectory
-
-
-def _rewards_column() -> Any:
-    """Per trajectory, the components of the spec version that scored its group, as a JSON list."""
-    r = Reward.__table__
-    item = func.jsonb_build_object("component", r.c.component, "value", r.c.value, "error", r.c.error)
-    return (
-        select(func.coalesce(func.jsonb_agg(aggregate_order_by(item, r.c.component)), func.jsonb("[]")))
-        .where(and_(r.c.group_pk == Group.pk, r.c.idx == Trajectory.idx, r.c.spec_name == Group.reward_spec_name,
-                    r.c.spec_version == Group.reward_spec_version))
-        .scalar_subquery()
-    )
+from service.store.models import Group, Prompt, Trajectory
+from service.store.queries import rewards_column
 
 
 def _filtered(stmt: Any, *, dataset: str | None, min_policy_version: int | None, max_policy_version: int | None,
@@ -38,9 +26,12 @@ def _filtered(stmt: Any, *, dataset: str | None, min_policy_version: int | None,
 
 
 def _group_bytes(session: Session, pks: list[int]) -> dict[int, int]:
-    """About how many bytes each group's rows read: its trajectories' messages and metadata as JSON text."""
+    """About how many bytes each group's rows read: its trajectories' messages and metadata as JSON text, and
+    their token arrays (read by the rollouts export)."""
     t = Trajectory.__table__
-    size = func.sum(func.octet_length(t.c.messages.cast(Text)) + func.octet_length(t.c.metadata.cast(Text)))
+    arrays = sum((func.coalesce(func.octet_length(c), 0) for c in (t.c.token_ids, t.c.loss_mask, t.c.logprobs)),
+                 start=func.octet_length(t.c.metadata.cast(Text)))
+    size = func.sum(func.octet_length(t.c.messages.cast(Text)) + arrays)
     stmt = select(t.c.group_pk, size).where(t.c.group_pk.in_(pks)).group_by(t.c.group_pk)
     return {pk: int(n or 0) for pk, n in session.execute(stmt)}
 
@@ -69,8 +60,10 @@ def group_page(session: Session, *, after_pk: int, max_rows: int, dataset: str |
     return pks
 
 
-def page_rows(session: Session, pks: list[int], *, statuses: list[str], with_rewards: bool) -> list[dict[str, Any]]:
-    """One dict per trajectory of the groups ``pks`` (still in ``statuses``), ordered by group then index."""
+def page_rows(session: Session, pks: list[int], *, statuses: list[str], with_rewards: bool,
+              with_arrays: bool = False, with_reference: bool = False) -> list[dict[str, Any]]:
+    """One dict per trajectory of the groups ``pks`` (still in ``statuses``), ordered by group then index;
+    ``with_arrays``: the stored token ids / log-probs / loss masks (bytes); ``with_reference``: the prompt's."""
     columns = [
         Group.pk.label("group_pk"), Group.id.label("group_id"), Group.prompt_id, Group.dataset,
         Group.policy_version, Group.status.label("group_status"), Group.reward_spec_name, Group.reward_spec_version,
@@ -78,9 +71,14 @@ def page_rows(session: Session, pks: list[int], *, statuses: list[str], with_rew
         Trajectory.idx, Trajectory.messages, Trajectory.final_answer, Trajectory.finish_reason,
         Trajectory.num_tokens, Trajectory.num_turns, Trajectory.metadata_.label("metadata"), Trajectory.total_reward,
         Trajectory.outcome, Trajectory.advantage, Trajectory.action, Trajectory.reason,
+        Trajectory.segments, Trajectory.segment_advantages,
     ]
     if with_rewards:
-        columns.append(_rewards_column().label("rewards"))
+        columns.append(rewards_column().label("rewards"))
+    if with_arrays:
+        columns += [Trajectory.token_ids, Trajectory.logprobs, Trajectory.loss_mask]
+    if with_reference:
+        columns.append(Prompt.reference.label("prompt_reference"))
     stmt = (
         select(*columns)
         .join(Trajectory, Trajectory.group_pk == Group.pk)

@@ -15,7 +15,7 @@ from service.api.errors import BadRequest
 from service.api.validation import format_errors
 from service.auth.service import VIEWER, allow
 from service.export import service as export
-from service.export.schemas import ExportFormat, ExportQuery, FileType
+from service.export.schemas import ExportFormat, ExportQuery, FileType, ToolArguments
 
 router = APIRouter(prefix="/v1", tags=["export"])
 
@@ -40,17 +40,23 @@ class ExportResponse(StreamingResponse):
 def export_query(
     format: ExportFormat,
     dataset: str | None = None,
-    min_policy_version: Annotated[int | None, Query(ge=0)] = None,
-    max_policy_version: Annotated[int | None, Query(ge=0)] = None,
+    min_policy_version: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,  # policy versions are int4
+    max_policy_version: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     status: Annotated[list[str] | None, Query(description="group statuses (repeat); default: every scored one")] = None,
     min_reward: float | None = None,
     correct_threshold: float = 1.0,
     limit: Annotated[int | None, Query(ge=1)] = None,
+    tool_arguments: Annotated[ToolArguments, Query(
+        description="tool-call arguments as JSON objects (TRL's chat templates need them) or as the stored "
+                    "JSON text")] = "object",
+    include_archived: Annotated[bool, Query(
+        description="also the archived groups (grpo-curator archive), read back from their Parquet files")] = False,
 ) -> ExportQuery:
     try:
         return ExportQuery(format=format, dataset=dataset, min_policy_version=min_policy_version,
                            max_policy_version=max_policy_version, statuses=status, min_reward=min_reward,
-                           correct_threshold=correct_threshold, limit=limit)
+                           correct_threshold=correct_threshold, limit=limit, tool_arguments=tool_arguments,
+                           include_archived=include_archived)
     except ValidationError as exc:
         message, items = format_errors(exc.errors(include_url=False))
         raise BadRequest(message, detail=items) from None

@@ -7,7 +7,9 @@ into records (``export_formats``) and written in batches of ``batch_rows``: memo
 of rows. (Pages are not one snapshot: a group whose status changes during an export is in it or not, never
 in part.) Parquet columns have one fixed schema per format
 (what ``datasets.load_dataset("parquet", ...)`` and TRL's trainers read); free-form JSON (``tools``,
-``metadata``) is a JSON string there and a JSON value in JSONL.
+``metadata``) is a JSON string there and a JSON value in JSONL. Tool-call ``arguments`` exported as objects
+are Arrow's canonical JSON extension type (``arrow.json``) in Parquet, which ``datasets`` (``Json``) reads
+back as the object; token ids, log-probs and loss masks are Parquet lists (int32, float32, uint8).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import BadRequest, ServiceError
 from service.api.schemas import GROUP_STATUSES
+from service.archive import service as archive
 from service.export import repository as repo
 from service.export.formats import FORMATS, Options
 from service.export.schemas import ExportQuery
@@ -31,26 +34,55 @@ from service.export.schemas import ExportQuery
 SCORED_STATUSES = ("scored", "ready", "dropped", "leased", "consumed")
 MEDIA_TYPES = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
 
-_TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
-                        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(_TOOL_CALL)),
-                     ("tool_call_id", pa.string()), ("name", pa.string())])
-MESSAGES = pa.list_(MESSAGE)
+def _messages_type(arguments: pa.DataType) -> pa.DataType:
+    tool_call = pa.struct([("id", pa.string()), ("type", pa.string()),
+                           ("function", pa.struct([("name", pa.string()), ("arguments", arguments)]))])
+    return pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(tool_call)),
+                               ("tool_call_id", pa.string()), ("name", pa.string())]))
+
+
 _REWARD = pa.struct([("component", pa.string()), ("value", pa.float64()), ("error", pa.string())])
-SCHEMAS = {
-    "sft": pa.schema([("messages", MESSAGES), ("tools", pa.string())]),
-    "dpo": pa.schema([("prompt", MESSAGES), ("chosen", MESSAGES), ("rejected", MESSAGES)]),
-    "kto": pa.schema([("prompt", MESSAGES), ("completion", MESSAGES), ("label", pa.bool_())]),
-    "rollouts": pa.schema([
-        ("uid", pa.string()), ("group_id", pa.string()), ("index", pa.int32()), ("prompt_id", pa.string()),
-        ("dataset", pa.string()), ("policy_version", pa.int64()), ("group_status", pa.string()),
-        ("reward_spec", pa.string()), ("prompt", MESSAGES), ("messages", MESSAGES), ("final_answer", pa.string()),
-        ("finish_reason", pa.string()), ("num_tokens", pa.int64()), ("num_turns", pa.int32()),
-        ("total_reward", pa.float64()), ("outcome", pa.float64()), ("advantage", pa.float64()),
-        ("action", pa.string()), ("reason", pa.string()), ("rewards", pa.list_(_REWARD)), ("metadata", pa.string()),
-    ]),
-}
+_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+def _segment_type(messages: pa.DataType) -> pa.DataType:
+    return pa.struct([("segment_index", pa.int32()), ("is_last", pa.bool_()), ("seq_len", pa.int64()),
+                      ("messages", messages), ("advantage", pa.float64())])
+
+
+def schema(fmt: str, arguments: pa.DataType = pa.string()) -> pa.Schema:
+    """The Parquet schema of ``fmt``; ``arguments``: the tool-call arguments' type (``pa.json_()`` for
+    objects, ``pa.string()`` for the stored text)."""
+    messages = _messages_type(arguments)
+    return {
+        "sft": lambda: pa.schema([("messages", messages), ("tools", pa.string())]),
+        "dpo": lambda: pa.schema([("prompt", messages), ("chosen", messages), ("rejected", messages)]),
+        "kto": lambda: pa.schema([("prompt", messages), ("completion", messages), ("label", pa.bool_())]),
+        "rollouts": lambda: pa.schema([
+            ("uid", pa.string()), ("group_id", pa.string()), ("index", pa.int32()), ("prompt_id", pa.string()),
+            ("dataset", pa.string()), ("policy_version", pa.int64()), ("group_status", pa.string()),
+            ("reward_spec", pa.string()), ("prompt", messages), ("messages", messages),
+            ("final_answer", pa.string()), ("finish_reason", pa.string()), ("num_tokens", pa.int64()),
+            ("num_turns", pa.int32()), ("total_reward", pa.float64()), ("outcome", pa.float64()),
+            ("advantage", pa.float64()), ("action", pa.string()), ("reason", pa.string()),
+            ("rewards", pa.list_(_REWARD)), ("metadata", pa.string()), ("token_ids", pa.list_(pa.int32())),
+            ("logprobs", pa.list_(pa.float32())), ("loss_mask", pa.list_(pa.uint8())),
+            ("segments", pa.list_(_segment_type(messages))),  # null: not segmented
+        ]),
+        # verl's RL dataset layout (RLHFDataset: prompt_key "prompt", reward_model.ground_truth, extra_info)
+        "verl": lambda: pa.schema([
+            ("data_source", pa.string()), ("prompt", _CHAT), ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            ("extra_info", pa.struct([("index", pa.int64()), ("prompt_id", pa.string()), ("split", pa.string()),
+                                      ("prompt", _CHAT), ("reference", pa.string())])),
+        ]),
+    }[fmt]()
+
+
+SCHEMAS = {fmt: schema(fmt) for fmt in FORMATS}  # tool-call arguments as text
 _JSON_COLUMNS = {"sft": ("tools",), "rollouts": ("metadata",)}
+_MESSAGE_COLUMNS = {"sft": ("messages",), "dpo": ("prompt", "chosen", "rejected"), "kto": ("prompt", "completion"),
+                    "rollouts": ("prompt", "messages")}
 
 
 def check_query(q: ExportQuery) -> list[str]:
@@ -62,6 +94,10 @@ def check_query(q: ExportQuery) -> list[str]:
     lo, hi = q.min_policy_version, q.max_policy_version
     if lo is not None and hi is not None and lo > hi:
         raise BadRequest(f"min_policy_version: {lo} is above max_policy_version {hi}")
+    if q.format == "verl" and q.include_archived:
+        raise BadRequest("include_archived: does not apply to format=verl (archived rows keep no prompt reference)")
+    if q.format == "verl" and q.min_reward is not None:
+        raise BadRequest("min_reward: does not apply to format=verl (one row per prompt, not per trajectory)")
     return statuses
 
 
@@ -76,17 +112,20 @@ def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int,
     while True:
         with factory() as session, session.begin():
             pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, max_bytes=batch_bytes, **filters)
-            page = repo.page_rows(session, pks, statuses=statuses, with_rewards=q.format == "rollouts") if pks else []
+            page = repo.page_rows(session, pks, statuses=statuses, with_rewards=q.format == "rollouts",
+                                  with_arrays=q.format == "rollouts", with_reference=q.format == "verl") if pks else []
         if not pks:
-            return
+            break
         yield from page
         after = pks[-1]
+    if q.include_archived:
+        yield from archive.archived_rows(factory, **filters)
 
 
 def records(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int,
             batch_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     """The export's records in group order (a generator: pages are read as records are consumed)."""
-    make, opts = FORMATS[q.format], Options(q.format, q.min_reward, q.correct_threshold)
+    make, opts = FORMATS[q.format], Options(q.format, q.min_reward, q.correct_threshold, q.tool_arguments)
     grouped = itertools.groupby(rows(factory, q, batch_rows, batch_bytes), key=lambda r: r["group_pk"])
     out = (rec for _, group in grouped for rec in make(list(group), opts))
     return itertools.islice(out, q.limit) if q.limit is not None else out
@@ -100,7 +139,7 @@ def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
 
 def _jsonl(recs: Iterator[dict[str, Any]], batch_rows: int) -> Iterator[bytes]:
     for chunk in _batched(recs, batch_rows):
-        yield b"".join(orjson.dumps(r) + b"\n" for r in chunk)
+        yield b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in chunk)
 
 
 class _Sink:
@@ -130,23 +169,46 @@ class _Sink:
         return out
 
 
-def _table(fmt: str, chunk: list[dict[str, Any]]) -> pa.Table:
+def _json_arguments(ms: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Messages whose tool-call arguments (objects, or text kept as text) are JSON text, for the JSON column."""
+    if ms is None:
+        return None
+    out = []
+    for m in ms:
+        calls = m.get("tool_calls")
+        if calls:
+            calls = [{**c, "function": {**c["function"], "arguments": orjson.dumps(c["function"]["arguments"]).decode()}}
+                     for c in calls]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def _table(fmt: str, chunk: list[dict[str, Any]], as_objects: bool = False) -> pa.Table:
     cols = _JSON_COLUMNS.get(fmt, ())
-    rows = [{**r, **{c: None if r.get(c) is None else orjson.dumps(r[c]).decode() for c in cols}} for r in chunk]
-    return pa.Table.from_pylist(rows, schema=SCHEMAS[fmt])
+    messages = _MESSAGE_COLUMNS.get(fmt, ()) if as_objects else ()
+    rows = [{**r, **{c: None if r.get(c) is None else orjson.dumps(r[c]).decode() for c in cols},
+             **{c: _json_arguments(r.get(c)) for c in messages}} for r in chunk]
+    table = pa.Table.from_pylist(rows, schema=SCHEMAS[fmt])  # arguments as JSON text ...
+    return table.cast(schema(fmt, pa.json_())) if as_objects else table  # ... then typed as JSON
 
 
-def _parquet(fmt: str, recs: Iterator[dict[str, Any]], batch_rows: int) -> Iterator[bytes]:
+def _parquet(fmt: str, recs: Iterator[dict[str, Any]], batch_rows: int, as_objects: bool) -> Iterator[bytes]:
     sink = _Sink()
-    with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), SCHEMAS[fmt]) as writer:
+    target = schema(fmt, pa.json_()) if as_objects else SCHEMAS[fmt]
+    with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), target) as writer:
         for chunk in _batched(recs, batch_rows):
-            writer.write_table(_table(fmt, chunk))
+            writer.write_table(_table(fmt, chunk, as_objects))
             yield sink.take()
     yield sink.take()
 
 
-def encode(fmt: str, filetype: str, recs: Iterator[dict[str, Any]], batch_rows: int) -> Iterator[bytes]:
-    return _parquet(fmt, recs, batch_rows) if filetype == "parquet" else _jsonl(recs, batch_rows)
+def encode(fmt: str, filetype: str, recs: Iterator[dict[str, Any]], batch_rows: int,
+           tool_arguments: str = "string") -> Iterator[bytes]:
+    """``tool_arguments``: how the records hold tool-call arguments ("object": objects, or text kept as text)."""
+    if filetype == "parquet":
+        return _parquet(fmt, recs, batch_rows, tool_arguments == "object" and fmt in _MESSAGE_COLUMNS)
+    return _jsonl(recs, batch_rows)
 
 
 def stream(factory: sessionmaker[Session], q: ExportQuery, filetype: str, batch_rows: int,
@@ -154,7 +216,7 @@ def stream(factory: sessionmaker[Session], q: ExportQuery, filetype: str, batch_
     """The whole export as byte chunks, read page by page in short sessions of its own (it outlives the
     request's session). ``check_query`` runs first, so bad filters fail before anything is sent."""
     check_query(q)
-    return encode(q.format, filetype, records(factory, q, batch_rows, batch_bytes), batch_rows)
+    return encode(q.format, filetype, records(factory, q, batch_rows, batch_bytes), batch_rows, q.tool_arguments)
 
 
 class TooManyExports(ServiceError):

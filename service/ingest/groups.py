@@ -9,10 +9,20 @@ from sqlalchemy.orm import Session
 
 from service.api.errors import BadRequest, NotFound
 from service.api.schemas import INT8_MAX
+from service.archive import service as archive
 from service.auth.service import OPEN, Principal
 from service.ingest import prompts_repository as prompt_repo
 from service.ingest import repository as group_repo
-from service.ingest.schemas import ComponentOut, DecisionOut, GroupOut, GroupPage, GroupSummary, TrajectoryOut
+from service.ingest.schemas import (
+    ArchiveOut,
+    ComponentOut,
+    DecisionOut,
+    GroupOut,
+    GroupPage,
+    GroupSummary,
+    SegmentOut,
+    TrajectoryOut,
+)
 from service.store import arrays
 from service.store.models import Group, Reward, Trajectory
 
@@ -40,10 +50,29 @@ def _trajectory_out(t: Trajectory, rewards: list[Reward], include_tokens: bool) 
         reason=t.reason,
         metadata=t.metadata_,
     )
-    if include_tokens:
+    bounds = arrays.segment_bounds(t.segments)
+    if bounds is not None:
+        out.segments = _segments_out(t, bounds, include_tokens)
+    elif include_tokens:
         out.token_ids = arrays.decode_list(t.token_ids, arrays.TOKEN_DTYPE)
         out.loss_mask = arrays.decode_list(t.loss_mask, arrays.MASK_DTYPE)
         out.logprobs = arrays.decode_list(t.logprobs, arrays.LOGPROB_DTYPE)
+        out.versions = arrays.decode_list(t.versions, arrays.VERSION_DTYPE)
+    return out
+
+
+def _segments_out(t: Trajectory, bounds: list[tuple[int, int]], include_tokens: bool) -> list[SegmentOut]:
+    """A segmented trajectory's segments in order, each with its advantage (None until curated)."""
+    advs = t.segment_advantages or [None] * len(bounds)
+    out = []
+    for k, ((start, end), seg) in enumerate(zip(bounds, t.segments or (), strict=True)):
+        s = SegmentOut(segment_index=k, is_last=k == len(bounds) - 1, seq_len=end - start,
+                       messages=seg.get("messages"), advantage=advs[k])
+        if include_tokens:
+            s.token_ids = arrays.decode_list(arrays.cut(t.token_ids, arrays.TOKEN_DTYPE, start, end), arrays.TOKEN_DTYPE)
+            s.loss_mask = arrays.decode_list(arrays.cut(t.loss_mask, arrays.MASK_DTYPE, start, end), arrays.MASK_DTYPE)
+            s.logprobs = arrays.decode_list(arrays.cut(t.logprobs, arrays.LOGPROB_DTYPE, start, end), arrays.LOGPROB_DTYPE)
+        out.append(s)
     return out
 
 
@@ -56,6 +85,8 @@ def get_group(
     key: Principal = OPEN,
 ) -> GroupOut:
     g = group_repo.load_group(session, group_id)
+    if g is None and (tomb := archive.tombstone(session, group_id)) is not None and key.allows_dataset(tomb[0].dataset):
+        return _archived_out(session, tomb[0], tomb[1])
     if g is None or not key.allows_dataset(g.dataset):  # out of scope: exactly like an unknown id
         raise NotFound(f"id: no group {group_id!r}")
     by_idx: dict[int, list[Reward]] = defaultdict(list)
@@ -92,6 +123,18 @@ def get_group(
         trajectories=[_trajectory_out(t, by_idx[t.idx], include_tokens) for t in g.trajectories],
         decisions=decisions,
         prompt_messages=_prompt_messages(session, g.prompt_id),
+    )
+
+
+def _archived_out(session: Session, t: Any, location: str) -> GroupOut:
+    """An archived group: what its tombstone keeps, and where the rest is."""
+    return GroupOut(
+        id=t.id, prompt_id=t.prompt_id, dataset=t.dataset, policy_version=t.policy_version, status="archived",
+        drop_reason=t.drop_reason, sampling={}, metadata={}, reward_spec=None, curation_policy=None,
+        score_error=None, created_at=t.group_created_at.isoformat(), trajectories=[],
+        prompt_messages=_prompt_messages(session, t.prompt_id),
+        archive=ArchiveOut(location=location, archived_at=t.archived_at.isoformat(), final_status=t.status,
+                           n_trajectories=t.n_trajectories),
     )
 
 

@@ -30,10 +30,14 @@ def _upsert_statement():  # built once: a cached statement executed with many pa
 _UPSERT = _upsert_statement()
 
 
-# One lock order for prompt rows, everywhere: ascending id. Curation's outcome update locks them FOR UPDATE
-# in id order; an ingest's foreign-key checks take KEY SHARE locks on its groups' prompts, and an upsert
-# locks the rows it updates. Taken in request order, two such transactions can wait on each other in a
-# cycle (DeadlockDetected "while locking tuple ... in relation prompts"); in one order they cannot.
+# One lock order for prompt rows, everywhere: ascending id by code point -- Python's str order, which is the
+# byte order of UTF-8, i.e. ``COLLATE "C"`` in SQL. Never the database's default collation: under en_US /
+# ICU ('a' < 'a_1' < 'a-2' < 'A1' < 'B'; Python: 'A1' < 'B' < 'a' < 'a-2' < 'a_1') it differs from
+# sorted(), and an upsert (rows sorted here) and a locking SELECT (ordered there) would take the same rows
+# in opposite orders. Curation's outcome update locks them FOR UPDATE in id order; an ingest's foreign-key
+# checks take KEY SHARE locks on its groups' prompts, and an upsert locks the rows it updates. Taken in
+# request order, two such transactions can wait on each other in a cycle (DeadlockDetected "while locking
+# tuple ... in relation prompts"); in one order they cannot.
 
 
 def upsert_prompts(session: Session, rows: list[dict[str, Any]]) -> int:
@@ -58,7 +62,7 @@ def lock_prompts_for_groups(session: Session, ids: Iterable[str]) -> dict[str, s
     ids = sorted(set(ids))
     if not ids:
         return {}
-    stmt = (select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)).order_by(Prompt.id)
+    stmt = (select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)).order_by(Prompt.id.collate("C"))
             .with_for_update(read=True, key_share=True))
     return {pid: ds for pid, ds in session.execute(stmt)}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -32,9 +33,10 @@ def existing_group(session: Session, group_id: str) -> Row[Any] | None:
 
 TRAJECTORY_COLUMNS = (
     "group_pk", "idx", "messages", "final_answer", "token_ids", "loss_mask", "logprobs",
-    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata",
+    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata", "segments", "versions",
 )
-_COPY_TYPES = ("int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb")
+_COPY_TYPES = ("int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb",
+               "jsonb", "bytea")
 _COPY_SQL = f"COPY trajectories ({', '.join(TRAJECTORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 
@@ -56,7 +58,8 @@ def insert_trajectories(session: Session, rows: list[tuple[Any, ...]]) -> None:
     with raw.cursor() as cur, cur.copy(_COPY_SQL) as copy:
         copy.set_types(_COPY_TYPES)
         for row in rows:
-            copy.write_row((*row[:2], _json(row[2]), *row[3:11], _json(row[11])))
+            copy.write_row((*row[:2], _json(row[2]), *row[3:11], _json(row[11]),
+                            None if row[12] is None else _json(row[12]), row[13]))
 
 
 def load_group(session: Session, group_id: str) -> Group | None:
@@ -140,3 +143,34 @@ def _rename_pk(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if k != "pk"}
     out["_pk"] = row["pk"]
     return out
+
+
+def lock_group(session: Session, group_id: str) -> Group | None:
+    """The group row, locked FOR UPDATE (a fill and the deadline pass take it one at a time), with its
+    trajectories."""
+    stmt = (select(Group).where(Group.id == group_id).with_for_update(of=Group)
+            .options(selectinload(Group.trajectories)))
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def replace_trajectory(session: Session, row: tuple[Any, ...]) -> None:
+    """Overwrite one stored trajectory (a row in TRAJECTORY_COLUMNS order) and forget its rewards, scores
+    and decision: the group is scored and curated again with it."""
+    values = dict(zip(TRAJECTORY_COLUMNS, row, strict=True))
+    pk, idx = values.pop("group_pk"), values.pop("idx")
+    values["messages"] = json.loads(values["messages"])  # the ORM column encodes JSONB itself
+    values["metadata"] = json.loads(values["metadata"])
+    if values["segments"] is not None:  # the same JSON text POST /v1/groups copies in, decoded for the ORM column
+        values["segments"] = json.loads(values["segments"])
+    values |= {"total_reward": None, "outcome": None, "advantage": None, "action": None, "reason": None}
+    session.execute(
+        Trajectory.__table__.update()
+        .where(Trajectory.__table__.c.group_pk == pk, Trajectory.__table__.c.idx == idx)
+        .values(**values)
+    )
+    session.execute(Reward.__table__.delete().where(Reward.group_pk == pk, Reward.idx == idx))
+
+
+def delete_group(session: Session, pk: int) -> None:
+    """Take back a group row this transaction just inserted (its id turned out to be archived)."""
+    session.execute(Group.__table__.delete().where(Group.__table__.c.pk == pk))

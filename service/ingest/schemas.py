@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     StrictInt,
@@ -14,7 +15,6 @@ from pydantic import (
 )
 
 from service.api.schemas import (
-    FLOAT32_MAX,
     INT4_MAX,
     MAX_MESSAGES,
     FinishReason,
@@ -48,26 +48,94 @@ class UpsertedOut(BaseModel):
     upserted: int
 
 
+# The one rule for behaviour log-probs (posted groups, segments, slot fills and session groups all validate
+# through TrajectoryIn): a log-probability is <= 0, up to a sampler's rounding, and not absurdly negative --
+# e^-1e5 is never drawn (vLLM reports an impossible token as -9999); -3.4e38 made the trainer's float32
+# metrics infinite.
+LOGPROB_SLACK = 1e-3
+LOGPROB_FLOOR = -1e5
+
+
+def logprob_problem(v: float) -> str | None:
+    """Why ``v`` is not a behaviour log-probability, or None when it is."""
+    if LOGPROB_FLOOR <= v <= LOGPROB_SLACK:  # False for NaN
+        return None
+    return f"{v!r} is not a log-probability (between {LOGPROB_FLOOR:g} and 0, +{LOGPROB_SLACK:g} for rounding)"
+
+
+def _logprob(v: float) -> float:
+    problem = logprob_problem(v)
+    if problem is not None:
+        raise ValueError(problem)
+    return v
+
+
+LogProb = Annotated[float, AfterValidator(_logprob)]
+
+
+class SegmentIn(Strict):
+    """One ordered segment of a segmented trajectory: its own sequence (prompt + response tokens)."""
+
+    token_ids: list[Int4] = Field(min_length=1)
+    loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]]
+    logprobs: list[LogProb] | None = None
+    messages: list[Message] | None = Field(default=None, max_length=MAX_MESSAGES)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> SegmentIn:
+        n = len(self.token_ids)
+        for name in ("loss_mask", "logprobs"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: length {len(v)} differs from token_ids length {n}")
+        return self
+
+
+MAX_SEGMENTS = 256
+
+
 class TrajectoryIn(FreeJson):
     messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
     final_answer: str | None = None
     token_ids: list[Int4] | None = None
     loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]] | None = None  # StrictInt: no true/false
-    # stored as float32: a finite double beyond its range would become infinity
-    logprobs: list[Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]] | None = None
+    logprobs: list[LogProb] | None = None
     finish_reason: FinishReason
     num_tokens: Int4 | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # ordered segments, each its own sequence (then no top-level token arrays); see docs/api.md
+    segments: list[SegmentIn] | None = Field(default=None, max_length=MAX_SEGMENTS)
+
+    @model_validator(mode="after")
+    def _segments(self) -> TrajectoryIn:
+        if self.segments is None:
+            return self
+        if not self.segments:
+            raise ValueError("segments: an empty list; leave it out for an unsegmented trajectory")
+        both = [k for k in ("token_ids", "loss_mask", "logprobs") if getattr(self, k) is not None]
+        if both:
+            raise ValueError(f"{both[0]}: a trajectory with segments carries its tokens in them, not at the top level")
+        with_lp = [s.logprobs is not None for s in self.segments]
+        if any(with_lp) and not all(with_lp):
+            j = with_lp.index(False)
+            raise ValueError(f"segments[{j}].logprobs: required when another segment has logprobs (all or none)")
+        return self
+    # the policy version that generated each token, -1 where the model did not (prompt, tool results); a
+    # resumed episode mixes versions (docs/curation.md, "Resume")
+    versions: list[Annotated[StrictInt, Field(ge=-1, le=INT4_MAX)]] | None = None
 
     @model_validator(mode="after")
     def _lengths(self) -> TrajectoryIn:
-        given = {k: len(v) for k in ("token_ids", "loss_mask", "logprobs") if (v := getattr(self, k)) is not None}
+        arrays = ("token_ids", "loss_mask", "logprobs", "versions")
+        given = {k: len(v) for k in arrays if (v := getattr(self, k)) is not None}
         if len(set(given.values())) > 1:
             ref, n = next(iter(given.items()))
             bad = next(k for k, v in given.items() if v != n)
             raise ValueError(f"{bad}: length {given[bad]} differs from {ref} length {n}")
         if self.token_ids is None and (self.loss_mask is not None or self.logprobs is not None):
             raise ValueError("token_ids: required when loss_mask or logprobs is given")
+        if self.token_ids is None and self.versions is not None:
+            raise ValueError("token_ids: required when versions is given")
         if self.final_answer is None and not any(m.role == "assistant" for m in self.messages):
             raise ValueError("final_answer: required when there is no assistant message")
         return self
@@ -83,9 +151,24 @@ class TrajectoryIn(FreeJson):
     def response_tokens(self) -> int:
         if self.num_tokens is not None:
             return self.num_tokens
+        if self.segments is not None:
+            return sum(sum(s.loss_mask) for s in self.segments)
         if self.loss_mask is not None:
             return sum(self.loss_mask)
         return len(self.token_ids) if self.token_ids is not None else 0
+
+    def n_token_ids(self) -> int:
+        """Every token id it carries, over all its segments."""
+        if self.segments is not None:
+            return sum(len(s.token_ids) for s in self.segments)
+        return len(self.token_ids) if self.token_ids is not None else 0
+
+    def flat_arrays(self) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
+        """(token_ids, loss_mask, logprobs), the segments' concatenated in order (as stored)."""
+        if self.segments is None:
+            return self.token_ids, self.loss_mask, self.logprobs
+        lps = None if self.segments[0].logprobs is None else [x for s in self.segments for x in s.logprobs or ()]
+        return ([x for s in self.segments for x in s.token_ids], [x for s in self.segments for x in s.loss_mask], lps)
 
 
 class GroupIn(FreeJson):
@@ -157,6 +240,7 @@ class TrajectoryOut(BaseModel):
     token_ids: list[int] | None = None
     loss_mask: list[int] | None = None
     logprobs: list[float] | None = None
+    versions: list[int] | None = None
     rewards: dict[str, ComponentOut] = Field(default_factory=dict)
     total_reward: float | None = None
     outcome: float | None = None
@@ -164,6 +248,19 @@ class TrajectoryOut(BaseModel):
     action: str | None = None
     reason: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    segments: list[SegmentOut] | None = Field(
+        default=None, description="a segmented trajectory's ordered segments (then no top-level token arrays)")
+
+
+class SegmentOut(BaseModel):
+    segment_index: int
+    is_last: bool
+    seq_len: int = Field(description="its token ids (the arrays themselves only with include_tokens)")
+    token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    logprobs: list[float] | None = None
+    messages: list[dict[str, Any]] | None = None
+    advantage: float | None = Field(None, description="this segment's share of the trajectory's advantage")
 
 
 class DecisionOut(BaseModel):
@@ -173,6 +270,15 @@ class DecisionOut(BaseModel):
     reason: str
     policy: str | None
     created_at: str
+
+
+class ArchiveOut(BaseModel):
+    """Where an archived group went (status ``archived``; its trajectories are in the file, not here)."""
+
+    location: str
+    archived_at: str
+    final_status: str = Field(description="the status it had when it was archived")
+    n_trajectories: int
 
 
 class GroupOut(BaseModel):
@@ -194,6 +300,7 @@ class GroupOut(BaseModel):
     decisions: list[DecisionOut] = Field(default_factory=list)
     prompt_messages: list[dict[str, Any]] | None = Field(
         default=None, description="the prompt's messages (its reference is not shown); None: prompt unknown")
+    archive: ArchiveOut | None = Field(default=None, description="set when status is 'archived'")
 
 
 class GroupSummary(BaseModel):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from reward_models.spec import RewardSpec
 from service.api.errors import BadRequest, Conflict, GroupConflict
 from service.api.schemas import Message
+from service.archive import service as archive
 from service.auth.service import OPEN, Principal
 from service.ingest import prompts_repository as prompt_repo
 from service.ingest import repository as group_repo
@@ -88,24 +89,35 @@ _MESSAGES = TypeAdapter(list[Message])
 
 
 def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]:
-    """One row in group_repo.TRAJECTORY_COLUMNS order (JSONB as JSON text)."""
+    """One row in group_repo.TRAJECTORY_COLUMNS order (JSONB as JSON text). A segmented trajectory stores
+    its segments' arrays concatenated in order, and their lengths (and messages) in ``segments``."""
+    token_ids, loss_mask, logprobs = t.flat_arrays()
+    segments = None
+    if t.segments is not None:
+        segments = orjson.dumps([
+            {"length": len(s.token_ids),
+             "messages": None if s.messages is None else orjson.loads(_MESSAGES.dump_json(s.messages, exclude_none=True))}
+            for s in t.segments
+        ]).decode()
     return (
         group_pk,
         idx,
         _MESSAGES.dump_json(t.messages, exclude_none=True).decode(),
         t.resolved_final_answer(),
-        arrays.encode(t.token_ids, arrays.TOKEN_DTYPE),
-        arrays.encode(t.loss_mask, arrays.MASK_DTYPE),
-        arrays.encode(t.logprobs, arrays.LOGPROB_DTYPE),
-        len(t.token_ids) if t.token_ids is not None else 0,
+        arrays.encode(token_ids, arrays.TOKEN_DTYPE),
+        arrays.encode(loss_mask, arrays.MASK_DTYPE),
+        arrays.encode(logprobs, arrays.LOGPROB_DTYPE),
+        t.n_token_ids(),
         t.response_tokens(),
         sum(1 for m in t.messages if m.role == "assistant") or 1,
         t.finish_reason,
         orjson.dumps(t.metadata).decode(),
+        segments,
+        arrays.encode(t.versions, arrays.VERSION_DTYPE),
     )
 
 
-_ARRAYS = frozenset({"token_ids", "loss_mask", "logprobs"})
+_ARRAYS = frozenset({"token_ids", "loss_mask", "logprobs", "versions"})
 
 
 def _canonical(value: Any) -> Any:
@@ -119,6 +131,13 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _canonical_trajectory(t: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v if k in _ARRAYS else _canonical(v) for k, v in t.items() if k != "segments"}
+    if t.get("segments") is not None:  # absent when None: an unsegmented group hashes as before
+        out["segments"] = [{k: v if k in _ARRAYS else _canonical(v) for k, v in s.items()} for s in t["segments"]]
+    return out
+
+
 def body_hash(group: GroupIn) -> str:
     """The idempotency hash of a group: the same content hashes the same, whatever the key order of
     free-form objects (``sampling``, ``metadata``, ``reference``) or the spelling of a number."""
@@ -126,7 +145,7 @@ def body_hash(group: GroupIn) -> str:
     canonical = {k: _canonical(v) for k, v in dump.items() if k != "trajectories"}
     # token arrays are typed (ints, floats): only the trajectories' free-form parts need the walk
     canonical["trajectories"] = [
-        {k: v if k in _ARRAYS else _canonical(v) for k, v in t.items()} for t in dump["trajectories"]
+        _canonical_trajectory(t) for t in dump["trajectories"]
     ]
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -137,10 +156,8 @@ def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_
             f"{where}trajectories: {len(group.trajectories)} trajectories exceed the limit of {max_group_size}"
         )
     for i, t in enumerate(group.trajectories):
-        if t.token_ids is not None and len(t.token_ids) > max_sequence_tokens:
-            raise BadRequest(
-                f"{where}trajectories[{i}].token_ids: {len(t.token_ids)} tokens exceed the limit of {max_sequence_tokens}"
-            )
+        check_trajectory_limits(t, f"{where}trajectories[{i}].", max_sequence_tokens)
+        check_versions(t, group.policy_version, f"{where}trajectories[{i}].")
 
 
 def _inline_prompts(session: Session, groups: list[GroupIn], batched: bool, key: Principal) -> None:
@@ -237,11 +254,18 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer
         "body_hash": digest,
         "producer_key": producer_key,
         "n_trajectories": len(g.trajectories),
-        "n_tokens": sum(len(t.token_ids or ()) for t in g.trajectories),
+        "n_tokens": sum(t.n_token_ids() for t in g.trajectories),  # all segments: lease budgets count them
     }
     pk = group_repo.insert_group_if_new(session, row)
+    if pk is not None and (archived := archive.tombstone(session, g.id)) is not None:
+        # the id went to the archive (before, or while this insert waited for the archiver's commit):
+        # the archive keeps it, so the new row goes and the tombstone answers
+        group_repo.delete_group(session, pk)
+        return _archived_ack(archived[0], digest, where)
     if pk is None:
         existing = group_repo.existing_group(session, g.id)
+        if existing is None and (archived := archive.tombstone(session, g.id)) is not None:
+            return _archived_ack(archived[0], digest, where)
         if existing is None or existing.body_hash != digest:
             raise GroupConflict(
                 f"{where}id: group {g.id!r} already exists with a different body", detail={"id": g.id}
@@ -249,6 +273,14 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer
         return GroupAck(id=g.id, status=existing.status, trajectories=existing.n_trajectories, created=False)
     group_repo.insert_trajectories(session, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
     return GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True)
+
+
+def _archived_ack(tomb: Any, digest: str, where: str) -> GroupAck:
+    """A re-post of an archived group's id: the same body is answered as stored, another is a 409."""
+    if tomb.body_hash != digest:
+        raise GroupConflict(f"{where}id: group {tomb.id!r} already exists (archived) with a different body",
+                            detail={"id": tomb.id})
+    return GroupAck(id=tomb.id, status="archived", trajectories=tomb.n_trajectories, created=False)
 
 
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Any]:
@@ -259,3 +291,57 @@ def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Any]:
 def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
     """Bulk update of groups by primary key (each row: ``pk`` plus the columns to set, the same keys)."""
     group_repo.update_groups(session, rows)
+
+
+def lock_group(session: Session, group_id: str) -> Any:
+    """The group (ORM row with its trajectories) locked for an in-place change, or None."""
+    return group_repo.lock_group(session, group_id)
+
+
+def check_trajectory_limits(t: TrajectoryIn, where: str, max_sequence_tokens: int) -> None:
+    """Every sequence of ``t`` (its tokens, or each of its segments) within ``max_sequence_tokens``."""
+    if t.token_ids is not None and len(t.token_ids) > max_sequence_tokens:
+        raise BadRequest(
+            f"{where}token_ids: {len(t.token_ids)} tokens exceed the limit of {max_sequence_tokens}"
+        )
+    for j, s in enumerate(t.segments or ()):  # each segment is a sequence of its own
+        if len(s.token_ids) > max_sequence_tokens:
+            raise BadRequest(
+                f"{where}segments[{j}].token_ids: {len(s.token_ids)} tokens exceed the limit of {max_sequence_tokens}"
+            )
+
+
+def check_versions(t: TrajectoryIn, policy_version: int, where: str) -> None:
+    """The per-token ``versions`` rule (docs/curation.md, "Resume"), one check for POST /v1/groups and a slot
+    fill: a token's version is -1 exactly where the model did not generate it (loss_mask 0), otherwise a
+    version in [0, ``policy_version``] (no token is newer than the policy that posts it); 422 naming the
+    first offending position."""
+    if t.versions is None:
+        return
+    mask = t.loss_mask
+    for i, v in enumerate(t.versions):
+        if v > policy_version:
+            raise BadRequest(f"{where}versions[{i}]: version {v} is newer than the policy_version {policy_version}"
+                             " that posts it")
+        if mask is None:
+            continue
+        if mask[i] == 1 and v < 0:
+            raise BadRequest(f"{where}versions[{i}]: a generated token (loss_mask 1) carries the version that "
+                             "generated it, not -1")
+        if mask[i] == 0 and v != -1:
+            raise BadRequest(f"{where}versions[{i}]: a token the model did not generate (loss_mask 0) has "
+                             f"version -1, got {v}")
+
+
+def replace_trajectory(session: Session, group_pk: int, idx: int, t: TrajectoryIn) -> None:
+    """Store ``t`` in place of trajectory ``idx`` of the group (a remedy's replacement); its old rewards,
+    scores and decision are gone, so the group is scored and curated again with it."""
+    group_repo.replace_trajectory(session, _trajectory_row(group_pk, idx, t))
+
+
+def trajectory_hash(t: TrajectoryIn, policy_version: int) -> str:
+    """The idempotency hash of one posted trajectory (a slot fill), spelled like ``body_hash``."""
+    dump = t.model_dump(mode="json")
+    canonical = {k: v if k in _ARRAYS else _canonical(v) for k, v in dump.items()}
+    canonical["policy_version"] = policy_version
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -7,8 +7,10 @@ Names (all prefixed ``grpo_curator_``):
   method (GET HEAD POST PUT PATCH DELETE OPTIONS, any other token ``other``).
 - ``lease_wait_seconds{result}`` histogram: how long ``POST /v1/batches/lease`` took, ``result`` =
   ``batch`` (200) or ``empty`` (204 after ``wait_seconds``) or ``error``.
-- ``component_latency_seconds{kind, component}`` histogram and ``component_results_total{kind,
-  component, result}`` counter (``result`` = ``ok`` | ``error``): every reward component run.
+- ``component_latency_seconds{kind, component, path}`` histogram and ``component_results_total{kind,
+  component, result, path}`` counter (``result`` = ``ok`` | ``error``): every reward component run, on
+  every scoring path: ``path`` = ``worker`` (the score worker, embedded or not; rescoring included),
+  ``score`` (``POST /v1/score``) or ``openrlhf`` (the OpenRLHF reward route).
 - ``monitor_state{monitor, dataset}`` gauge: each training-health monitor, 0 ok / 1 warning / 2 critical
   (service.alerts; docs/alerts.md).
 With several uvicorn workers each process has its own histograms; scrape each, or run one worker per
@@ -42,17 +44,18 @@ LEASE_WAIT = Histogram(
     buckets=_WAIT_BUCKETS,
     registry=REGISTRY,
 )
+SCORING_PATHS = ("worker", "score", "openrlhf")
 COMPONENT_LATENCY = Histogram(
     "grpo_curator_component_latency_seconds",
-    "reward component scoring latency per sample",
-    ["kind", "component"],
+    "reward component scoring latency per sample, by scoring path (worker | score | openrlhf)",
+    ["kind", "component", "path"],
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
 COMPONENT_RESULTS = Counter(
     "grpo_curator_component_results",
-    "reward component runs by result (ok | error)",
-    ["kind", "component", "result"],
+    "reward component runs by result (ok | error) and scoring path (worker | score | openrlhf)",
+    ["kind", "component", "result", "path"],
     registry=REGISTRY,
 )
 LEASE_ROUTE = "/v1/batches/lease"
@@ -109,15 +112,21 @@ class RequestMetricsMiddleware:
                 LEASE_WAIT.labels(_lease_result(status)).observe(elapsed)
 
 
-def observe_components(kinds: Mapping[str, str], results: Iterable[Mapping[str, object]]) -> None:
+def observe_components(kinds: Mapping[str, str], results: Iterable[Mapping[str, object]],
+                       path: str = "worker") -> None:
     """Record component runs: ``kinds`` {component name: kind}; ``results`` per sample {name: result}
-    where a result has ``latency_ms`` and ``error`` (``reward_models.base.ComponentResult``)."""
+    where a result has ``latency_ms`` and ``error`` (``reward_models.base.ComponentResult``); ``path``: one
+    of ``SCORING_PATHS``. A spec's components are all labelled, ok and error both, from their first run, so
+    an error rate reads 0 (not "no data") while nothing fails."""
+    if path not in SCORING_PATHS:
+        raise ValueError(f"path: expected one of {', '.join(SCORING_PATHS)}, got {path!r}")
     for per_sample in results:
         for name, result in per_sample.items():
             kind = kinds.get(name, "unknown")
-            COMPONENT_LATENCY.labels(kind, name).observe(float(getattr(result, "latency_ms", 0.0)) / 1000.0)
+            COMPONENT_LATENCY.labels(kind, name, path).observe(float(getattr(result, "latency_ms", 0.0)) / 1000.0)
             failed = getattr(result, "error", None) is not None
-            COMPONENT_RESULTS.labels(kind, name, "error" if failed else "ok").inc()
+            COMPONENT_RESULTS.labels(kind, name, "error", path)  # the error series exists (at 0) from the first run
+            COMPONENT_RESULTS.labels(kind, name, "error" if failed else "ok", path).inc()
 
 
 def process_text() -> bytes:

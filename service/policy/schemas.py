@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from filters.monitors import metric_problem
 from service.api.schemas import INT4_MAX, FreeJson
 
 
@@ -14,6 +15,16 @@ class PolicyIn(FreeJson):
 
     version: int = Field(ge=0, le=INT4_MAX)
     metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _domains(cls, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The metrics the monitors read must lie in their domain (filters.monitors.METRIC_DOMAINS)."""
+        for key, value in metrics.items():
+            problem = metric_problem(key, value)
+            if problem is not None:
+                raise ValueError(f"metrics.{key}: {problem}")
+        return metrics
 
 
 class PolicyOut(BaseModel):

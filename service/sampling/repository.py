@@ -53,7 +53,7 @@ def lock_choices(session: Session) -> None:
 def in_flight_prompts(session: Session, cutoff: datetime, dataset: str | None) -> set[str]:
     """Prompts a producer is sampling now (taken, lease running) or must sample (an open resample)."""
     taken = and_(SamplingRequest.status == "taken", SamplingRequest.taken_at >= cutoff)
-    pending = and_(SamplingRequest.status == "open", SamplingRequest.reason == "resample")
+    pending = and_(SamplingRequest.status == "open", SamplingRequest.reason.in_(("resample", "resume")))
     stmt = (
         select(SamplingRequest.prompt_id)
         .distinct()
@@ -202,3 +202,11 @@ def mark_done(session: Session, pks: Sequence[int], datasets: frozenset[str] | N
         stmt = stmt.where(SamplingRequest.dataset.in_(sorted(datasets)))
     stmt = stmt.values(status="done").returning(SamplingRequest.pk)
     return list(session.execute(stmt).scalars())
+
+
+def slot_groups(session: Session, group_pks: Iterable[int]) -> dict[int, str]:
+    """group pk -> group id, for the groups that remedy requests fill."""
+    pks = sorted(set(group_pks))
+    if not pks:
+        return {}
+    return {pk: gid for pk, gid in session.execute(select(Group.pk, Group.id).where(Group.pk.in_(pks)))}

@@ -30,12 +30,17 @@ class SamplingRequestOut(BaseModel):
     request_id: int | None = Field(description="null in a peek of a new / curriculum pick")
     prompt_id: str
     dataset: str
-    reason: Literal["resample", "refill", "new", "curriculum"]
+    reason: Literal["resample", "resume", "refill", "new", "curriculum"]
     n: int = Field(description="group size to sample")
     budget: dict[str, Any] = Field(description="sampling params (max_tokens, temperature ...); {} = yours")
     priority: float
     prompt: PromptBody
     expires_at: str | None = Field(description="when a claim lapses unless marked done")
+    group_id: str | None = Field(None, description="resample / resume in place: the group whose slot this fills "
+                                                   "(POST /v1/groups/{group_id}/trajectories/{index})")
+    index: int | None = Field(None, description="resample / resume in place: the trajectory slot it fills")
+    checkpoint: dict[str, Any] | None = Field(
+        None, description="resume: the state to continue from (messages, token_ids, loss_mask, logprobs, versions)")
 
 
 class SamplingRequestsOut(BaseModel):

@@ -1,8 +1,9 @@
 """What producers should sample next (``GET /v1/sampling/requests``): refill and curriculum.
 
 Order of the answer, up to ``n`` items:
-1. ``resample``: open requests from the curation stage for a prompt whose members hit a budget, with the
-   larger budget (highest priority first);
+1. ``resample`` then ``resume``: open requests from the curation stage for a prompt whose members hit a
+   budget, with the larger budget (highest priority first); a request that fills a slot of a waiting group
+   names it (``group_id``, ``index``; a resume carries its ``checkpoint``, docs/curation.md "Remedies");
 2. ``refill``: open requests to replace a group lost to filtering, so the trainer's batches stay full;
    each is resolved to a concrete prompt of its dataset by the curriculum (below);
 3. ``new``: prompts never sampled, oldest first;
@@ -103,8 +104,9 @@ def _refills(session: Session, rows: list[SamplingRequest], busy: set[str], prio
 def _choose(session: Session, n: int, dataset: str | None, cutoff: datetime, claim: bool) -> list[Pick]:
     """Up to ``n`` picks in answer order (see the module docstring)."""
     rows = repo.open_rows(session, "resample", n, dataset, cutoff, lock=claim)
+    rows += repo.open_rows(session, "resume", n - len(rows), dataset, cutoff, lock=claim)
     picks = [
-        Pick(r.prompt_id or "", r.dataset, "resample", r.priority, r.n, dict(r.budget), r, r.pk) for r in rows
+        Pick(r.prompt_id or "", r.dataset, r.reason, r.priority, r.n, dict(r.budget), r, r.pk) for r in rows
     ]
     if len(picks) >= n:
         return picks
@@ -157,7 +159,8 @@ def _claim(session: Session, picks: list[Pick], producer_id: str, now: datetime)
 
 
 def _item(
-    p: Pick, prompt: Prompt | None, expires: datetime | None, include_reference: bool
+    p: Pick, prompt: Prompt | None, expires: datetime | None, include_reference: bool,
+    groups: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "messages": prompt.messages if prompt else [],
@@ -175,7 +178,16 @@ def _item(
         "priority": p.priority,
         "prompt": body,
         "expires_at": expires.isoformat() if expires else None,
+        **_slot(p, groups or {}),
     }
+
+
+def _slot(p: Pick, groups: dict[int, str]) -> dict[str, Any]:
+    """A remedy in place names its group and slot; a resume carries its checkpoint."""
+    row = p.row
+    if row is None or row.idx is None or row.source_group_pk not in groups:
+        return {}
+    return {"group_id": groups[row.source_group_pk], "index": row.idx, "checkpoint": row.checkpoint}
 
 
 def next_requests(
@@ -198,7 +210,9 @@ def next_requests(
         _claim(session, picks, producer_id, now)
         expires = now + timedelta(seconds=lease_seconds)
     prompts = repo.prompts_by_id(session, {p.prompt_id for p in picks})
-    return {"requests": [_item(p, prompts.get(p.prompt_id), expires, include_reference) for p in picks]}
+    groups = repo.slot_groups(session, [p.row.source_group_pk for p in picks
+                                        if p.row is not None and p.row.idx is not None and p.row.source_group_pk])
+    return {"requests": [_item(p, prompts.get(p.prompt_id), expires, include_reference, groups) for p in picks]}
 
 
 def mark_done(session: Session, request_ids: list[int], datasets: frozenset[str] | None = None) -> dict[str, Any]:

@@ -109,7 +109,8 @@ def _item(prompt: str, response: Response, label: Any, eos_means_stop: bool) -> 
 
 
 async def get_reward(session: Session, run: ScoreRun, spec: str, body: OpenRLHFIn, *, on_error: OnError,
-                     error_value: float, eos_means_stop: bool = True, key: Principal = OPEN) -> OpenRLHFOut:
+                     error_value: float, eos_means_stop: bool = True, key: Principal = OPEN,
+                     extra_logs: Literal["lists", "omit"] = "lists") -> OpenRLHFOut:
     """A label is the caller's reference: for a spec that runs its reference as code it is refused unless
     ``key`` may supply one (``service.specs.references``; the error names ``labels[i]``)."""
     prompts, labels = _check(body)
@@ -124,7 +125,8 @@ async def get_reward(session: Session, run: ScoreRun, spec: str, body: OpenRLHFI
     if items:
         index = list(items)
         request = ScoreIn.model_validate({"reward_spec": spec, "items": list(items.values())})
-        out = await score_items(session, run, request, key, reference_field=lambda i: f"labels[{index[i]}]")
+        out = await score_items(session, run, request, key, reference_field=lambda i: f"labels[{index[i]}]",
+                                path="openrlhf")
         results = dict(zip(items, out.results, strict=True))
     failed = [i for i in range(len(body.query)) if i not in results or results[i].total is None]
     if failed and on_error == "fail":
@@ -134,6 +136,8 @@ async def get_reward(session: Session, run: ScoreRun, spec: str, body: OpenRLHFI
     # the queries scored as cut off by the generation limit (no end-of-sequence token), for OpenRLHF's logs
     answer.extra_logs["truncated"] = [float(i in items and items[i]["finish_reason"] == "length")
                                       for i in range(len(body.query))]
+    if extra_logs == "omit":  # OpenRLHF 0.8 torch.cat()s each value: JSON lists fail there, no key does not
+        answer.extra_logs = None
     return answer
 
 
@@ -149,7 +153,7 @@ def _answer(n: int, results: dict[int, ScoreResult], failed: set[int], error_val
     names = sorted({name for r in results.values() for name in r.rewards})
     for name in names:
         logs[name] = [_value(results.get(i), name, error_value) for i in range(n)]
-    return OpenRLHFOut(rewards=rewards, scores=list(rewards), extra_logs=logs)
+    return OpenRLHFOut(rewards=rewards, scores=list(rewards), extra_logs=logs, substituted=sorted(failed))
 
 
 def _total(result: ScoreResult) -> float:

@@ -5,19 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, any_, bindparam, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy import BigInteger, Text, any_, select, text, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, selectinload
 
 from service.store.models import Group, Prompt, Reward, Trajectory
+from service.store.queries import array_param
 
 _CLEARED_TRAJECTORY = {"advantage": None, "action": None, "reason": None}
-
-
-def _array(name: str, values: list[Any], item: Any) -> Any:
-    """One array parameter (``= ANY(:name)``), not one bind parameter per value: PostgreSQL takes
-    at most 65,535 parameters per statement."""
-    return bindparam(name, list(values), type_=ARRAY(item))
 
 
 def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, group_ids: list[str] | None,
@@ -26,7 +21,7 @@ def _filtered(stmt: Any, *, statuses: tuple[str, ...], dataset: str | None, grou
     if dataset is not None:
         stmt = stmt.where(Group.dataset == dataset)
     if group_ids is not None:
-        stmt = stmt.where(Group.id == any_(_array("group_ids", group_ids, Text)))
+        stmt = stmt.where(Group.id == any_(array_param("group_ids", group_ids, Text)))
     if policy_version is not None:
         stmt = stmt.where(Group.policy_version == policy_version)
     return stmt
@@ -41,7 +36,7 @@ def non_admin_code_references(session: Session, fields: tuple[str, ...], limit: 
     key -> (how many groups, up to ``limit`` of their prompt ids)."""
     stmt = _filtered(select(Group.prompt_id).join(Prompt, Prompt.id == Group.prompt_id), **filters).where(
         Prompt.reference_from_admin.is_(False),
-        Prompt.reference.op("?|")(_array("code_fields", list(fields), Text)),
+        Prompt.reference.op("?|")(array_param("code_fields", list(fields), Text)),
     )
     ids = list(session.execute(stmt.order_by(Group.prompt_id)).scalars())
     return len(ids), sorted(set(ids))[:limit]
@@ -66,9 +61,9 @@ def contributed_outcomes(session: Session, pks: list[int]) -> list[tuple[str, fl
 def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scores: bool) -> None:
     """Set ``values`` on the groups; reset their trajectories' decisions (and scores)."""
     if pks:
-        session.execute(update(Group).where(Group.pk == any_(_array("pks", pks, BigInteger))).values(**values))
+        session.execute(update(Group).where(Group.pk == any_(array_param("pks", pks, BigInteger))).values(**values))
         cleared = {**_CLEARED_TRAJECTORY, **({"total_reward": None, "outcome": None} if clear_scores else {})}
-        in_groups = Trajectory.group_pk == any_(_array("pks", pks, BigInteger))
+        in_groups = Trajectory.group_pk == any_(array_param("pks", pks, BigInteger))
         session.execute(update(Trajectory).where(in_groups).values(**cleared))
 
 

@@ -51,7 +51,7 @@ def rescore(session: Session, reward_spec: str, caller_specs: frozenset[str] = f
                 "GRPO_CURATOR_CALLER_REFERENCE_SPECS",
                 detail={"field": "reward_spec", "groups": n, "prompt_ids": prompt_ids})
     values = {"status": "received", "reward_spec_name": v.name, "reward_spec_version": v.version,
-              "score_attempts": 0, "score_error": None, "retry_at": None, "drop_reason": None,
+              "score_attempts": 0, "score_deaths": 0, "death_tokens": [], "score_error": None, "retry_at": None, "drop_reason": None,
               "curated_at": None, "ready_at": None}
     pks = _requeue(session, values, clear_scores=True, statuses=RESCORABLE, **filters)
     return {"groups": len(pks), "reward_spec": f"{v.name}@{v.version}"}

@@ -36,7 +36,12 @@ async def post_score(body: ScoreIn, session: SessionDep, run: ScoreRunDep, key: 
     return await score_items(session, run, body, key)
 
 
+# the trailing-slash form too: Starlette's slash redirect (307) would send OpenRLHF's client to the path without
+# the key it carried in the path (/compat/openrlhf/key/K/...: the key is moved to a header before routing)
+@router.post("/compat/openrlhf/{spec}/get_reward/", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
+             response_model_exclude_none=True, include_in_schema=False)
 @router.post("/compat/openrlhf/{spec}/get_reward", response_model=OpenRLHFOut, dependencies=[allow(PRODUCER, TRAINER)],
+             response_model_exclude_none=True,
              responses={503: {"description": "an item could not be scored (openrlhf_on_error=fail)"},
                         413: {"description": "more queries than max_score_items, or more pool time than "
                                              "score_pool_budget_s: send fewer queries"},
@@ -46,4 +51,5 @@ async def post_openrlhf_reward(spec: Annotated[str, Path(min_length=1)], body: O
                                run: ScoreRunDep, settings: SettingsDep, key: KeyDep) -> OpenRLHFOut:
     return await openrlhf.get_reward(session, run, spec, body, on_error=settings.openrlhf_on_error,
                                      error_value=settings.openrlhf_error_value,
-                                     eos_means_stop=settings.openrlhf_eos_means_stop, key=key)
+                                     eos_means_stop=settings.openrlhf_eos_means_stop, key=key,
+                                     extra_logs=settings.openrlhf_extra_logs)

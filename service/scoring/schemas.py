@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from service.api.schemas import FinishReason, FreeJson, Message, Strict
+from reward_models.agent_rules import tool_schemas
+from reward_models.text import json_depth_exceeds
+from service.api.schemas import FinishReason, FreeJson, Message, Strict, check_finite
+
+MAX_TOOLS = 128  # tool definitions per item
+MAX_TOOL_DEPTH = 32  # nesting of one item's tool definitions
 
 
 class ScoreItem(FreeJson):
@@ -20,6 +25,18 @@ class ScoreItem(FreeJson):
     num_tokens: int | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, gt=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # the prompt's tool definitions (OpenAI format): what rule.tool_calls reads as prompt.metadata.tools
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools is not None:
+            check_finite(tools, "tools")
+            if json_depth_exceeds(tools, MAX_TOOL_DEPTH):
+                raise ValueError(f"tools: nested deeper than {MAX_TOOL_DEPTH} levels")
+            tool_schemas(tools)  # ValueError naming tools[i]: a function name and a valid parameters schema
+        return tools
 
 
 class ScoreIn(Strict):
@@ -59,4 +76,7 @@ class OpenRLHFIn(BaseModel):
 class OpenRLHFOut(BaseModel):
     rewards: list[float]
     scores: list[float]
-    extra_logs: dict[str, list[float]]
+    extra_logs: dict[str, list[float]] | None = None  # left out with openrlhf_extra_logs=omit (OpenRLHF 0.8)
+    # the queries (indices into this request) whose reward is the substitute (openrlhf_on_error=value), in
+    # every mode, omit included: OpenRLHF reads only the three keys above, the reward-function file reads this
+    substituted: list[int] = Field(default_factory=list)

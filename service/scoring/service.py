@@ -30,6 +30,7 @@ from service.api.schemas import Message
 from service.auth.service import OPEN, PRODUCER, Principal
 from service.ingest import service as ingest
 from service.ingest.schemas import GroupIn
+from service.observability import metrics
 from service.scoring.gate import ScoreGate
 from service.scoring.schemas import ComponentScore, ScoreIn, ScoreItem, ScoreOut, ScoreResult
 from service.settings import Settings
@@ -89,8 +90,12 @@ def to_sample(item: ScoreItem) -> tuple[Sample, PromptInfo]:
         metadata=metadata,
     )
     prompt = PromptInfo(messages=_messages(item.prompt, "user"), reference=item.reference,
-                        metadata={}, dataset=item.dataset)
+                        metadata=_prompt_metadata(item), dataset=item.dataset)
     return sample, prompt
+
+
+def _prompt_metadata(item: ScoreItem) -> dict[str, Any]:
+    return {"tools": item.tools} if item.tools is not None else {}
 
 
 def result_of(scored: ScoredSample) -> ScoreResult:
@@ -179,12 +184,13 @@ async def _score(run: ScoreRun, spec: RewardSpec, body: ScoreIn, key: Principal)
 
 
 async def score_items(session: Session, run: ScoreRun, body: ScoreIn, key: Principal = OPEN,
-                      reference_field: Callable[[int], str] = _items_field) -> ScoreOut:
+                      reference_field: Callable[[int], str] = _items_field, path: str = "score") -> ScoreOut:
     """Score ``body``'s items (and store them with ``store``); ``reference_field(i)`` names item i's
-    reference in errors."""
+    reference in errors; ``path`` labels the component metrics (``score``, ``openrlhf``)."""
     _check_request(body, run.limits, key)
     version, spec = await run_in_threadpool(_resolve, session, body, key, run.caller_specs, reference_field)
     scored = await _score(run, spec, body, key)
+    metrics.observe_components({c.name: c.kind for c in spec.components}, [s.components for s in scored], path=path)
     stored = None
     if body.store:
         stored = await run_in_threadpool(_store, session, body, version, run.limits.max_group_size, key,
@@ -197,13 +203,18 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
+def _tools_key(item: ScoreItem) -> list[Any]:
+    """The tools are part of the prompt (a group per distinct tool set); none leaves old group ids as they were."""
+    return [item.tools] if item.tools is not None else []
+
+
 def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_size: int, key: Principal,
            caller_specs: frozenset[str]) -> list[str]:
     """Items grouped by (dataset, prompt, reference, max_tokens) -> idempotent groups scored by the named
     spec; the group id hashes everything stored (sampling included), so a different budget is a new group."""
     by_prompt: dict[tuple[str, int | None], list[ScoreItem]] = {}
     for item in body.items:
-        digest = _digest([item.dataset, _messages(item.prompt, "user"), item.reference])
+        digest = _digest([item.dataset, _messages(item.prompt, "user"), item.reference, *_tools_key(item)])
         by_prompt.setdefault((digest, item.max_tokens), []).append(item)
     largest = max(len(items) for items in by_prompt.values())
     if largest > max_group_size:
@@ -215,7 +226,8 @@ def _store(session: Session, body: ScoreIn, version: specs.Versioned, max_group_
                          "num_tokens": i.num_tokens, "metadata": i.metadata,
                          "final_answer": _final_answer(_messages(i.completion, "assistant"))} for i in items]
         prompt = {"dataset": first.dataset, "messages": _messages(first.prompt, "user"),
-                  "reference": first.reference, "reward_spec": f"{version.name}@{version.version}"}
+                  "reference": first.reference, "reward_spec": f"{version.name}@{version.version}",
+                  "metadata": _prompt_metadata(first)}
         sampling = {"max_tokens": max_tokens} if max_tokens else {}
         group_id = "score-" + _digest([digest, body.policy_version, sampling, trajectories])
         groups.append(GroupIn.model_validate({

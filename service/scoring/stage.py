@@ -30,6 +30,7 @@ from service.ingest import service as ingest
 from service.observability import metrics
 from service.scoring import repository as score_repo
 from service.specs import service as specs
+from service.store.db import db_now
 from service.store.models import Group, Prompt, Trajectory
 
 Resolved = tuple[specs.Versioned, RewardSpec]
@@ -173,8 +174,9 @@ def _decision(g: Group, name: str | None, version: int | None, reason: str) -> d
 class _Writes:
     """Rows of one batch of scored groups, written with one statement each."""
 
-    def __init__(self, max_attempts: int, backoff: Backoff) -> None:
+    def __init__(self, max_attempts: int, backoff: Backoff, now: datetime | None = None) -> None:
         self.max_attempts, self.backoff = max_attempts, backoff
+        self.now = now or datetime.now(UTC)  # the database's clock (write): retry_at is compared with it
         self.rewards: list[dict] = []
         self.scores: list[tuple[int, int, float | None, float | None]] = []
         self.groups: list[dict] = []
@@ -183,7 +185,7 @@ class _Writes:
 
     def _row(self, g: Group, **values: Any) -> dict:
         row = {"pk": g.pk, "reward_spec_name": g.reward_spec_name, "reward_spec_version": g.reward_spec_version,
-               "score_error": None, "status": "scored", "retry_at": None, "scored_at": datetime.now(UTC),
+               "score_error": None, "status": "scored", "retry_at": None, "scored_at": self.now,
                "drop_reason": None, "claimed_by": None, "claimed_until": None}
         row.update(values)
         self.groups.append(row)
@@ -197,7 +199,7 @@ class _Writes:
         self.outcome.failed += 1
 
     def retry(self, g: Group, error: str, **values: Any) -> None:
-        when = datetime.now(UTC) + timedelta(seconds=self.backoff.delay(g.score_attempts))
+        when = self.now + timedelta(seconds=self.backoff.delay(g.score_attempts))
         self._row(g, status="received", retry_at=when, scored_at=None, score_error=error[:4000], **values)
         self.outcome.retried += 1
 
@@ -230,7 +232,7 @@ class _Writes:
 def write(session: Session, job: Job, max_attempts: int, backoff: Backoff) -> ScoreOutcome:
     """Store the job's results for the groups still claimed by it (the others are counted ``fenced``)."""
     held = score_repo.lock_claimed(session, [g.pk for g in job.groups], job.token)
-    writes = _Writes(max_attempts, backoff)
+    writes = _Writes(max_attempts, backoff, db_now(session))  # the database's clock, not this worker's
     for g in job.groups:
         if g.pk not in held:
             writes.outcome.fenced += 1

@@ -22,8 +22,10 @@ def tool_misuse(tools: Any, tool_calls: Any) -> str | None:
     """One line naming the first misuse, or None when every call is a valid call of an offered tool."""
     if not tool_calls:
         return None
+    if not isinstance(tool_calls, list):  # a dict or a string is no list of calls: never a silent pass
+        return f"tool_calls: a {type(tool_calls).__name__}, not a list of calls"
     offered = _offered(tools)
-    for i, call in enumerate(tool_calls if isinstance(tool_calls, list) else []):
+    for i, call in enumerate(tool_calls):
         fn = call.get("function") if isinstance(call, dict) else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if name not in offered:
@@ -42,5 +44,5 @@ def tool_misuse(tools: Any, tool_calls: Any) -> str | None:
             except jsonschema.ValidationError as exc:
                 return f"tool_calls[{i}].arguments: against {name!r}'s schema: {exc.message[:200]}"
             except jsonschema.SchemaError:
-                return None  # the tool's own schema is broken: not the model's mistake
+                continue  # this tool's own schema is broken (not the model's mistake): check the next calls
     return None

@@ -9,6 +9,8 @@ from sqlalchemy.orm import Session
 
 from service.store.models import AgentSession, Prompt, SessionCall
 
+SEGMENT_MARK = "segment"  # a session_calls row of this kind is the agent's segment mark, not a call
+
 
 def lock_group(db: Session, group_id: str) -> None:
     """Serialise creates / finishes of one group until the transaction ends (its size, its one ingest)."""
@@ -62,8 +64,52 @@ def overdue_groups(db: Session, deadline_s: float) -> list[str]:
     """Groups with sessions not yet ingested whose first session is older than the deadline."""
     stmt = (
         select(AgentSession.group_id)
-        .where(AgentSession.ingested_at.is_(None))
+        .where(AgentSession.ingested_at.is_(None), AgentSession.status != "failed")
         .group_by(AgentSession.group_id)
         .having(func.min(AgentSession.created_at) < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, deadline_s))
     )
     return list(db.execute(stmt).scalars())
+
+
+def in_flight(db: Session, session_id: str, max_age_s: float) -> int:
+    """Calls of the session reserved but not yet answered (``attempts`` 0: no forward has returned) and
+    younger than ``max_age_s`` (the call's deadline): an older placeholder is a call whose API process
+    died (SIGKILL) mid-forward, in flight no more, so it cannot hold the session open at its call limit."""
+    stmt = select(func.count()).select_from(SessionCall).where(
+        SessionCall.session_id == session_id, SessionCall.attempts == 0,
+        SessionCall.created_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, max_age_s))
+    return int(db.execute(stmt).scalar_one())
+
+
+def segment_marks(db: Session, session_id: str) -> int:
+    stmt = select(func.count()).select_from(SessionCall).where(SessionCall.session_id == session_id,
+                                                               SessionCall.kind == SEGMENT_MARK)
+    return int(db.execute(stmt).scalar_one())
+
+
+def get_call(db: Session, session_id: str, idx: int) -> SessionCall | None:
+    return db.get(SessionCall, (session_id, idx))
+
+
+def group_temperature(db: Session, group_id: str) -> tuple[bool, Any]:
+    """(whether the group made a call, the temperature its first call asked for, None when it gave none)."""
+    stmt = (select(SessionCall.request["temperature"]).join(AgentSession, AgentSession.id == SessionCall.session_id)
+            .where(AgentSession.group_id == group_id, SessionCall.kind != SEGMENT_MARK)
+            .order_by(SessionCall.created_at, SessionCall.session_id, SessionCall.idx).limit(1))
+    row = db.execute(stmt).first()
+    return (False, None) if row is None else (True, row[0])
+
+
+def group_started_at(db: Session, group_id: str) -> Any:
+    return db.execute(select(func.min(AgentSession.created_at)).where(AgentSession.group_id == group_id)).scalar_one()
+
+
+def answered_texts(db: Session, session_id: str) -> list[str]:
+    """The text the model generated in each answered call of the session (chat content or completions text)."""
+    out = []
+    for c in calls(db, session_id):
+        if c.completion_ids is None or c.response is None:
+            continue
+        content = (c.response.get("message") or {}).get("content")
+        out.append(content if isinstance(content, str) else "")
+    return out

@@ -10,15 +10,16 @@ from fastapi.responses import JSONResponse
 
 from service.api.deps import SessionDep, SettingsDep
 from service.api.errors import BadRequest
-from service.auth.service import PRODUCER, SERVICE, KeyDep, allow, public
+from service.auth.service import PRODUCER, SERVICE, TRAINER, VIEWER, KeyDep, allow
 from service.sessions import gateway
 from service.sessions import service as sessions
-from service.sessions.schemas import FinishIn, FinishOut, SessionCreated, SessionIn, SessionOut
+from service.sessions.schemas import FinishIn, FinishOut, SegmentOut, SessionCreated, SessionIn, SessionOut
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-# the session's own routes are declared public at the API-key layer: their credential is the session
-# key (or an API key), checked by service.sessions.authorize for every call
-_SESSION_ROUTE = [public()]
+# the session's own routes admit its session key (service.auth.SessionKey, checked against the path's
+# session_id before the route runs) or an API key; service.sessions.authorize then checks the dataset
+_SESSION_ROUTE = [allow(PRODUCER, dataset=SERVICE, session_param="session_id")]
+_SESSION_READ = [allow(PRODUCER, TRAINER, VIEWER, dataset=SERVICE, session_param="session_id")]
 
 
 @router.post("", response_model=SessionCreated, status_code=201, dependencies=[allow(PRODUCER, dataset=SERVICE)])
@@ -59,6 +60,12 @@ def finish(session_id: str, body: FinishIn, request: Request, session: SessionDe
     return sessions.finish(request, session, session_id, body, settings)
 
 
-@router.get("/{session_id}", response_model=SessionOut, dependencies=_SESSION_ROUTE)
+@router.post("/{session_id}/segment", response_model=SegmentOut, dependencies=_SESSION_ROUTE)
+def segment(session_id: str, request: Request, session: SessionDep) -> SegmentOut:
+    """Mark a summary checkpoint: the next call starts a new segment of the session's trajectory."""
+    return sessions.segment(request, session, session_id)
+
+
+@router.get("/{session_id}", response_model=SessionOut, dependencies=_SESSION_READ)
 def get_session(session_id: str, request: Request, session: SessionDep, include_tokens: bool = False) -> SessionOut:
     return sessions.get(request, session, session_id, include_tokens)

@@ -21,7 +21,15 @@ from service.auth.service import PRODUCER, VIEWER, Principal, Role, authenticate
 from service.ingest import service as ingest
 from service.sessions import group as group_service
 from service.sessions import repository as repo
-from service.sessions.schemas import CallOut, FinishIn, FinishOut, SessionCreated, SessionIn, SessionOut
+from service.sessions.schemas import (
+    CallOut,
+    FinishIn,
+    FinishOut,
+    SegmentOut,
+    SessionCreated,
+    SessionIn,
+    SessionOut,
+)
 from service.sessions.upstream import sticky, upstream_urls
 from service.settings import Settings
 from service.store import arrays
@@ -39,7 +47,9 @@ def create_session(db: Session, body: SessionIn, key: Principal, settings: Setti
     if not urls:
         raise BadRequest("GRPO_CURATOR_INFERENCE_URL: the deployment names no upstream inference server",
                          status_code=503)
-    assert body.prompt_id is not None
+    if body.resume is not None:
+        return _create_resume(db, body, key, urls, root)
+    assert body.prompt_id is not None and body.group_id is not None and body.group_size is not None
     if body.prompt is not None:
         key.check_dataset(body.prompt.dataset, "prompt.dataset")
         ingest.check_refs(db, body.prompt, "prompt.")  # refused now, not when its group is posted
@@ -51,9 +61,8 @@ def create_session(db: Session, body: SessionIn, key: Principal, settings: Setti
         if dataset is None or not key.allows_dataset(dataset):
             raise BadRequest(f"prompt_id: unknown prompt {body.prompt_id!r}; post it to /v1/prompts first or "
                              "send 'prompt' inline", status_code=422)
-    group_service.sweep(db, settings)  # groups past their deadline go in with the sessions they have
-    repo.lock_group(db, body.group_id)
-    _check_group(db, body)
+    repo.lock_group(db, body.group_id)  # only its own group: other overdue groups are the worker's sweep
+    _check_group(db, body, settings)
     session_id, digest, token = new_session_token()
     repo.insert_session(db, {
         "id": session_id, "secret_hash": digest, "group_id": body.group_id, "group_size": body.group_size,
@@ -66,7 +75,36 @@ def create_session(db: Session, body: SessionIn, key: Principal, settings: Setti
     return SessionCreated(session_id=session_id, base_url=f"{root}v1/sessions/{session_id}", api_key=token)
 
 
-def _check_group(db: Session, body: SessionIn) -> None:
+def _create_resume(db: Session, body: SessionIn, key: Principal, urls: list[str], root: str) -> SessionCreated:
+    """A session that continues a cut member from its resume slot's checkpoint (docs/agents.md, "Resume a
+    cut member"): its trajectory starts from the checkpoint and its finish fills the slot."""
+    assert body.resume is not None
+    gid, idx = body.resume.group_id, body.resume.index
+    g, req = group_service.resume_slot(db, gid, idx, key)  # the group row locked: one create at a time
+    slot_group = f"{gid}#resume/{idx}/{req.pk}"
+    if any(s.status == "open" for s in repo.group_sessions(db, slot_group)):
+        raise Conflict(f"resume.index: slot {idx} of group {gid!r} is being resumed by an open session; finish "
+                       "it (or wait for its deadline) before starting another", detail={"group_id": gid, "index": idx})
+    checkpoint = dict(req.checkpoint or {})
+    if checkpoint.get("logprobs") is None:
+        raise BadRequest(f"resume.index: the checkpoint of slot {idx} of group {gid!r} has no logprobs; the "
+                         "gateway cannot continue it (fill the slot with POST /v1/groups/{id}/trajectories/"
+                         "{index})", status_code=422)
+    session_id, digest, token = new_session_token()
+    repo.insert_session(db, {
+        # a group id of its own: the slot's group is posted already, this session never forms one
+        "id": session_id, "secret_hash": digest, "group_id": slot_group, "group_size": 1,
+        "prompt_id": g.prompt_id, "prompt": None, "dataset": g.dataset, "policy_version": body.policy_version,
+        "metadata_": body.metadata, "producer_key": key.name, "producer_role": key.role.value,
+        "producer_datasets": sorted(key.datasets) if key.datasets is not None else None,
+        "upstream": sticky(urls, session_id), "rewards": {},
+        "resume": {"group_id": gid, "index": idx, "request_id": req.pk},
+    })
+    return SessionCreated(session_id=session_id, base_url=f"{root}v1/sessions/{session_id}", api_key=token,
+                          checkpoint=checkpoint)
+
+
+def _check_group(db: Session, body: SessionIn, settings: Settings) -> None:
     sessions = repo.group_sessions(db, body.group_id)
     if not sessions:
         if group_service.group_exists(db, body.group_id):
@@ -77,9 +115,22 @@ def _check_group(db: Session, body: SessionIn) -> None:
         if getattr(first, field) != getattr(body, field):
             raise Conflict(f"{field}: differs from the group's other sessions ({getattr(first, field)!r})",
                            detail={"group_id": body.group_id, "field": field})
+    age = (repo.now(db) - first.created_at).total_seconds()
+    if age > settings.session_group_deadline_s or any(s.status == "failed" for s in sessions):
+        raise Conflict(f"group_id: group {body.group_id!r} is past its deadline "
+                       f"(GRPO_CURATOR_SESSION_GROUP_DEADLINE_S) or failed to post; it takes no new session",
+                       detail={"group_id": body.group_id})
     if any(s.ingested_at is not None for s in sessions) or len(sessions) >= body.group_size:
         raise Conflict(f"group_id: group {body.group_id!r} has all its {body.group_size} sessions",
                        detail={"group_id": body.group_id})
+
+
+def sweep_overdue(db: Session, settings: Settings | None = None) -> int:
+    """The worker's periodic maintenance: every group past ``session_group_deadline_s`` enters scoring
+    with its finished sessions (the rule is ``group.sweep``); returns how many groups were ingested."""
+    from service.settings import get_settings
+
+    return group_service.sweep(db, settings or get_settings())
 
 
 # -- who may use a session -----------------------------------------------------------------------------
@@ -115,25 +166,76 @@ def authorize(request: Request, db: Session, session_id: str, need: Role, lock: 
 
 
 # -- finish ----------------------------------------------------------------------------------------------
-def end_reason(row: Any, asked: str | None, error: str | None, elapsed_s: float, settings: Settings) -> str:
-    """The session's finish_reason: an environment failure wins (never a negative); then the model's tool
-    misuse the gateway saw (a right negative); then the wall-time limit; then what the agent said."""
+# keys the gateway writes into a session trajectory's metadata: no reward may take them either
+GATEWAY_METADATA_KEYS = frozenset({"session_id", "tool_misuse", "calls", "checkpoint", "resumed_from",
+                                   "prefix_mismatch", "source", "sessions", "left_out_sessions",
+                                   "missing_sessions", "policy_version_mismatch", "segment_marks"})
+
+
+def end_reason(row: Any, asked: str | None, error: str | None, elapsed_s: float, settings: Settings,
+               answered: bool = True) -> str:
+    """The session's finish_reason: the model's tool misuse the gateway saw wins over anything the agent
+    claims (a right negative); a session with no answered call is the environment's (nothing the model
+    generated to train on); then an environment failure the agent reports (never a negative); then the
+    wall-time limit; then what the agent said."""
+    if row.misuse is not None:
+        return "tool_misuse"
+    if not answered:
+        return "env_error"
     if asked in ENVIRONMENT_REASONS:
         return asked
     if asked is None and error is not None:
         return "env_error"
-    if row.misuse is not None:
-        return "tool_misuse"
     if elapsed_s > settings.session_max_seconds:
         return "timeout"
     return asked or "stop"
 
 
 def close(db: Session, row: Any, reason: str, error: str | None = None) -> None:
+    """End the session as ``reason``, except that a tool misuse the gateway saw always ends it as
+    ``tool_misuse`` (the model's failure, whatever ends the session after it: a limit, the upstream, the
+    deadline, the agent)."""
+    if row.misuse is not None:
+        reason = "tool_misuse"
     row.status, row.finish_reason, row.finished_at = "finished", reason, repo.now(db)
     if error is not None:
         row.error = error
     db.flush()
+
+
+def check_rewards(row: Any, rewards: dict[str, float]) -> None:
+    """The producer's session metadata (and the gateway's own keys) are never agent-writable: a reward key
+    that collides with one is a 422 naming it."""
+    for k in rewards:
+        if k in (row.metadata_ or {}) or k in GATEWAY_METADATA_KEYS:
+            raise BadRequest(f"rewards.{k}: collides with a session metadata key (the producer's or the "
+                             "gateway's); name the reward component otherwise", status_code=422)
+
+
+ANSWER_OPENERS = frozenset(':=>([{"\'`*')
+
+
+def _opens_answer(before: str) -> bool:
+    """Whether an answer cut off after ``before`` keeps its value: whitespace or an opening delimiter."""
+    return before.isspace() or before in ANSWER_OPENERS
+
+
+def check_final_answer(final_answer: str | None, texts: list[str]) -> None:
+    """The answer scored is the model's own last word: a ``final_answer`` must be the text of the session's
+    last answered completion (both stripped of surrounding whitespace), or a suffix of it right after
+    whitespace or a character that opens an answer (``: = > ( [ { " ' ` *``): ``"\\boxed{5}"`` or ``"5"`` out
+    of ``"so it is 5"`` or ``"x=5"``, never ``"5"`` out of ``"15"``, ``"-5"``, ``"1.5"``, ``"10^5"`` or
+    ``"3,5"`` (a sign, point, power or separator before it changes the value). The agent may cut the answer
+    off the end of what the model said, never pick it out of the middle nor write its own."""
+    if final_answer is None or not final_answer.strip():
+        return
+    answer, last = final_answer.strip(), (texts[-1] if texts else "").strip()
+    cut = len(last) - len(answer)
+    if last.endswith(answer) and (cut == 0 or _opens_answer(last[cut - 1])):
+        return
+    raise BadRequest("final_answer: not the end of the model's last completion in this session (send its "
+                     "text, or a suffix of it that does not start inside a word; or leave it out to score the "
+                     "last completion's text)", status_code=422)
 
 
 def finish(request: Request, db: Session, session_id: str, body: FinishIn, settings: Settings) -> FinishOut:
@@ -141,13 +243,48 @@ def finish(request: Request, db: Session, session_id: str, body: FinishIn, setti
     repo.lock_group(db, row.group_id)
     row = repo.get_session(db, session_id, lock=True)
     if row.status == "open":
+        texts = repo.answered_texts(db, session_id)
+        check_rewards(row, body.rewards)
+        check_final_answer(body.final_answer, texts)
         elapsed = (repo.now(db) - row.created_at).total_seconds()
         row.final_answer = body.final_answer
         row.rewards = body.rewards
-        close(db, row, end_reason(row, body.finish_reason, body.error, elapsed, settings), body.error)
+        error = body.error
+        if not texts and row.misuse is None:
+            error = error or "no answered call: nothing the model generated to train on"
+        close(db, row, end_reason(row, body.finish_reason, body.error, elapsed, settings, answered=bool(texts)),
+              error)
     ingested = group_service.ingest_if_complete(db, row.group_id, settings)
     return FinishOut(session_id=row.id, status=row.status, finish_reason=row.finish_reason or "stop",
                      group_ingested=ingested)
+
+
+# -- segment ---------------------------------------------------------------------------------------------
+def segment(request: Request, db: Session, session_id: str) -> SegmentOut:
+    """The agent's summary checkpoint: the session's next call starts a new segment of its one trajectory
+    (stored as a call row of kind ``segment`` at the next index, so it is durable and ordered with the calls;
+    it counts against no limit). A mark with no answered call since the last one changes nothing."""
+    row = authorize(request, db, session_id, PRODUCER, lock=True)
+    if row.status != "open":
+        raise Conflict(f"session_id: the session has ended ({row.finish_reason})",
+                       detail={"finish_reason": row.finish_reason})
+    if row.resume is not None:
+        raise Conflict("session_id: a resume session continues one checkpoint; it cannot be segmented",
+                       detail={"session_id": session_id})
+    calls = repo.calls(db, session_id)
+    since = [c for c in calls[_last_mark(calls) + 1:] if c.completion_ids is not None]
+    if since:
+        repo.insert_call(db, {"session_id": session_id, "idx": row.n_calls, "kind": repo.SEGMENT_MARK,
+                              "request": {}, "upstream": row.upstream, "attempts": 1, "latency_ms": 0.0})
+        row.n_calls += 1
+        calls = repo.calls(db, session_id)
+    db.flush()
+    marks = sum(c.kind == repo.SEGMENT_MARK for c in calls)
+    return SegmentOut(session_id=session_id, marks=marks, marked=bool(since))
+
+
+def _last_mark(calls: list[Any]) -> int:
+    return max((i for i, c in enumerate(calls) if c.kind == repo.SEGMENT_MARK), default=-1)
 
 
 # -- read ------------------------------------------------------------------------------------------------
@@ -157,8 +294,9 @@ def _iso(t: datetime | None) -> str | None:
 
 def get(request: Request, db: Session, session_id: str, include_tokens: bool) -> SessionOut:
     row = authorize(request, db, session_id, VIEWER)
-    calls = []
+    calls, marks = [], 0
     for c in repo.calls(db, session_id):
+        marks += c.kind == repo.SEGMENT_MARK
         prompt = arrays.decode_list(c.prompt_ids, arrays.TOKEN_DTYPE)
         completion = arrays.decode_list(c.completion_ids, arrays.TOKEN_DTYPE)
         calls.append(CallOut(
@@ -170,9 +308,9 @@ def get(request: Request, db: Session, session_id: str, include_tokens: bool) ->
             logprobs=arrays.decode_list(c.logprobs, arrays.LOGPROB_DTYPE) if include_tokens else None,
         ))
     return SessionOut(
-        session_id=row.id, group_id=row.group_id, group_size=row.group_size, prompt_id=row.prompt_id,
+        session_id=row.id, group_id=row.resume["group_id"] if row.resume else row.group_id, group_size=row.group_size, prompt_id=row.prompt_id,
         policy_version=row.policy_version, status=row.status, finish_reason=row.finish_reason,
-        final_answer=row.final_answer, error=row.error, misuse=row.misuse, n_calls=row.n_calls,
+        final_answer=row.final_answer, error=row.error, misuse=row.misuse, n_calls=row.n_calls - marks,
         n_tokens=row.n_tokens, created_at=row.created_at.isoformat(), finished_at=_iso(row.finished_at),
         ingested=row.ingested_at is not None, calls=calls,
     )

@@ -11,7 +11,7 @@ from filters.policy import CurationPolicySpec
 from reward_models.spec import RewardSpec
 from service.api.deps import SessionDep, SettingsDep
 from service.api.schemas import Name, PathName, VersionQuery
-from service.auth.service import ADMIN, VIEWER, allow
+from service.auth.service import ADMIN, TRAINER, VIEWER, allow
 from service.specs import service as specs
 
 router = APIRouter(prefix="/v1", tags=["specs"])
@@ -46,7 +46,7 @@ def post_reward_spec(body: RewardSpec, session: SessionDep, settings: SettingsDe
     return VersionOut(name=v.name, version=v.version)
 
 
-@router.get("/reward-specs/{name:path}", response_model=VersionedOut, dependencies=[allow(VIEWER)])
+@router.get("/reward-specs/{name:path}", response_model=VersionedOut, dependencies=[allow(VIEWER, TRAINER)])
 def get_reward_spec(name: PathName, session: SessionDep, version: VersionQuery = None) -> VersionedOut:
     v = specs.get_versioned(session, "reward_spec", name, version)
     return VersionedOut(name=v.name, version=v.version, body=v.body)

@@ -146,3 +146,48 @@ def cells_at(session: Session, dim: str, cells: Sequence[tuple[str, str]], bucke
         tuple_(StatsCell.key, StatsCell.dataset).in_(list(cells)),
     )
     return list(session.execute(stmt))
+
+
+_REMEDY_COUNTS = (
+    "SELECT d.action, d.rule, count(*) FROM decisions d JOIN groups g ON g.pk = d.group_pk"
+    " WHERE d.rule LIKE 'remedy\\_%' AND (CAST(:dataset AS text) IS NULL OR g.dataset = :dataset)"
+    " AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since) GROUP BY d.action, d.rule"
+)
+
+
+def remedy_counts(session: Session, dataset: str | None, since: Any) -> list[tuple[str, str, int]]:
+    """(remedy, rule, decision rows) of the remedy log (service.curation.remedies)."""
+    return [(a, r, int(n)) for a, r, n in session.execute(text(_REMEDY_COUNTS), {"dataset": dataset, "since": since})]
+
+
+# the archived groups' share of the rollup (service.archive): added to like stats_cells, read by a rebuild
+_UPSERT_ARCHIVED = text(
+    "INSERT INTO stats_archived_cells AS c (dim, key, dataset, bucket, counters)"
+    " SELECT * FROM unnest(CAST(:dims AS text[]), CAST(:keys AS text[]), CAST(:datasets AS text[]),"
+    " CAST(:buckets AS timestamptz[]), CAST(CAST(:counters AS text[]) AS jsonb[])) ORDER BY 1, 2, 3, 4"
+    " ON CONFLICT (dim, key, dataset, bucket) DO UPDATE SET counters = ("
+    "  SELECT coalesce(jsonb_object_agg(k, s), '{}'::jsonb) FROM ("
+    "   SELECT k, sum(v) AS s FROM ("
+    "    SELECT e.key, e.value::float8 FROM jsonb_each_text(c.counters) AS e"
+    "    UNION ALL SELECT e.key, e.value::float8 FROM jsonb_each_text(excluded.counters) AS e) AS u(k, v)"
+    "   GROUP BY k HAVING abs(sum(v)) > 1e-12) AS merged)"
+)
+
+
+def add_to_archived_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:
+    """Add ``counters`` to each archived cell (created when missing)."""
+    if not cells:
+        return
+    keys = sorted(cells)
+    session.execute(_UPSERT_ARCHIVED, {
+        "dims": [k[0] for k in keys], "keys": [k[1] for k in keys], "datasets": [k[2] for k in keys],
+        "buckets": [k[3] for k in keys], "counters": [orjson.dumps(cells[k]).decode() for k in keys],
+    })
+
+
+def archived_cells(session: Session) -> list[Any]:
+    """Every archived cell: (dim, key, dataset, bucket, counters); none before migration 0011 (a rebuild run
+    by an older migration)."""
+    if session.execute(text("SELECT to_regclass('stats_archived_cells')")).scalar_one() is None:
+        return []
+    return list(session.execute(text("SELECT dim, key, dataset, bucket, counters FROM stats_archived_cells")))

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from service.api.deps import SessionDep
 from service.auth.service import ADMIN, VIEWER, allow
@@ -66,6 +66,9 @@ class StatsOut(BaseModel):
     dataset: str | None
     since: str | None
     rows: list[StatsRow]
+    remedies: dict[str, dict[str, int]] | None = Field(
+        None, description="remedy decision rows by remedy (resample, resume) and step (requested, filled, "
+                          "unfilled, exhausted)")
 
 
 class RebuildOut(BaseModel):

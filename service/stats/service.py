@@ -46,7 +46,7 @@ __all__ = ["ALPHA", "QUANTILES", "bucket_of", "bucket_value", "quantiles"]  # re
 StatsBy = Literal["policy_version", "dataset", "component", "finish_reason"]
 STATS_BY: tuple[str, ...] = get_args(StatsBy)
 
-_EXCLUDED = ("drop", "resample")
+_EXCLUDED = ("drop", "resample", "resume")
 _ZERO_VARIANCE = "zero_variance"
 
 Counters = dict[str, float]
@@ -81,7 +81,7 @@ def add_trajectory(c: Counters, sign: float, fact: Any, zero_variance: bool) -> 
     if total is not None:
         _add(c, sign, _TOTAL_KEYS, (1.0, total, total * total, length, length * length, length * total))
         _add(c, sign, (f"h.t.{bucket_of(total)}",), (1.0,))
-    if outcome is not None:
+    if outcome is not None and action != "mask":  # pass_rate: a masked member is out, as in the baseline
         _add(c, sign, ("o.n", "o.s"), (1.0, outcome))
     if zero_variance:
         _add(c, sign, ("zv",), (1.0,))
@@ -256,11 +256,20 @@ def retract_groups(session: Session, group_pks: Sequence[int]) -> None:
     _apply(session, group_pks, -1.0)
 
 
+def record_archived(session: Session, group_pks: Sequence[int]) -> None:
+    """The curated groups among ``group_pks`` are about to leave the hot tables (service.archive): call it
+    *before* their rows are deleted, same transaction. Their counters stay in ``stats_cells`` as they are
+    and are also kept in ``stats_archived_cells``, which ``rebuild`` starts from."""
+    repo.add_to_archived_cells(session, cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)))))
+
+
 def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
     """Recompute the whole rollup from the stored groups (other writers wait for it)."""
     repo.lock_cells(session)
     repo.delete_cells(session)
     cells: dict[CellKey, Counters] = {}
+    for dim, key, dataset, bucket, counters in repo.archived_cells(session):  # archived groups stay counted
+        merge_into(cells.setdefault((dim, key, dataset, bucket), {}), counters)
     after, groups = 0, 0
     while pks := repo.curated_group_pks(session, after, chunk):
         part = cell_counters(repo.trajectory_facts(session, pks))
@@ -384,4 +393,14 @@ def get_stats(
         rows = [row for _key, rows_ in keyed for row in rows_]
     else:
         rows = [{"key": key, **row} for key, rows_ in sorted(keyed, key=lambda kr: kr[0]) for row in rows_]
-    return {"by": by, "dataset": dataset, "since": hour.isoformat() if hour else None, "rows": rows}
+    return {"by": by, "dataset": dataset, "since": hour.isoformat() if hour else None, "rows": rows,
+            "remedies": remedies(session, dataset, hour)}
+
+
+def remedies(session: Session, dataset: str | None, since: datetime | None) -> dict[str, dict[str, int]]:
+    """Decision rows of the remedies, by remedy (resample / resume) and step: ``requested``, ``filled``,
+    ``unfilled`` (the deadline passed), ``exhausted`` (cut again past the bound)."""
+    out: dict[str, dict[str, int]] = {}
+    for action, rule, n in repo.remedy_counts(session, dataset, since):
+        out.setdefault(action, {})[rule.removeprefix("remedy_")] = n
+    return out

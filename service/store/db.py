@@ -12,10 +12,11 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import orjson
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.settings import Settings, get_settings
@@ -70,32 +71,65 @@ def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
-def get_engine(url: str | None = None) -> Engine:
-    settings = get_settings()
-    url = url or resolve_database_url(settings)
+def _cached_engine(url: str, settings: Settings, options: str | None = None) -> Engine:
+    """One engine per (URL, connection options) for the process: the pool settings and JSON codecs every
+    engine of the project shares."""
+    key = url if options is None else f"{url}#{options}"
     with _lock:
-        if url not in _engines:
-            _engines[url] = create_engine(
+        if key not in _engines:
+            _engines[key] = create_engine(
                 url,
                 pool_size=settings.db_pool_size,
                 max_overflow=settings.db_max_overflow,
                 pool_pre_ping=True,
                 json_serializer=_json_dumps,
                 json_deserializer=orjson.loads,
+                **({"connect_args": {"options": options}} if options is not None else {}),
             )
-        return _engines[url]
+        return _engines[key]
+
+
+def get_engine(url: str | None = None) -> Engine:
+    settings = get_settings()
+    return _cached_engine(url or resolve_database_url(settings), settings)
+
+
+def worker_options(settings: Settings | None = None) -> str:
+    """The server-side bounds of a score / curate worker's connections (libpq ``options``): a transaction
+    left idle longer than ``worker_idle_in_transaction_s`` (its worker frozen: SIGSTOP, a VM pause, a
+    partition) is ended by the server, its locks with it -- the refund lock above all, so a frozen worker
+    blocks other workers' crash recovery at most that long -- and a statement waits for a lock at most
+    ``worker_lock_timeout_s``."""
+    settings = settings or get_settings()
+    idle = max(1, round(settings.worker_idle_in_transaction_s * 1000))
+    lock = max(1, round(settings.worker_lock_timeout_s * 1000))
+    return f"-c idle_in_transaction_session_timeout={idle} -c lock_timeout={lock}"
+
+
+def worker_engine(url: str | None = None, settings: Settings | None = None) -> Engine:
+    """An engine for a score / curate worker: ``get_engine``'s, with ``worker_options`` on every
+    connection (the API's connections keep no such bound: a slow export's client is not a frozen worker)."""
+    settings = settings or get_settings()
+    return _cached_engine(url or resolve_database_url(settings), settings, worker_options(settings))
 
 
 def dispose_engine(url: str) -> None:
-    """Close the pooled connections of ``url``'s engine and forget it (a database that is done with)."""
+    """Close the pooled connections of ``url``'s engines and forget them (a database that is done with)."""
     with _lock:
-        engine = _engines.pop(url, None)
-    if engine is not None:
+        engines = [_engines.pop(k) for k in list(_engines) if k == url or k.startswith(url + "#")]
+    for engine in engines:
         engine.dispose()
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock: every time that SQL compares with ``clock_timestamp()`` (a retry's ``retry_at``,
+    a wait's ``wait_until``, a curation's ``curated_at``) is taken from it, never from the process's own clock
+    (a worker's clock may be skewed from the database's)."""
+    return session.execute(text("SELECT clock_timestamp()")).scalar_one()
 
 
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:

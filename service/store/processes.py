@@ -3,6 +3,9 @@
 - ``exit_on_signals()``: SIGTERM / SIGHUP end the process through ``SystemExit``, so ``finally`` blocks
   and ``atexit`` hooks (the embedded PostgreSQL's stop among them) run. uvicorn re-raises the signal it
   caught after its own shutdown, into the handler installed before it, so ``serve`` exits cleanly too.
+- ``hangup_as_terminate()``: uvicorn catches SIGINT and SIGTERM only; a SIGHUP's ``SystemExit`` raised inside
+  its running event loop can be swallowed by a task and leave ``serve`` running. ``serve`` turns SIGHUP into
+  SIGTERM, so a hang-up takes uvicorn's graceful shutdown like a ``kill``.
 - ``prune_dead_handles(pgdata)``: the embedded server (``pgserver``) is stopped by the last process that
   uses it, counted in a pid file; a process killed with SIGKILL stays in that file forever and the server
   would never stop. Dead pids are removed before attaching and again at exit, so the last *live* user
@@ -40,6 +43,16 @@ def exit_on_signals() -> None:
             signal.signal(sig, _raise_exit)
         except ValueError:  # not the main thread
             return
+
+
+def _hangup_to_terminate(_signum: int, _frame: FrameType | None) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def hangup_as_terminate() -> None:
+    """SIGHUP sends this process SIGTERM: whoever handles SIGTERM (uvicorn's graceful shutdown while it
+    serves, ``exit_on_signals`` before and after) handles a hang-up the same way. Main thread only."""
+    signal.signal(signal.SIGHUP, _hangup_to_terminate)
 
 
 def pid_alive(pid: int) -> bool:

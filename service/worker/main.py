@@ -10,9 +10,10 @@ import threading
 from reward_models.sandbox_backend import describe_backend
 from reward_models.sandbox_settings import get_sandbox_settings
 from reward_models.scoring import Scorer
+from service.archive.service import start_schedule as start_archive
 from service.observability.metrics import serve_metrics
 from service.settings import Settings, get_settings
-from service.store.db import get_engine, make_sessionmaker
+from service.store.db import get_engine, make_sessionmaker, worker_engine
 from service.worker.pipeline import PipelineConfig, run_forever
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,15 @@ class WorkerThread:
 
     def __init__(self, settings: Settings, url: str) -> None:
         self.settings = settings
-        self.factory = make_sessionmaker(get_engine(url))
+        self.factory = make_sessionmaker(worker_engine(url, settings))  # bounded transactions (worker_options)
+        self.url = url
         self.stop = threading.Event()
         self.scorer: Scorer | None = None
         self.thread = threading.Thread(target=self._run, name="score-worker", daemon=True)
 
     def _run(self) -> None:
         s = self.settings
+        start_archive(get_engine(self.url), s, self.stop)
         log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
         self.scorer = Scorer(processes=s.worker_processes, timeout_s=s.component_timeout_s, memory_mb=s.component_memory_mb,
                              judge_endpoints=s.judge_endpoints)
@@ -65,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     url = resolve_database_url(settings)
     upgrade(url)
     log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
-    factory = make_sessionmaker(get_engine(url))
+    factory = make_sessionmaker(worker_engine(url, settings))  # bounded transactions (worker_options)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    start_archive(get_engine(url), settings, stop)
     log.info("score-worker: %d verifier processes, batches of %d groups", args.processes, args.batch)
     with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb,
                 judge_endpoints=settings.judge_endpoints) as scorer:

@@ -10,9 +10,11 @@
 - **Isolation.** Every failure is one group's: a spec that cannot be resolved, component errors, a scorer
   that raises, a curation that raises -> that group is retried or marked (``reward_error`` /
   ``curation_error``) with a decision naming the cause, and the worker moves on. Attempts are counted
-  at claim time, so a group that kills its worker runs out of attempts too; a group whose last attempt
-  did not finish is claimed alone, so it burns only its own attempts, not its claim neighbours'; a batch
-  whose worker died gets that attempt back (``repo.refund_dead_batches``: no group's fault, no backoff).
+  at claim time; every group of a claim whose worker died gets that attempt back
+  (``repo.refund_dead_batches``: a death is no scoring failure, no backoff), and the dead claim is split in
+  halves, each claimed again together (bisection), so a poison group ends up alone; one whose worker died
+  while it was claimed alone more than ``max_solo_deaths`` times is the killer (``reward_error``), and its
+  neighbours' attempts are never spent on it.
 - **Heartbeat.** While scoring, the worker renews its claim (``ClaimHeartbeat``), so a batch slower than
   ``claim_seconds`` is not taken over while its worker lives; so the claim can be short (30 s) and a dead
   worker's groups are claimed again within it.
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -34,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reward_models.scoring import Scorer
 from service.curation.service import curate
 from service.scoring import service as scoring
+from service.settings import MIN_BEAT_S
 from service.worker import repository as repo
 
 log = logging.getLogger(__name__)
@@ -48,14 +52,23 @@ class PipelineConfig:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
     claim_seconds: float = 30.0
+    max_solo_deaths: int = 3  # worker deaths forgiven a group claimed alone; one more: reward_error (the killer)
     caller_reference_specs: frozenset[str] = frozenset()  # specs that run non-admin references (opt-ins)
     worker_id: str = f"{socket.gethostname()}:{os.getpid()}"
+
+    def __post_init__(self) -> None:
+        for name in ("claim_seconds", "backoff_base_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}: expected a finite number of seconds > 0, got {value!r}")
+        if self.batch < 1 or self.max_attempts < 1:
+            raise ValueError(f"batch / max_attempts: expected at least 1, got {self.batch} / {self.max_attempts}")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> PipelineConfig:
         values = {"batch": settings.worker_batch_groups, "max_attempts": settings.max_score_attempts,
                   "backoff_base_s": settings.score_backoff_base_s, "backoff_max_s": settings.score_backoff_max_s,
-                  "claim_seconds": settings.score_claim_seconds,
+                  "claim_seconds": settings.score_claim_seconds, "max_solo_deaths": settings.max_solo_deaths,
                   "caller_reference_specs": frozenset(settings.caller_reference_specs)}
         return cls(**(values | overrides))
 
@@ -106,7 +119,7 @@ class ClaimHeartbeat:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        while not self._stop.wait(max(0.05, self.claim_seconds / 3)):
+        while not self._stop.wait(max(MIN_BEAT_S, self.claim_seconds / 3)):
             try:
                 with self.factory.begin() as session:
                     if repo.extend_claim(session, self.token, self.claim_seconds) == 0:
@@ -115,24 +128,53 @@ class ClaimHeartbeat:
                 log.warning("claim heartbeat of %s failed", self.token, exc_info=True)
 
 
+def _killer_decisions(session: Session, rows: list[tuple[int, int]]) -> None:
+    from service.curation.service import record_decisions
+
+    record_decisions(session, [
+        {"group_pk": pk, "idx": None, "policy_name": None, "policy_version": None, "action": "drop",
+         "rule": "reward_error",
+         "reason": f"its score worker died {n} times while it was scored alone: the likely killer of its worker"}
+        for pk, n in rows
+    ])
+
+
 def score_pass(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig) -> PassResult:
     """Claim received groups (commit), score them outside any transaction, write + curate (commit)."""
     token = f"{cfg.worker_id}:{uuid.uuid4().hex[:12]}"
+    with factory.begin() as session:  # its own short transaction: the refund's lock ends with it
+        repo.refund_dead_batches(session)
     with factory.begin() as session:
         exhausted = repo.fail_exhausted(session, cfg.max_attempts)
         scoring.exhausted_decisions(session, exhausted)
-        pks = repo.claim_received(session, token, cfg.batch, cfg.claim_seconds, cfg.max_attempts)
+        pks = repo.claim_received(session, token, cfg.batch, cfg.claim_seconds, cfg.max_attempts,
+                                  cfg.max_solo_deaths, refund=False)
+        killers = repo.fail_killers(session, cfg.max_solo_deaths)
+        _killer_decisions(session, killers)
+        exhausted += killers
     if not pks:
         return PassResult(failed=len(exhausted))
     with factory() as session:  # a short read; closed (no transaction) before scoring starts
         job = scoring.prepare(session, token, pks, cfg.caller_reference_specs)
     with ClaimHeartbeat(factory, token, cfg.claim_seconds):  # a slow batch keeps its claim
         scoring.score_job(scorer, job)
-    with factory.begin() as session:
-        out = scoring.write(session, job, cfg.max_attempts, cfg.backoff)
-        counts = curate(session, out.scored)
+    out, counts = write_back(factory, job, cfg)
     return PassResult(len(out.scored), out.retried, out.failed + len(exhausted), counts.get("ready", 0),
                       counts.get("dropped", 0), counts.get("curation_error", 0), out.fenced)
+
+
+def write_back(factory: sessionmaker[Session], job: scoring.Job, cfg: PipelineConfig) -> tuple[Any, dict[str, int]]:
+    """Write a scored job and curate what it scored (one transaction). Groups whose claim was taken for
+    dead while this worker lived (fenced) take back the death it counted (``repo.take_back_deaths``)."""
+    with factory.begin() as session:
+        out = scoring.write(session, job, cfg.max_attempts, cfg.backoff)
+        if out.fenced:  # this worker lives: a death counted for its lapsed claim was none
+            revived = repo.take_back_deaths(session, job.token, [g.pk for g in job.groups], cfg.max_solo_deaths)
+            if revived:
+                log.warning("claim %s lapsed while its worker lived: %d group(s) take a death back",
+                            job.token, len(revived))
+        counts = curate(session, out.scored)
+    return out, counts
 
 
 def curate_pass(session: Session, batch: int) -> PassResult:
@@ -154,13 +196,16 @@ def run_once(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig
 
 
 def _maintain(factory: sessionmaker[Session]) -> None:
-    """Expired leases go back to ready; ready groups past their policy's staleness leave the queue.
+    """Expired leases go back to ready; ready groups past their policy's staleness leave the queue;
+    session groups past their deadline enter scoring with the sessions they have.
     Each task in its own transaction, and a failing one is logged, never raised: maintenance must not
     undo the other task's work or block scoring."""
     from service.alerts.service import evaluate_due
+    from service.curation.service import expire_waits
     from service.delivery.service import drop_stale, reap_expired
+    from service.sessions.service import sweep_overdue
 
-    for task in (reap_expired, drop_stale, evaluate_due):
+    for task in (reap_expired, drop_stale, evaluate_due, sweep_overdue, expire_waits):
         try:
             with factory.begin() as session:
                 task(session)

@@ -10,9 +10,6 @@ from hypothesis import strategies as st
 
 from filters.curate import curate_group, curate_groups
 from filters.types import (
-    ACTIONS,
-    ENVIRONMENT_ACTIONS,
-    ENVIRONMENT_REASONS,
     FINISH_REASONS,
     AdvantageConfig,
     CurationPolicy,
@@ -21,6 +18,7 @@ from filters.types import (
     TrajectoryScore,
     ZeroVariance,
 )
+from filters.types import actions_for as allowed_actions
 
 REWARDS = st.sampled_from([None, 0.0, 0.25, 0.5, 1.0, 1.5, -1.0])
 OUTCOMES = st.sampled_from([None, 0.0, 1.0])
@@ -53,7 +51,7 @@ def groups(draw: st.DrawFn, gid: int) -> GroupScore:
 
 def actions_for(reason: str) -> st.SearchStrategy[str]:
     """Every action a policy may give `reason` (the environment's: drop / resample only)."""
-    return st.sampled_from(ENVIRONMENT_ACTIONS if reason in ENVIRONMENT_REASONS else ACTIONS)
+    return st.sampled_from(allowed_actions(reason))
 
 
 def action_maps(complete: bool = False) -> st.SearchStrategy[dict[str, str]]:
@@ -107,6 +105,8 @@ def assert_same(fast: GroupDecision, ref: GroupDecision) -> None:
         assert (f.index, f.action, f.reason) == (r.index, r.action, r.reason)
         assert _close(f.advantage, r.advantage) and _close(f.reward_used, r.reward_used)
         assert type(f.advantage) is float
+        assert len(f.segment_advantages) == len(r.segment_advantages)
+        assert all(_close(a, b) for a, b in zip(f.segment_advantages, r.segment_advantages, strict=True))
 
 
 def reference(

@@ -22,6 +22,7 @@ from filters.types import (
     GroupScore,
     TrajectoryScore,
     ZeroVariance,
+    actions_for,
 )
 
 
@@ -168,7 +169,7 @@ def _finish_reason_case(
 
 
 ALLOWED = [
-    (f, a) for f in FINISH_REASONS for a in ACTIONS if f not in ENVIRONMENT_REASONS or a in ENVIRONMENT_ACTIONS
+    (f, a) for f in FINISH_REASONS for a in actions_for(f)
 ]
 
 
@@ -188,6 +189,7 @@ def test_every_finish_reason_and_action(finish_reason: str, action: str, masked_
         "penalize": [1.0, 0.0, 1.0, 0.0],
         "drop": [1.0, 0.0, 1.0],
         "resample": [1.0, 0.0, 1.0],
+        "resume": [1.0, 0.0, 1.0],  # out of the baseline like resample until its continuation fills the slot
     }[action]
     expected = grpo_advantages(np.array(baseline)).tolist() + [0.0] * (4 - len(baseline))
     if action == "mask":

@@ -62,15 +62,16 @@ completers = st.lists(
 
 
 @st.composite
-def cut_policies(draw: st.DrawFn, cut_action: str) -> CurationPolicy:
-    """Random policies (masked_in_baseline left at its default) with `length` -> cut_action."""
+def cut_policies(draw: st.DrawFn, cut_action: str, reason: str = "length") -> CurationPolicy:
+    """Random policies (masked_in_baseline left at its default) with `reason` -> cut_action; the remedies'
+    wait (0: trained at once) and resume bound vary too (an exhausted resume stays out of the baseline)."""
     return CurationPolicy(
         zero_variance=ZeroVariance(
             metric=draw(st.sampled_from(["outcome", "total", "format"])),
             action=draw(st.sampled_from(["drop", "keep"])),
             pass_rate_band=draw(st.sampled_from([None, (0.2, 0.8)])),
         ),
-        finish_reason_actions={"length": cut_action},
+        finish_reason_actions={reason: cut_action},
         min_group_size=draw(st.integers(1, 4)),
         advantage=draw(
             st.sampled_from(
@@ -81,19 +82,23 @@ def cut_policies(draw: st.DrawFn, cut_action: str) -> CurationPolicy:
         overlong_buffer=draw(st.sampled_from([0.0, 0.2, 10.0])),
         reward_error=draw(st.sampled_from(["drop", "drop_group"])),
         soft_overlong=draw(st.booleans()),
+        segment_advantage=draw(st.sampled_from(["broadcast", "divide", "discount"])),
+        max_resumes=draw(st.integers(0, 3)),
+        resample_wait_seconds=draw(st.sampled_from([0, 300])),
     )
 
 
-@pytest.mark.parametrize("cut_action", ["mask", "drop", "resample"])
+@pytest.mark.parametrize("reason", ["length", "max_turns"])
+@pytest.mark.parametrize("cut_action", ["mask", "drop", "resample", "resume"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), members=completers, cut_reward=st.sampled_from([None, 0.0, 1.0]))
 def test_adding_a_cut_member_never_changes_the_completers(
-    cut_action: str, data: st.DataObject, members: list, cut_reward: float | None
+    reason: str, cut_action: str, data: st.DataObject, members: list, cut_reward: float | None
 ) -> None:
-    policy = data.draw(cut_policies(cut_action))
+    policy = data.draw(cut_policies(cut_action, reason))
     before = [_member(i, fr, r, n) for i, (fr, r, n) in enumerate(members)]
     at = data.draw(st.integers(0, len(before)))
-    cut = _member(99, "length", cut_reward, BUDGET)
+    cut = _member(99, reason, cut_reward, data.draw(st.sampled_from([BUDGET, 3 * BUDGET])))
     with_cut = _group(before[:at] + [cut] + before[at:])
     try:
         expected = curate_group(_group(before), policy, None)

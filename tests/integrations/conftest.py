@@ -40,16 +40,35 @@ SPEC = {
 
 @pytest.fixture(scope="session")
 def service(make_db: Callable[..., str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    path = Path(tmp_path_factory.mktemp("fn")) / "user_reward.py"
-    path.write_text(USER_FUNCTIONS)
-    env = {"GRPO_CURATOR_PYTHON_FUNCTIONS": json.dumps({"mine": str(path), "hang": f"{path}:hang",
-                                                         "checksum": f"{path}:checksum"}),
-           "GRPO_CURATOR_COMPONENT_TIMEOUT_S": "2", "GRPO_CURATOR_WORKER_PROCESSES": "2",
-           # below the adapters' first chunk (256): every adapter must learn the limit from the 413
-           "GRPO_CURATOR_MAX_SCORE_ITEMS": str(MAX_SCORE_ITEMS)}
-    server = start_server(make_db(), env=env)
+    server = start_server(make_db(), env=service_env(Path(tmp_path_factory.mktemp("fn"))))
     try:
         assert httpx.post(f"{server.url}/v1/reward-specs", json=SPEC).status_code == 201
         yield server
     finally:
         stop_server(server)
+
+
+def service_env(folder: Path) -> dict[str, str]:
+    """The integration service's settings, its allowlisted functions written into ``folder``."""
+    path = folder / "user_reward.py"
+    path.write_text(USER_FUNCTIONS)
+    return {"GRPO_CURATOR_PYTHON_FUNCTIONS": json.dumps({"mine": str(path), "hang": f"{path}:hang",
+                                                         "checksum": f"{path}:checksum"}),
+           "GRPO_CURATOR_COMPONENT_TIMEOUT_S": "2", "GRPO_CURATOR_WORKER_PROCESSES": "2",
+           # below the adapters' first chunk (256): every adapter must learn the limit from the 413
+           "GRPO_CURATOR_MAX_SCORE_ITEMS": str(MAX_SCORE_ITEMS)}
+
+
+ALPHABET = "0123456789+*=? abcdefghijklmnopqrstuvwxyz<>/"
+
+
+def char_tokenizer():
+    """One token per character; pad / eos specials; decoding joins characters back without spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "</s>", "<unk>", *ALPHABET])}
+    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    inner.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")

@@ -8,8 +8,8 @@ import sys
 import httpx
 import pytest
 
-from integrations import openrlhf, trl, verl
-from integrations._http import ScoringError
+from grpo_curator_integrations import openrlhf, trl, verl
+from grpo_curator_integrations._http import ScoringError
 from tests.conftest import ROOT, LiveServer
 
 GOOD, BAD = "<answer>42</answer>", "<answer>41</answer>"
@@ -17,7 +17,7 @@ GOOD, BAD = "<answer>42</answer>", "<answer>41</answer>"
 
 def test_adapters_import_without_torch_or_server_packages() -> None:
     code = ("import sys\nfor m in ('torch', 'fastapi', 'sqlalchemy', 'uvicorn', 'transformers'): sys.modules[m] = None\n"
-            "import integrations.trl, integrations.verl, integrations.openrlhf\nprint('ok')")
+            "import grpo_curator_integrations.trl, grpo_curator_integrations.verl, grpo_curator_integrations.openrlhf\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -104,7 +104,10 @@ def test_trl_reward_funcs_named_weighted_and_none_on_error(service: LiveServer) 
     correct, fmt = funcs
     prompts, completions = ["q1", "q2", "q3"], [GOOD, "42", GOOD]
     assert correct(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 1.0, None]
-    assert fmt(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 0.0, 1.0]
+    # all or nothing (default): the row without a total is None from every function, so TRL masks it
+    assert fmt(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 0.0, None]
+    _, loose_fmt = trl.reward_funcs("integ", url=service.url, all_or_nothing=False)[0]
+    assert loose_fmt(prompts, completions, [[1, 2]] * 3, answer=["42", "42", None]) == [1.0, 0.0, 1.0]
     assert correct(prompts, completions, None, solution=["41", "42", "42"]) == [0.0, 1.0, 1.0]
     assert correct(prompts, completions, None, ground_truth=[{"answer": "42"}] * 3) == [1.0, 1.0, 1.0]
     assert correct(prompts, completions, None, trainer_state=None) == [None, None, None]  # no reference column
@@ -120,7 +123,7 @@ def test_trl_reward_funcs_named_weighted_and_none_on_error(service: LiveServer) 
 # Attack: the TRL adapter took its functions and weights from one spec version and scored with another.
 
 def test_trl_reward_funcs_keep_scoring_with_the_version_their_weights_came_from(service: LiveServer) -> None:
-    from integrations import trl
+    from grpo_curator_integrations import trl
 
     v1 = {"name": "drift", "components": [
         {"name": "correct", "kind": "verifier.exact_match", "outcome": True, "params": {"extract_pattern": "(\\d+)"}},
@@ -135,3 +138,36 @@ def test_trl_reward_funcs_keep_scoring_with_the_version_their_weights_came_from(
     # today: the unpinned name resolves to v2 at scoring time -> KeyError 'fmt' inside TRL's reward loop
     # (and with the same names but new weights/params, TRL would mix v2 values with v1 weights silently)
     assert [f(prompts=prompts, completions=completions, answer=["42"]) for f in funcs] == [[1.0], [1.0]]
+
+
+def test_the_old_package_name_still_imports_with_a_deprecation_warning() -> None:
+    code = ("import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    import integrations.verl\nexcept DeprecationWarning as e:\n    print('warned', e)\n"
+            "warnings.simplefilter('ignore')\nimport integrations.verl, integrations._http, grpo_curator_integrations.verl as v\n"
+            "print(integrations.verl.compute_score is v.compute_score, integrations._http.ScoringError.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("warned") and "grpo_curator_integrations" in lines[0], out.stderr
+    assert lines[1] == "True grpo_curator_integrations._http"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALLED = [{"role": "assistant", "content": "", "tool_calls": [
+              {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "assistant", "content": "sunny"}]
+
+
+def test_adapters_pass_the_prompts_tools_to_the_builtin_agent_spec(service: LiveServer) -> None:
+    """A ``tools`` dataset column (TRL) or ``extra_info["tools"]`` (verl), a list or its JSON text, reaches
+    ``rule.tool_calls``; without it the component names what is missing."""
+    import json
+
+    funcs, _ = trl.reward_funcs("agent-tools", url=service.url)
+    tool_calls = funcs[[f.__name__ for f in funcs].index("tool_calls")]
+    prompts = [[{"role": "user", "content": "Weather in Paris?"}]] * 2
+    assert tool_calls(prompts, [CALLED] * 2, None, answer=["sunny"] * 2, tools=[TOOLS, json.dumps(TOOLS)]) == [1.0, 1.0]
+    assert tool_calls(prompts, [CALLED] * 2, None, answer=["sunny"] * 2) == [None, None]
+    # verl passes the response as text (no tool_calls messages): the tools still travel with the item
+    assert verl._item("agent", "sunny", "sunny", {"prompt": "q", "tools": json.dumps(TOOLS)})["tools"] == TOOLS
+    assert "tools" not in verl._item("agent", "sunny", "sunny", {"prompt": "q", "tools": "not json"})

@@ -8,24 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
+from tests.integrations.conftest import char_tokenizer
 
 pytest.importorskip("trl")
-ALPHABET = "0123456789+*=? abcdefghijklmnopqrstuvwxyz<>/"
-
-
-def char_tokenizer():
-    """One token per character; pad / eos specials; decoding joins characters back without spaces."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["<pad>", "</s>", "<unk>", *ALPHABET])}
-    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    inner.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    inner.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
-
-
 def tiny_model(vocab_size: int):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -58,15 +43,35 @@ def recording(func):
     return wrapped, seen
 
 
-def test_grpo_trainer_two_steps_with_service_rewards(service: LiveServer, tmp_path: Path) -> None:
+@pytest.fixture()
+def keyed_service(make_db, tmp_path: Path):
+    """The integration service with keys on: an admin key posts the spec, the trainer uses a trainer key."""
+    from service.auth import keys
+    from service.store.db import get_engine, make_sessionmaker
+    from tests.conftest import start_server, stop_server
+    from tests.integrations.conftest import service_env
+
+    db = make_db()
+    with make_sessionmaker(get_engine(db)).begin() as s:
+        admin, trainer = keys.create_key(s, "ops", "admin"), keys.create_key(s, "rl", "trainer")
+    server = start_server(db, env=service_env(tmp_path))
+    try:
+        yield server, admin, trainer
+    finally:
+        stop_server(server)
+
+
+def test_grpo_trainer_two_steps_with_service_rewards(keyed_service, tmp_path: Path) -> None:
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from integrations.trl import reward_funcs
+    from grpo_curator_integrations.trl import reward_funcs
 
-    httpx.post(f"{service.url}/v1/reward-specs", json=TRL_SPEC).raise_for_status()
-    funcs, weights = reward_funcs("trl", url=service.url)
+    service, admin, trainer_key = keyed_service
+    httpx.post(f"{service.url}/v1/reward-specs", json=TRL_SPEC, headers={"authorization": f"Bearer {admin}"}).raise_for_status()
+    assert httpx.get(f"{service.url}/v1/reward-specs/trl").status_code == 401
+    funcs, weights = reward_funcs("trl", url=service.url, api_key=trainer_key)  # a trainer key: reads the spec, scores
     (correct, correct_seen), (words, words_seen) = recording(funcs[0]), recording(funcs[1])
     assert [f.__name__ for f in funcs] == ["correct", "words", "checksum"]
     tokenizer = char_tokenizer()
@@ -87,7 +92,7 @@ def test_grpo_trainer_two_steps_with_service_rewards(service: LiveServer, tmp_pa
     assert len(logs) == 2
     for log, (completions, values), (_, word_values) in zip(logs, correct_seen, words_seen, strict=True):
         # what the trainer got is what the service answers for those completions
-        again = httpx.post(f"{service.url}/v1/score", json={"reward_spec": "trl", "items": [
+        again = httpx.post(f"{service.url}/v1/score", headers={"authorization": f"Bearer {trainer_key}"}, json={"reward_spec": "trl", "items": [
             {"prompt": "", "completion": c, "reference": {"answer": "0"}} for c in completions]}).json()
         assert word_values == [r["rewards"]["words"]["value"] for r in again["results"]]
         assert all(v in (0.0, 1.0) for v in values)

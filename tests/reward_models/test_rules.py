@@ -174,3 +174,11 @@ def test_messages_of_the_wrong_shape_have_no_text(messages: list) -> None:
     assert result.error is None and result.value == 0.0
     length = make_component("rule.length", {"target": 0, "limit": 10, "unit": "chars"}).score(sample, make_prompt())
     assert length.error is None and length.details["length"] == 0
+
+
+@pytest.mark.parametrize("tag", ["answer\n", "answer ", "think\nx"])
+def test_a_required_tag_name_with_a_line_end_is_refused(tag: str) -> None:
+    from reward_models.rules import FormatRule
+
+    with pytest.raises(ValueError, match="not tag names"):
+        FormatRule({"required_tags": [tag]})

@@ -118,6 +118,8 @@ def test_demo_runs_end_to_end_and_the_policy_advances(tmp_path):
     assert result["label"].startswith("curated") and len(result["rows"]) >= 2
     assert (out / "demo.png").stat().st_size > 10_000
     assert "policy v" in r.stdout
+    assert "agent episodes through the gateway" in r.stdout  # the closing stage (rollout.demo.agent_stage)
+    assert (out / "agent-episode" / "agent.json").is_file() and "gcs_" not in r.stdout + r.stderr
     versions = [int(row["key"]) for row in result["rows"]]
     assert max(versions) >= 1  # groups were sampled by a policy the trainer published
     logs = {p.name: p.read_text() for p in Path(result["out"]).glob("*.log")}

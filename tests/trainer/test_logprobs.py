@@ -181,11 +181,29 @@ def test_entropy_of_a_peaked_distribution_matches_float64(offset, gap):
     assert ref > 0
     assert float((ent - ref).abs().max()) / ref < 1e-4, (ent, ref)
     torch.testing.assert_close(lp[0].double(), logp64[targets[0]], rtol=1e-5, atol=1e-6)
-    # Control (so this test can fail): the old formula `lse - sum p z` is a difference of two fp32 numbers
-    # of magnitude max|z|, so whatever the build's rounding, its result can resolve the entropy no finer
-    # than one fp32 spacing at max|z|. Where that spacing dwarfs the tolerance above, the old formula
-    # cannot pass; the check is a property of the fp32 format, not of how a torch build rounds.
-    top = z64.abs().max().float()
-    spacing = float(torch.nextafter(top, torch.tensor(float("inf"))) - top)  # exact in IEEE fp32
-    if offset >= 1000 and gap >= 12:
-        assert spacing / ref > 100 * 1e-4, (spacing, ref)
+
+
+@pytest.mark.parametrize("gap", [120.0, 200.0, 1000.0])
+def test_entropy_where_probabilities_underflow_to_zero_is_finite_and_the_naive_formula_is_not(gap):
+    """fp32 logits [gap, 0, ..., 0] with gap > 104: e^-gap is below half the smallest fp32 subnormal
+    (1.4e-45), so softmax gives exactly 0 for the V - 1 others (IEEE fp32, whatever the build). The naive
+    -(p * log p).sum() then has 0 * log 0 = 0 * -inf = nan; ours is finite and matches float64 (the true
+    entropy ~ V gap e^-gap, far below any fp32 resolution near 0: absolute tolerance)."""
+    v = 50
+    hidden = torch.ones(1, 2, 1)  # (1, 2, 1)
+    weight = torch.zeros(v, 1)
+    weight[7, 0] = gap  # (V, 1)
+    z = (hidden @ weight.T)[0, 0]  # (V,) fp32
+    p = torch.softmax(z, -1)
+    assert int((p == 0).sum()) == v - 1  # the premise: exact zeros in fp32
+    naive = -(p * p.log()).sum()
+    assert math.isnan(float(naive))  # control: the naive formula cannot pass this test
+    lp, ent = token_logprobs(hidden, weight, torch.tensor([[7, 0]]))
+    z64 = z.double()
+    logp64 = torch.log_softmax(z64, -1)
+    ref = float(-(logp64.exp() * logp64).sum())
+    assert bool(torch.isfinite(ent).all()) and bool(torch.isfinite(lp).all())
+    assert float((ent.double() - ref).abs().max()) <= 1e-30, (ent, ref)
+    torch.testing.assert_close(lp[0].double(), logp64[[7, 0]], rtol=1e-6, atol=1e-4)
+    plain = entropy_plain(z[None, None])  # the log-softmax form of the reference: finite too
+    assert math.isfinite(float(plain))

@@ -23,7 +23,7 @@
   function evidenceChart(grid, a) {
     const ev = a.evidence || {};
     const versions = ev.versions || [];
-    const series = Object.entries(ev).filter(([k]) => k !== "versions")
+    const series = Object.entries(ev).filter(([k, v]) => k !== "versions" && Array.isArray(v))  // numbers beside the series (entropy_level) are not drawn
       .map(([name, values]) => ({ name, points: versions.map((v, i) => [v, values[i] ?? null]) }));
     lineChart(grid, { title: `${a.monitor} (${a.dataset ?? "overall"})`, xLabel: "policy version", series });
   }

@@ -215,6 +215,58 @@ async function group(id) {
     el("h2", {}, "Prompt"),
     g.prompt_messages ? el("div", { class: "transcript prompt" }, g.prompt_messages.map(message)) : el("p", { class: "muted" }, "prompt not stored"),
     el("h2", {}, "Trajectories"), ...g.trajectories.map((t) => trajectory(t, g)));
+  await agentSessions(g);
+}
+
+// A group made of agent sessions (the gateway, docs/agents.md): each session as its calls, and the tokens
+// its trajectory trains on (loss mask 1 highlighted; mask 0 is the prompt, tool output and template).
+const MAX_TOKENS_SHOWN = 4000;
+
+function tokenStrip(ids, mask) {
+  const shown = ids.slice(0, MAX_TOKENS_SHOWN);
+  const strip = el("div", { class: "tokens" }, shown.map((id, i) =>
+    el("span", { class: mask[i] === 1 ? "tok trained" : "tok", title: `position ${i}, mask ${mask[i]}` }, id)));
+  if (ids.length > shown.length) strip.append(el("span", { class: "muted" }, ` … ${ids.length - shown.length} more`));
+  return strip;
+}
+
+function trainedTokens(t) {
+  const parts = t.segments && t.segments.length ? t.segments : [t];
+  const strips = parts.filter((s) => s.token_ids && s.loss_mask).map((s, i) => el("div", { class: "segment" },
+    parts.length > 1 ? el("div", { class: "muted" }, `segment ${i}`) : null,
+    el("div", { class: "muted" }, `${s.loss_mask.filter((m) => m === 1).length} of ${s.token_ids.length} tokens trained`),
+    tokenStrip(s.token_ids, s.loss_mask)));
+  return strips.length ? strips : [el("p", { class: "muted" }, "no tokens recorded (no call was answered)")];
+}
+
+function sessionView(s, t) {
+  const calls = s.calls.map((c) => [c.index, c.kind, c.prompt_tokens, c.completion_tokens, c.finish_reason || "",
+    c.latency_ms === null || c.latency_ms === undefined ? "" : c.latency_ms.toFixed(1) + " ms", c.attempts,
+    c.error ? el("span", { class: "err" }, c.error) : (c.misuse ? el("span", { class: "err" }, "misuse: " + c.misuse) : "")]);
+  return el("div", { class: "traj session", "data-session": s.session_id },
+    el("h3", {}, "Session ", el("code", {}, s.session_id), " ", el("span", { class: "tag" }, s.status),
+      el("span", { class: "tag" }, "finish: " + (s.finish_reason || "–")),
+      t ? el("span", { class: "tag" }, "trajectory " + t.index) : el("span", { class: "tag drop" }, "left out of the group")),
+    s.error ? el("p", { class: "err" }, s.error) : null,
+    calls.length ? table(["call", "kind", "prompt ids", "completion ids", "finish reason", "latency", "attempts", "error"], calls, [0, 2, 3, 5, 6])
+      : el("p", { class: "muted" }, "no calls"),
+    t ? trainedTokens(t) : null);
+}
+
+async function agentSessions(g) {
+  const bySession = new Map(g.trajectories.filter((t) => (t.metadata || {}).session_id).map((t) => [t.metadata.session_id, t]));
+  const ids = [...bySession.keys(), ...((g.metadata || {}).left_out_sessions || [])];
+  if (!ids.length) return;
+  // one session that cannot be read (e.g. removed) says so in its place; the others still show
+  const read = (id) => api("/v1/sessions/" + encodeURIComponent(id)).catch((e) => {
+    if (e instanceof NeedKey) throw e;
+    return { session_id: id, failed: String(e.message || e) };
+  });
+  const sessions = await Promise.all(ids.map(read));
+  main.append(el("h2", { id: "agent-sessions" }, `Agent sessions (${sessions.length})`),
+    ...sessions.map((s) => s.failed ? el("div", { class: "traj session", "data-session": s.session_id },
+      el("h3", {}, "Session ", el("code", {}, s.session_id)), el("p", { class: "err" }, s.failed))
+      : sessionView(s, bySession.get(s.session_id))));
 }
 
 async function trainer() {

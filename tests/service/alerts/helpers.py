@@ -25,7 +25,7 @@ def opened(transitions: list[dict[str, Any]]) -> set[tuple[str, str | None, str]
 
 def healthy_metrics(rng: Any) -> dict[str, float]:
     """A healthy trainer step with noise: entropy ~1, KL ~0.02, clip ~0.05, grad norm ~1."""
-    return {
+    m = {
         "entropy": 1.0 + rng.gauss(0, 0.03),
         "kl_ref": max(0.0, 0.02 + rng.gauss(0, 0.002)),
         "clip_frac_low": max(0.0, 0.02 + rng.gauss(0, 0.005)),
@@ -33,6 +33,8 @@ def healthy_metrics(rng: Any) -> dict[str, float]:
         "grad_norm": max(0.0, 1.0 + rng.gauss(0, 0.1)),
         "behaviour_mismatch": max(0.0, 0.001 + rng.gauss(0, 0.0002)),
     }
+    m["behaviour_kl"] = m["behaviour_mismatch"] / 2  # no draw of its own: the runs' random streams stay as they were
+    return m
 
 
 def text_of(rng: Any, chars: int) -> str:

@@ -127,3 +127,131 @@ def test_a_dataset_pause_stops_leases_that_could_hold_that_dataset_only(api):
                     value=20.0, threshold=10.0, evidence={}))
     with api.factory() as s:
         check_leasing(s, ["math"])  # kl_spike's action is notify (the default): still not paused
+
+
+def test_the_client_logs_the_alert_on_the_first_paused_answer_and_keeps_waiting(server, caplog):
+    """CuratorClient retries a 503 with Retry-After; a pause (the 503 names an alert) is logged with the alert
+    at once, once per alert, not after the retries run out; the call keeps waiting and returns the lease once
+    an admin resolves the alert."""
+    http = httpx.Client(base_url=server.url, timeout=30)
+    r = http.put("/v1/monitors/entropy_collapse", json={"dataset": None, "warning": 0.5, "critical": 0.8,
+                                                        "action": "pause_leases"})
+    assert r.status_code == 200, r.text
+    alert = _collapse_entropy(http)
+    assert http.post("/v1/groups", json=group("c-0", 23, ["42", "7"], prompt_id="p-c")).status_code in (200, 201)
+    _wait_ready(http, ["c-0"])
+    got: dict = {}
+
+    def paused_records() -> list[logging.LogRecord]:
+        return [rec for rec in caplog.records if "leasing paused" in rec.getMessage()]
+
+    def trainer() -> None:
+        with CuratorClient(server.url, unavailable_retries=1000, max_retry_after_s=0.2) as c:
+            got["batch"] = c.lease("t", max_groups=10)
+
+    with caplog.at_level(logging.WARNING, logger="service.client"):
+        t = threading.Thread(target=trainer)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not paused_records() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "batch" not in got and t.is_alive()  # told, and still waiting: the first 503 was logged
+        time.sleep(1.0)  # several more paused answers (0.2 s apart): not logged again
+        assert http.post(f"/v1/alerts/{alert['id']}/resolve").status_code == 200
+        t.join(timeout=60)
+    assert not t.is_alive()
+    [rec] = paused_records()
+    msg = rec.getMessage()
+    assert alert["id"] in msg and "entropy_collapse" in msg and "is critical for every dataset" in msg
+    assert [g["id"] for g in got["batch"]["groups"]] == ["c-0"]
+    http.close()
+
+
+def test_a_long_poll_waiting_when_the_pause_starts_is_answered_503_not_leased(server):
+    """The pause is checked again when a waiting poll wakes: a group posted during the pause wakes it, and it
+    answers 503 with Retry-After and the alert instead of delivering the group (real long poll)."""
+    http = httpx.Client(base_url=server.url, timeout=60)
+    r = http.put("/v1/monitors/entropy_collapse", json={"warning": 0.5, "critical": 0.8, "action": "pause_leases"})
+    assert r.status_code == 200, r.text
+    got: dict = {}
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            got["r"] = c.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "wait_seconds": 40})
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(1.0)  # the poll passed its first check (no alert yet) and waits
+    alert = _collapse_entropy(http)
+    assert t.is_alive()
+    assert http.post("/v1/groups", json=group("lp-0", 23, ["42", "7"], prompt_id="p-lp")).status_code in (200, 201)
+    t.join(timeout=60)
+    assert not t.is_alive()
+    r = got["r"]
+    assert r.status_code == 503, r.text
+    assert r.headers["Retry-After"] == "1" and r.json()["detail"]["alert"]["id"] == alert["id"]
+    assert http.get("/v1/groups/lp-0").json()["status"] != "leased"  # nothing delivered while paused
+    assert http.post(f"/v1/alerts/{alert['id']}/resolve").status_code == 200
+    _wait_ready(http, ["lp-0"])
+    r = http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10})
+    assert r.status_code == 200 and [g["id"] for g in r.json()["groups"]] == ["lp-0"]
+    http.close()
+
+
+def test_a_retried_request_id_replays_its_batch_during_a_pause(server):
+    http = httpx.Client(base_url=server.url, timeout=30)
+    r = http.put("/v1/monitors/entropy_collapse", json={"warning": 0.5, "critical": 0.8, "action": "pause_leases"})
+    assert r.status_code == 200, r.text
+    assert http.post("/v1/groups", json=group("rp-0", 1, ["42", "7"], prompt_id="p-rp")).status_code in (200, 201)
+    _wait_ready(http, ["rp-0"])
+    first = http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "request_id": "req-1"})
+    assert first.status_code == 200, first.text
+    _collapse_entropy(http)
+    again = http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "request_id": "req-1"})
+    assert again.status_code == 200, again.text
+    assert again.json()["stats"]["replayed"] and again.json()["batch_id"] == first.json()["batch_id"]
+    fresh = http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "request_id": "req-2"})
+    assert fresh.status_code == 503 and fresh.headers["Retry-After"] == "1"
+    http.close()
+
+
+def test_archiving_keeps_the_groups_the_monitors_read_so_the_breaker_stays(api, fresh_db, tmp_path):
+    """The archiver (retention 0s) leaves hot every group inside the monitors' window (current version -
+    alert_window_versions and newer): archiving them resolved the stale_rate alert they raised and lifted the
+    pause. Groups older than the window do go."""
+    from datetime import timedelta
+
+    from sqlalchemy import select, text
+    from sqlalchemy.orm import Session
+
+    from service.archive import service as archive
+    from service.settings import get_settings
+    from service.store.db import get_engine
+    from service.store.models import Group
+    from tests.helpers import make_group
+
+    window = get_settings().alert_window_versions
+    engine = get_engine(fresh_db)
+    old = make_group("old-0", prompt_id="p-1", answers=["42", "7"], policy_version=1)
+    assert api.post("/v1/groups", json=old).status_code == 201
+    last = window + 11
+    for v in range(window + 2, last + 1):
+        assert api.post("/v1/policy", json={"version": v, "metrics": {}}).status_code == 201
+        gs = [make_group(f"g{v}-{i}", prompt_id="p-1", answers=["42", "7"], policy_version=v) for i in range(4)]
+        assert api.post("/v1/groups", json={"groups": gs}).status_code == 201
+    with Session(engine) as s, s.begin():  # half of every version dropped as stale: a lagging producer
+        s.execute(text("UPDATE groups SET status = 'dropped', drop_reason = 'stale' WHERE id ~ '-[01]$'"))
+        s.execute(text("UPDATE groups SET status = 'ready' WHERE status = 'received'"))
+    assert api.put("/v1/monitors/stale_rate", json={"dataset": None, "action": "pause_leases"}).status_code == 200
+    assert ("stale_rate", None, "critical") in {(t["alert"]["monitor"], t["alert"]["dataset"], t["to"])
+                                               for t in api.post("/v1/alerts/evaluate").json()["transitions"]}
+    assert api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1}).status_code == 503
+
+    result = archive.archive(engine, str(tmp_path), timedelta(0))
+    assert result.groups == 1  # old-0 only: version 1 < last - window
+    with Session(engine) as s:
+        assert s.execute(select(Group.id).where(Group.id == "old-0")).first() is None
+    assert api.post("/v1/alerts/evaluate").json()["transitions"] == []
+    critical = api.get("/v1/alerts", params={"state": "critical", "monitor": "stale_rate"}).json()["alerts"]
+    assert {a["dataset"] for a in critical} == {None, "toy"}  # overall and the dataset's own, both still open
+    assert api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1}).status_code == 503

@@ -74,13 +74,15 @@ def test_the_stateful_examples_are_valid_bodies():
     """Examples of routes that need a live lease or score synchronously are not replayed above; each one
     still validates against the request schema its route declares (a drifted example fails here)."""
     from service.api.examples import STATEFUL_EXAMPLES
+    from service.curation.schemas import SlotFillIn
     from service.delivery.schemas import ExtendIn, NackIn
     from service.scoring.schemas import OpenRLHFIn, ScoreIn
     from service.sessions.schemas import FinishIn, SessionIn
 
     models = {"/v1/score": ScoreIn, "/compat/openrlhf/{spec}/get_reward": OpenRLHFIn,
               "/v1/batches/{batch_id}/nack": NackIn, "/v1/batches/{batch_id}/extend": ExtendIn,
-              "/v1/sessions": SessionIn, "/v1/sessions/{session_id}/finish": FinishIn}
+              "/v1/sessions": SessionIn, "/v1/sessions/{session_id}/finish": FinishIn,
+              "/v1/groups/{group_id}/trajectories/{index}": SlotFillIn}
     assert {path for _, path in STATEFUL_EXAMPLES} == set(models)
     for (_method, path), (_summary, body) in STATEFUL_EXAMPLES.items():
         models[path].model_validate(body, strict=False)

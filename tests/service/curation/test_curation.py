@@ -23,6 +23,7 @@ def test_the_largest_accepted_values_give_finite_advantages(lenient_api, scorer)
     spec = weighted_spec("edge", [1e6, 1e6, -1e6, 1e6])
     assert lenient_api.post("/v1/reward-specs", json=spec).status_code == 201
     policy = {"name": "edge", "finish_reason_actions": {"length": "resample"}, "resample_budget_multiplier": 16.0,
+              "resample_wait_seconds": 0,  # train at once (the waiting path: tests/service/curation/test_remedies.py)
               "penalty": -1e6, "advantage": {"eps": 1e6}}
     assert lenient_api.post("/v1/curation-policies", json=policy).status_code == 201
     assert lenient_api.put("/v1/datasets/edge", json={"reward_spec": "edge", "curation_policy": "edge"}).status_code == 200

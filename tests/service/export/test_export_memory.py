@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 from tests.conftest import start_server, stop_server
 
 N_GROUPS, PER_GROUP = 25_000, 4  # 100k trajectories of ~1 KB text each (~100 MB of messages)
+TOKENS = 256  # token ids / mask / log-probs per trajectory (the rollouts export streams them as Parquet lists)
 BOUND_MB = 120  # generous; holding the rows in memory would take several times the 100 MB of text
 
 FILL = [
@@ -27,11 +28,15 @@ FILL = [
        SELECT 'g' || i, 'p', CASE WHEN i <= 250 THEN 'small' ELSE 'big' END, i % 7, '{{}}', '{{}}', md5(i::text),
               'ready', {PER_GROUP}, 0, 'x', 1
        FROM generate_series(1, {N_GROUPS + 250}) i""",
+    # each trajectory also holds 256 tokens: int32 ids, uint8 mask, float32 log-probs (-1.0), ~2.3 KB of arrays
     f"""INSERT INTO trajectories (group_pk, idx, messages, final_answer, seq_len, num_tokens, num_turns,
-                                 finish_reason, metadata, total_reward, outcome, advantage, action)
+                                 finish_reason, metadata, total_reward, outcome, advantage, action,
+                                 token_ids, loss_mask, logprobs)
        SELECT g.pk, j, jsonb_build_array(jsonb_build_object('role', 'assistant',
                                                             'content', md5(g.pk::text) || repeat('x', 1000) || j)),
-              'a', 0, 10, 1, 'stop', '{{}}', j::float, (j % 2)::float, j - 1.5, 'keep'
+              'a', 0, 10, 1, 'stop', '{{}}', j::float, (j % 2)::float, j - 1.5, 'keep',
+              decode(repeat('07000000', {TOKENS}), 'hex'), decode(repeat('01', {TOKENS}), 'hex'),
+              decode(repeat('000080bf', {TOKENS}), 'hex')
        FROM groups g, generate_series(0, {PER_GROUP - 1}) j""",
     """INSERT INTO rewards (group_pk, idx, spec_name, spec_version, component, kind, value, details, latency_ms)
        SELECT group_pk, idx, 'x', 1, 'c', 'rule.format', outcome, '{}', 0 FROM trajectories""",
@@ -67,10 +72,12 @@ def test_export_100k_trajectories_in_bounded_memory(make_db: Callable[..., str],
         small = tmp_path / "small.parquet"
         download(server.url, {"format": "rollouts", "filetype": "parquet", "dataset": "small"}, small)
         assert pq.ParquetFile(small).metadata.num_rows == 1000
+        first = pq.read_table(small, columns=["token_ids", "loss_mask", "logprobs"]).slice(0, 1).to_pylist()[0]
+        assert first == {"token_ids": [7] * TOKENS, "loss_mask": [1] * TOKENS, "logprobs": [-1.0] * TOKENS}
         base = peak_rss_mb(pid)
         measured = {}
         for fmt, filetype, rows in (("rollouts", "parquet", N_GROUPS * PER_GROUP), ("kto", "jsonl", N_GROUPS * PER_GROUP),
-                                    ("dpo", "parquet", N_GROUPS)):
+                                    ("dpo", "parquet", N_GROUPS), ("verl", "parquet", 1)):
             out = tmp_path / f"{fmt}.{filetype}"
             size = download(server.url, {"format": fmt, "filetype": filetype, "dataset": "big"}, out)
             n = pq.ParquetFile(out).metadata.num_rows if filetype == "parquet" else out.read_bytes().count(b"\n")

@@ -51,7 +51,8 @@ def test_group_page_shows_the_prompt_and_every_members_action(browser, server):
     assert len(actions) == len(agent["trajectories"]) and "no action yet" not in actions
     assert all(a == "drop (group: untrainable)" for a in actions), actions
     browser.goto(server.url + "/dashboard#group/mixed")
-    browser.wait_for("!!document.querySelector('.transcript.prompt')")
+    # a hash change re-renders in place: wait for the new group's heading, not a prompt the old page still shows
+    browser.wait_for("document.querySelector('h2 code')?.textContent === 'mixed' && !!document.querySelector('.transcript.prompt')")
     actions = browser.evaluate("[...document.querySelectorAll('.tag.action')].map(t => t.textContent)")
     assert len(actions) == 4 and "no action yet" not in actions, actions
     assert browser.errors == [], browser.errors

@@ -118,10 +118,10 @@ def test_grafana_dashboard_queries_only_metrics_the_service_exposes(api):
     dash = json.loads((ROOT / "deploy" / "grafana" / "grpo-curator.json").read_text())
     api.post("/v1/groups", json=make_group("graf-1"))
     api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1})
+    from reward_models.base import ComponentResult
     from service.observability import metrics as process_metrics
 
-    process_metrics.COMPONENT_LATENCY.labels("rule.format", "fmt").observe(0.001)  # as a worker would
-    process_metrics.COMPONENT_RESULTS.labels("rule.format", "fmt", "ok").inc()
+    process_metrics.observe_components({"fmt": "rule.format"}, [{"fmt": ComponentResult(value=1.0, details={})}])  # a worker's
     page = api.get("/metrics").text
     exposed = {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line and line[0] != "#"}
     exposed |= {m + "_total" for m in re.findall(r"^# TYPE (\S+) counter", page, re.M)}

@@ -72,3 +72,28 @@ class TestValidation:
     def test_history_limit_is_bounded(self, client):
         r = client.get("/v1/policy/history", params={"limit": 0})
         assert r.status_code == 422 and "limit" in r.json()["error"]
+
+
+class TestMonitoredMetricDomains:
+    """The metrics the monitors read are validated by their domain (a negative KL or clip fraction would
+    average real trouble away): a 422 naming the key, nothing stored; other keys stay free-form."""
+
+    def test_out_of_domain_or_non_numeric_values_are_422_naming_the_key(self, client):
+        cases = [
+            ("behaviour_kl", -1), ("behaviour_kl", -1e-9), ("kl_ref", -0.2), ("entropy", -5.0),
+            ("grad_norm", -1), ("clip_frac_low", -1.0), ("clip_frac_high", 1.5), ("clip_frac_low", 1e308),
+            ("behaviour_kl", "0.5"), ("kl_ref", None), ("entropy", True), ("grad_norm", [1.0]),
+        ]
+        for key, value in cases:
+            r = client.post("/v1/policy", json={"version": 1, "metrics": {key: value}})
+            assert r.status_code == 422 and f"metrics.{key}" in r.json()["error"], (key, value, r.text)
+        r = client.post("/v1/policy", content=b'{"version": 1, "metrics": {"kl_ref": Infinity}}',
+                        headers={"content-type": "application/json"})
+        assert r.status_code in (400, 422)
+        assert client.get("/v1/policy").json()["version"] == 0
+
+    def test_domain_edges_and_other_keys_are_accepted(self, client):
+        metrics = {"behaviour_kl": 0.0, "kl_ref": 1.7e308, "entropy": 0, "grad_norm": 0.0, "clip_frac_low": 0.0,
+                   "clip_frac_high": 1.0, "loss": -3.5, "note": "free-form"}
+        r = client.post("/v1/policy", json={"version": 1, "metrics": metrics})
+        assert r.status_code == 201, r.text

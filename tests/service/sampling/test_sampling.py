@@ -79,6 +79,9 @@ class TestOrder:
             "priority": 2.0,
             "prompt": None,
             "expires_at": None,
+            "group_id": None,  # a fresh-group resample (resample_wait_seconds 0) names no slot
+            "index": None,
+            "checkpoint": None,
         }
         # the refill takes the never-sampled prompt first (fewest groups); a is busy with its resample
         assert (got[1]["request_id"], got[1]["prompt_id"], got[1]["n"]) == (rf, "d", 8)

@@ -35,3 +35,20 @@ def test_rescore_at_the_id_limit_selects_exactly_the_listed_groups(lenient_api):
     r = lenient_api.post("/v1/rescore", json={"reward_spec": "s", "group_ids": ids})
     assert r.status_code == 200, r.text[:300]
     assert r.json()["groups"] == 1, r.json()
+
+
+# A rescore is a new start: a group whose worker died under it (score_deaths, the solo-death cap of the
+# worker's crash recovery) gets its whole allowance back, as it gets its attempts back.
+def test_rescore_resets_the_worker_death_count_with_the_attempts(lenient_api):
+    from sqlalchemy import text
+
+    assert lenient_api.post("/v1/reward-specs", json={"name": "s", "components": [{"name": "c", "kind": "verifier.math"}]}).status_code == 201
+    assert lenient_api.post("/v1/groups", json=make_group("died", prompt_id="p-died")).status_code == 201
+    with lenient_api.factory.begin() as s:
+        s.execute(text("UPDATE groups SET status = 'reward_error', score_attempts = 3, score_deaths = 2"
+                       " WHERE id = 'died'"))
+    r = lenient_api.post("/v1/rescore", json={"reward_spec": "s", "group_ids": ["died"]})
+    assert r.status_code == 200 and r.json()["groups"] == 1, r.text[:300]
+    with lenient_api.factory() as s:
+        row = s.execute(text("SELECT status, score_attempts, score_deaths FROM groups WHERE id = 'died'")).one()
+    assert tuple(row) == ("received", 0, 0)

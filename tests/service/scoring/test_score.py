@@ -77,6 +77,10 @@ def test_spec_version_pinned_and_unknown_spec(client, spec: str) -> None:
         ({"items": [item("1", metadata={"x": float("nan")})]}, "items[0]"),
         ({"items": [item("1", extra=1)]}, "items[0].extra"),
         ({"reward_spec": "a@b"}, "reward_spec"),
+        ({"items": [item("1", tools=[{"type": "function", "function": {}}])]}, "tools[0]: needs a function name"),
+        ({"items": [item("1", tools=[{"name": "f", "parameters": {"type": 3}}])]}, "tools[0] (f): invalid"),
+        ({"items": [item("1", tools=[{"name": "f"}] * 129)]}, "items[0].tools"),
+        ({"items": [item("1", tools=[{"name": "f", "x": float("inf")}])]}, "items[0].tools"),
     ],
 )
 def test_bad_input_names_the_field(client, spec: str, patch: dict, field: str) -> None:
@@ -90,6 +94,36 @@ def _dumps(body: dict) -> str:
     import json
 
     return json.dumps(body)  # allows NaN, so the service sees it
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_builtin_agent_spec_reads_the_items_tools(client) -> None:
+    """``agent-tools`` checks calls against the prompt's tools: an item carries them in ``tools``."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    bad = {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"town": 1}'}}
+    completion = [{"role": "assistant", "content": "", "tool_calls": [call, bad]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                  {"role": "assistant", "content": "sunny"}]
+    body = {"reward_spec": "agent-tools", "items": [
+        {"prompt": "Weather in Paris?", "completion": completion, "reference": {"answer": "sunny"}, "tools": WEATHER},
+        {"prompt": "Weather in Paris?", "completion": completion, "reference": {"answer": "sunny"}}]}
+    with_tools, without = client.post("/v1/score", json=body).json()["results"]
+    assert with_tools["rewards"]["tool_calls"]["value"] == 0.5 and with_tools["total"] is not None
+    assert without["total"] is None and "no tool definitions" in without["rewards"]["tool_calls"]["error"]
+
+
+def test_store_keeps_the_items_tools_on_the_prompt(client, session) -> None:
+    body = {"reward_spec": "agent-tools", "store": True, "items": [
+        {"prompt": "Weather?", "completion": "sunny", "reference": {"answer": "sunny"}, "tools": WEATHER},
+        {"prompt": "Weather?", "completion": "sunny", "reference": {"answer": "sunny"}}]}
+    first, second = client.post("/v1/score", json=body).json()["stored_groups"]  # other tools: another prompt
+    from service.store.models import Prompt
+
+    prompts = [session.scalar(select(Group.prompt_id).where(Group.id == g)) for g in (first, second)]
+    assert [session.get(Prompt, p).metadata_.get("tools") for p in prompts] == [WEATHER, None]
 
 
 def test_item_limit_is_413_and_stores_nothing(client, session, spec: str) -> None:
@@ -221,6 +255,26 @@ def test_openrlhf_key_in_path_reaches_the_route(client, session, spec: str) -> N
     r = client.post(f"/compat/openrlhf/key/{quote(token, safe='')}/{spec}/get_reward", json=body)
     assert r.status_code == 200 and r.json()["rewards"] == [1.5]
     assert client.post("/compat/openrlhf/key//get_reward", json=body).status_code == 404
+
+
+def test_openrlhf_route_with_a_trailing_slash_answers_without_a_redirect(client, session, spec: str) -> None:
+    """OpenRLHF's --remote_rm_url is pasted by hand: '.../get_reward/' answers as '.../get_reward' does, with
+    the key in the path too (a 307 would send the client to the path without its key)."""
+    from urllib.parse import quote
+
+    from service.auth import keys
+
+    token = keys.create_key(session, "openrlhf-slash", "trainer")
+    session.commit()
+    body = openrlhf_request([R42], ["42"])
+    for path in (f"/compat/openrlhf/key/{quote(token, safe='')}/{spec}/get_reward/",
+                 f"/compat/openrlhf/key/{quote(token, safe='')}/{spec}/get_reward"):
+        r = client.post(path, json=body, follow_redirects=False)
+        assert r.status_code == 200 and r.json()["rewards"] == [1.5], (path, r.status_code)
+    r = client.post(f"/compat/openrlhf/{spec}/get_reward/", json=body, headers={"authorization": f"Bearer {token}"},
+                    follow_redirects=False)
+    assert r.status_code == 200 and r.json()["rewards"] == [1.5]
+    assert client.post(f"/compat/openrlhf/{spec}/get_reward/", json=body, follow_redirects=False).status_code == 401
 
 
 def test_path_key_middleware_sets_the_bearer_header() -> None:
@@ -387,3 +441,13 @@ def test_openrlhf_query_that_does_not_start_with_its_prompt_is_a_422_naming_it(c
     body["query"][1] = "something else entirely " + body["query"][1]
     r = client.post(f"/compat/openrlhf/{spec}/get_reward", json=body)
     assert r.status_code == 422 and "query[1]" in r.json()["error"]
+
+
+def test_the_docs_agent_example_scores_as_written(client) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "integrations.md").read_text()
+    [body] = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", text, re.S) if '"agent-tools"' in b]
+    [result] = client.post("/v1/score", json=body).json()["results"]
+    assert result["total"] is not None and result["outcome"] == 1.0
+    assert result["rewards"]["tool_calls"]["value"] == 1.0

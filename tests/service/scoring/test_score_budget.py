@@ -141,7 +141,7 @@ def test_score_past_the_pool_budget_is_413_naming_it_and_stores_nothing(budget_c
 
 @pytest.mark.parametrize("budget_client", [1.5], indirect=True)
 def test_the_adapters_client_splits_a_request_answered_413_for_its_pool_budget(budget_client) -> None:
-    from integrations._http import Client, Target
+    from grpo_curator_integrations._http import Client, Target
 
     c, _ = budget_client
     client = Client(Target("http://testserver", "slow", None))

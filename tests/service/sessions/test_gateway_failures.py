@@ -1,6 +1,7 @@
 """Whose failure is it, and what survives: a dead upstream is the environment's (env_error, never a
 negative); a session key reaches only its own session; a SIGKILL of the API loses no answered call;
-limits end a session as max_turns; streaming is refused with a 400 naming the field."""
+limits end a session as max_turns; an answer the upstream aborted (vLLM's finish_reason "abort") ends the
+session as aborted (the environment's) whatever the agent says at finish; streaming is refused with a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.helpers import agent, finish, group, open_session, read, turn
-from tests.service.sessions.upstreams import start_infer, stop
+from tests.service.sessions.upstreams import start_fake_vllm, start_infer, stop
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
 
@@ -94,7 +95,7 @@ def test_a_sigkill_of_the_api_between_two_calls_loses_no_answered_call(make_db, 
         history = [*USER, {"role": "assistant", "content": first.choices[0].message.content},
                    {"role": "user", "content": "go on"}]
         turn(agent(session), history, seed=1)
-        finish(session, final_answer="5")
+        finish(session)
         calls = read(session)["calls"]
         assert [c["index"] for c in calls] == [0, 1]
         assert calls[0]["completion_token_ids"] and len(calls[0]["completion_token_ids"]) == len(
@@ -103,3 +104,68 @@ def test_a_sigkill_of_the_api_between_two_calls_loses_no_answered_call(make_db, 
         assert t["token_ids"] == calls[1]["prompt_token_ids"] + calls[1]["completion_token_ids"]
     finally:
         stop_server(server)
+
+
+def test_the_token_limit_ends_the_session_as_length(gateway_for: Callable[..., LiveServer], upstream) -> None:
+    gateway = gateway_for(upstream.url, GRPO_CURATOR_SESSION_MAX_TOKENS="40")
+    session = open_session(gateway.url)
+    client = agent(session)
+    turn(client, USER, seed=0)  # the tools preamble alone is over 40 tokens: this call reaches the limit
+    assert read(session, tokens=False)["finish_reason"] == "length"
+    with pytest.raises(openai.APIStatusError) as refused:
+        turn(client, USER, seed=1)
+    assert refused.value.status_code == 409 and read(session)["n_calls"] == 1
+    (t,) = group(gateway.url, session["group_id"])["trajectories"]
+    assert t["finish_reason"] == "length" and sum(t["loss_mask"]) == len(read(session)["calls"][0]["completion_token_ids"])
+
+
+def test_the_wall_time_limit_ends_the_session_as_timeout(gateway_for: Callable[..., LiveServer], upstream) -> None:
+    import time
+
+    gateway = gateway_for(upstream.url, GRPO_CURATOR_SESSION_MAX_SECONDS="1")
+    session = open_session(gateway.url)
+    time.sleep(1.5)  # the session's wall time runs out before its first call
+    with pytest.raises(openai.APIStatusError) as refused:
+        turn(agent(session), USER, seed=0)
+    assert refused.value.status_code == 409
+    state = read(session)
+    assert state["finish_reason"] == "timeout" and state["n_calls"] == 0
+    (t,) = group(gateway.url, session["group_id"])["trajectories"]
+    assert t["finish_reason"] == "timeout" and t["outcome"] is None
+
+
+@pytest.mark.parametrize("asked", [None, "stop"])
+def test_an_upstream_abort_ends_the_session_as_aborted_never_a_negative(
+    gateway_for: Callable[..., LiveServer], asked: str | None
+) -> None:
+    fake = start_fake_vllm(finish_reason="abort")  # vLLM's answer for a request its engine gave up on
+    try:
+        gateway = gateway_for(fake.url)
+        session = open_session(gateway.url)
+        client = agent(session)
+        answer = turn(client, USER, seed=0)
+        assert answer.choices[0].finish_reason == "abort"  # the agent sees what the upstream said
+        state = read(session)
+        assert state["status"] == "finished" and state["finish_reason"] == "aborted"
+        assert state["calls"][0]["finish_reason"] == "abort" and state["calls"][0]["completion_token_ids"]
+        with pytest.raises(openai.APIStatusError) as refused:  # the session takes no more calls
+            turn(client, [*USER, {"role": "assistant", "content": "x"}, {"role": "user", "content": "go on"}], seed=1)
+        assert refused.value.status_code == 409
+        body = {} if asked is None else {"finish_reason": asked}
+        assert finish(session, final_answer="5", **body)["finish_reason"] == "aborted"  # not undone
+        (t,) = group(gateway.url, session["group_id"])["trajectories"]
+        assert t["finish_reason"] == "aborted" and t["outcome"] is None
+    finally:
+        stop(fake)
+
+
+def test_an_answer_that_finished_normally_is_not_an_abort(gateway_for: Callable[..., LiveServer]) -> None:
+    fake = start_fake_vllm(finish_reason="stop")
+    try:
+        gateway = gateway_for(fake.url)
+        session = open_session(gateway.url)
+        turn(agent(session), USER, seed=0)
+        assert read(session, tokens=False)["status"] == "open"
+        assert finish(session, final_answer="fak")["finish_reason"] == "stop"
+    finally:
+        stop(fake)

@@ -28,7 +28,7 @@ def _episode(session: dict[str, Any], turns: int, rewrite_at: int | None = None)
 def test_multi_turn_episode_is_one_trajectory_of_the_last_calls_tokens(gateway: LiveServer, model_dir: Path) -> None:
     session = open_session(gateway.url)
     _episode(session, turns=3)
-    done = finish(session, final_answer="5", rewards={"reward": 1.0})
+    done = finish(session, rewards={"reward": 1.0})  # scored: the last completion's text
     assert done["finish_reason"] == "stop" and done["group_ingested"]
     calls = read(session)["calls"]
     assert len(calls) == 3 and all(c["error"] is None for c in calls)
@@ -55,18 +55,30 @@ def test_multi_turn_episode_is_one_trajectory_of_the_last_calls_tokens(gateway: 
 def test_rewritten_history_starts_a_second_segment_with_prefix_mismatch(gateway: LiveServer) -> None:
     session = open_session(gateway.url)
     _episode(session, turns=3, rewrite_at=1)  # call 1's reply is replaced before call 2 (index 1)
-    finish(session, final_answer="5")
+    finish(session, rewards={"reward": 1.0})
     calls = read(session)["calls"]
-    first, second = group(gateway.url, session["group_id"])["trajectories"]
-    assert "prefix_mismatch" not in first["metadata"]
-    mismatch = second["metadata"]["prefix_mismatch"]
-    assert mismatch["call"] == 1
+    (t,) = group(gateway.url, session["group_id"])["trajectories"]  # one trajectory, two segments
+    assert t["token_ids"] is None and t["loss_mask"] is None and t["logprobs"] is None
+    first, second = t["segments"]
+    assert [s["segment_index"] for s in (first, second)] == [0, 1]
+    assert [s["is_last"] for s in (first, second)] == [False, True]
+    assert all("advantage" in s for s in (first, second))  # set once the group is scored (no worker here)
+    assert t["metadata"]["calls"] == [[0], [1, 2]]
+    none, mismatch = t["metadata"]["prefix_mismatch"]
+    assert none is None and mismatch["call"] == 1
     seg0 = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][: mismatch["position"]] == seg0[: mismatch["position"]]
     assert calls[1]["prompt_token_ids"][mismatch["position"]] != seg0[mismatch["position"]]
-    assert first["token_ids"] == seg0
+    assert first["token_ids"] == seg0 and first["seq_len"] == len(seg0)
     assert second["token_ids"] == calls[2]["prompt_token_ids"] + calls[2]["completion_token_ids"]
-    for t in (first, second):  # nothing misaligned: mask 1 exactly as many tokens as its calls generated
-        n_generated = sum(len(calls[i]["completion_token_ids"]) for i in t["metadata"]["calls"])
-        assert sum(t["loss_mask"]) == n_generated
-
+    for seg, held in zip((first, second), t["metadata"]["calls"], strict=True):  # nothing misaligned
+        mask, generated = [0] * len(seg["token_ids"]), {}
+        for i in held:  # each completion sits right after its own prompt, mask 1 exactly there
+            start = len(calls[i]["prompt_token_ids"])
+            assert seg["token_ids"][:start] == calls[i]["prompt_token_ids"]
+            for j, lp in enumerate(calls[i]["logprobs"]):
+                mask[start + j], generated[start + j] = 1, lp
+        assert seg["loss_mask"] == mask
+        assert all(seg["logprobs"][p] == lp for p, lp in generated.items())
+    assert first["messages"][-1]["role"] == "assistant" and second["messages"][-1]["role"] == "assistant"
+    assert first["messages"][0]["content"] == second["messages"][0]["content"] == "add 2 and 3"

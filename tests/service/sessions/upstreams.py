@@ -35,10 +35,23 @@ def start_infer(model_dir: Path, policy_version: int | None = None) -> Upstream:
     cmd = [sys.executable, "-m", "service.cli", "infer", "--model", str(model_dir), "--port", str(port)]
     if policy_version is not None:
         cmd += ["--policy-version", str(policy_version)]
+    return _start(cmd, port)
+
+
+def start_fake_vllm(finish_reason: str = "stop", flavor: str = "vllm") -> Upstream:
+    """``tests.service.sessions.fake_upstream`` (vLLM's wire format, no model) in a subprocess; ``flavor``
+    "sglang" / "sglang-meta": SGLang's (fake_sglang)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.service.sessions.fake_upstream", "--port", str(port),
+           "--finish-reason", finish_reason, "--flavor", flavor]
+    return _start(cmd, port)
+
+
+def _start(cmd: list[str], port: int) -> Upstream:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded machine loads torch slowly
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"infer exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
@@ -49,7 +62,7 @@ def start_infer(model_dir: Path, policy_version: int | None = None) -> Upstream:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("infer did not become healthy in 120 s")
+    raise RuntimeError("infer did not become healthy in 300 s")
 
 
 def stop(upstream: Upstream) -> None:
@@ -80,3 +93,37 @@ def recompute_logprobs(model_dir: Path, token_ids: list[int], temperature: float
     with torch.no_grad():
         logp, _ = policy(ids, positions, None, targets)  # (1, L)
     return logp[0, :-1].tolist()  # (L-1,): log-prob of token_ids[t+1]
+
+
+def save_scripted_model(path: Path, script: list[tuple[list[int], str]], seed: int = 0, max_steps: int = 400) -> Path:
+    """A tiny real model trained (on CPU, seconds) until greedy decoding of each prompt (token ids) yields
+    its completion text then EOS: a deterministic agent policy for tests that need a given tool call."""
+    import torch
+
+    from rollout.infer import EOS, AsciiTokenizer, tiny_model
+
+    tok = AsciiTokenizer()
+    model = tiny_model(seed).train()
+    rows = []
+    for prompt, text in script:
+        ids = torch.tensor([prompt + tok.encode(text) + [EOS]])  # (1, L)
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100  # only the completion is learned
+        rows.append((ids, labels))
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(max_steps):
+        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in rows) / len(rows)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.02:
+            break
+    model.eval()
+    with torch.no_grad():
+        for prompt, text in script:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=len(text) + 2, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=0)
+            got = tok.decode(out[0, len(prompt):].tolist())
+            assert got == text + "<|im_end|>", f"the scripted model did not learn {text!r}: {got!r}"
+    model.save_pretrained(path)
+    return path

@@ -155,7 +155,7 @@ class TestSeededDataset:
         assert t["std"] == pytest.approx(math.sqrt(0.2656))
         p10, p50, p90 = np.quantile(totals, stats.QUANTILES)  # 0.04, 1.1, 1.1 (linear interpolation)
         assert _close(t["p10"], p10) and _close(t["p50"], p50) and _close(t["p90"], p90)
-        assert math_row["pass_rate"] == pytest.approx(3 / 5)
+        assert math_row["pass_rate"] == pytest.approx(3 / 4)  # A: 1, 0 (its masked member left out); B: 1, 1
         assert math_row["zero_variance_fraction"] == pytest.approx(2 / 6)
         assert math_row["drop_fraction"] == pytest.approx(
             {"finish_reason:env_error": 1 / 6, "zero_variance": 2 / 6}
@@ -179,7 +179,7 @@ class TestSeededDataset:
         by_version = _rows(client, by="policy_version")
         assert list(by_version) == [1, 2]
         assert (by_version[1]["count"], by_version[2]["count"]) == (6, 2)  # A + C, B
-        assert by_version[1]["pass_rate"] == pytest.approx(2 / 5)  # A: 1, 0, 0, -; C: 1, 0
+        assert by_version[1]["pass_rate"] == pytest.approx(2 / 4)  # A: 1, 0, (masked), -; C: 1, 0
         assert by_version[2]["zero_variance_fraction"] == 1.0
         assert set(by_version[1]["components"]) == {"correct", "fmt", "tests"}
         by_finish = _rows(client, by="finish_reason")

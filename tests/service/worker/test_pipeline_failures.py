@@ -136,7 +136,8 @@ class TestClaims:
         assert (out.fenced, out.scored, out.retried) == (1, [], 0)
         with api.factory() as s:
             g = s.execute(select(Group)).scalar_one()
-            assert (g.status, g.score_attempts, g.claimed_by) == ("ready", 2, None)
+            # A's expired claim looks like a dead worker's: its attempt was given back (and a death counted)
+            assert (g.status, g.score_attempts, g.score_deaths, g.claimed_by) == ("ready", 1, 1, None)
             assert s.scalar(select(func.count()).select_from(Reward)) == rewards_before
 
     def test_live_claim_keeps_other_workers_off(self, api, scorer):
@@ -147,17 +148,17 @@ class TestClaims:
         with api.factory() as s:
             assert s.execute(select(Group.status)).scalar_one() == "received"
 
-    def test_group_that_kills_its_worker_runs_out_of_attempts(self, api, scorer):
+    def test_group_that_kills_its_worker_alone_is_ended_as_the_killer(self, api, scorer):
         api.post("/v1/groups", json=make_group("killer"))
-        for n in range(3):  # three workers claim it and die before writing anything
+        for n in range(3):  # three workers claim it alone and die before writing anything
             with api.factory.begin() as s:
-                assert repo.claim_received(s, f"dead-{n}", 10, 0.05, 3)
+                assert repo.claim_received(s, f"dead-{n}", 10, 0.05, 3, 2)
             time.sleep(0.1)
-        result = run_once(api.factory, scorer, max_attempts=3)
+        result = run_once(api.factory, scorer, max_attempts=3, max_solo_deaths=2)
         g = _status(api, "killer")
         assert g["status"] == "reward_error" and result.failed == 1
         [(_, reason)] = _decisions(api, "reward_error")
-        assert "3 attempt" in reason
+        assert "died 3 times while it was scored alone" in reason
 
 
 class TestRetries:

@@ -1,0 +1,82 @@
+"""Segmented trajectories: one trajectory's advantage assigned to its K ordered segments.
+
+A trajectory may be stored as K ordered segments (summary checkpoints, a gateway's prefix mismatch), each
+its own sequence for the trainer. Advantages are computed group-relative from the trajectories' final
+rewards, exactly as for unsegmented members; this module then gives segment k (0-based, k = K-1 the last)
+its share by the policy's `segment_advantage`:
+
+- `broadcast` (default; SkyRL step-wise, agent-lightning, ReSum-GRPO): every segment gets A.
+- `divide` (slime): every segment gets A / K, K the segments the trainer trains on (those with a mask-1
+  target; a segment with none gets the same share and is never trained), so a trajectory's divided
+  segments sum to A over what is trained.
+- `discount` (AReaL's summarizing agents): segment k gets A * gamma^(K-1-k), gamma = `segment_discount`
+  in (0, 1]; the last segment gets A, each earlier one gamma times the next.
+
+The trainer divides by K exactly once (docs/training.md, "Segmented trajectories"; `rollout_weight`):
+segments that each *carry* A (`broadcast`, `discount`) are averaged -- weight 1/K each, the per-rollout
+mean -- while segments that *share* A (`divide`: their advantages sum to A, the division by K is already
+in them) are weighed 1, each a sample of its own as in slime. Either way a K-segment trajectory's weight in
+the loss does not grow with K, and a `divide` trajectory of K segments is not trained at 1/K (or 1/K^2) of
+the same reward unsegmented.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Literal, get_args
+
+SegmentAdvantage = Literal["broadcast", "divide", "discount"]
+SEGMENT_ADVANTAGES: tuple[str, ...] = get_args(SegmentAdvantage)
+DEFAULT_SEGMENT_DISCOUNT = 0.9
+
+
+def check_segment_policy(mode: str, gamma: float) -> None:
+    """ValueError naming the valid choices / range."""
+    if mode not in SEGMENT_ADVANTAGES:
+        raise ValueError(f"segment_advantage must be one of {', '.join(SEGMENT_ADVANTAGES)}, got {mode!r}")
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"segment_discount must be in (0, 1], got {gamma}")
+
+
+def segment_advantages(advantage: float, k: int, mode: str = "broadcast",
+                       gamma: float = DEFAULT_SEGMENT_DISCOUNT, trained: int | None = None) -> tuple[float, ...]:
+    """The advantages of a trajectory's k segments, first to last; () when it has none (k = 0). ``trained``:
+    how many of them the trainer trains on (None: all k), the divisor of ``divide``."""
+    check_segment_policy(mode, gamma)
+    if k < 0:
+        raise ValueError(f"a trajectory has k >= 0 segments, got {k}")
+    if trained is not None and not 0 <= trained <= k:
+        raise ValueError(f"a trajectory trains 0 to {k} of its segments, got {trained}")
+    if mode == "broadcast":
+        return (float(advantage),) * k
+    if mode == "divide":
+        return (float(advantage) / (trained or k),) * k if k else ()
+    return tuple(float(advantage) * gamma ** (k - 1 - i) for i in range(k))
+
+
+def with_segment_advantages(decisions: Sequence[Any], scores: Sequence[Any], mode: str, gamma: float) -> tuple[Any, ...]:
+    """`filters.types.TrajectoryDecision`s (typed Any here: `filters.types` imports this module) of one
+    group and their `TrajectoryScore`s -> the decisions with each segmented member's `segment_advantages` set from its advantage (the
+    one assignment both curation paths, `curate_group` and the vectorised one, apply)."""
+    out = []
+    for d, t in zip(decisions, scores, strict=True):
+        if t.segments:
+            d = replace(d, segment_advantages=segment_advantages(d.advantage, t.segments, mode, gamma,
+                                                                 getattr(t, "trained_segments", None)))
+        out.append(d)
+    return tuple(out)
+
+
+def rollout_weight(advantage: float, trained: Sequence[float]) -> float:
+    """The trainer's weight of each of a trajectory's trained segments, from the trajectory's advantage A and
+    those segments' advantages (K = len(trained)): 1 when they share A (they sum to A: ``divide``, whose
+    advantages are already A / K), else 1/K (the per-rollout mean of segments that each carry A:
+    ``broadcast``, ``discount``). A = 0 trains no policy gradient either way and cannot be told apart: 1/K.
+    (advantage, (K,)) -> weight; K = 1 gives 1."""
+    k = len(trained)
+    if k == 0:
+        raise ValueError("a segmented trajectory the trainer trains has at least one trained segment")
+    shared = advantage != 0.0 and math.isclose(math.fsum(trained), advantage, rel_tol=1e-6)  # float32 shares: ~1e-7
+    return 1.0 if shared else 1.0 / k

@@ -1,0 +1,1 @@
+"""Archive: finished groups to Parquet (service.archive.service)."""

@@ -1,0 +1,129 @@
+"""The archive's statements: which finished groups are due, their rows as written to Parquet, and the one
+transaction that records the files and tombstones and deletes the hot rows."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy.orm import Session
+
+from service.store.models import ArchiveFile, ArchiveIdentity, Group, GroupTombstone, Prompt, Trajectory
+from service.store.queries import rewards_column
+
+FINAL_STATUSES = ("consumed", "dropped", "reward_error", "curation_error")
+_LOCK_KEY = 0x61726368  # "arch": one archiver at a time (a session-level advisory lock)
+
+
+def try_lock(conn: Connection) -> bool:
+    """Take the archiver's lock on this connection (held until it is released or the connection ends,
+    so a killed archiver leaves none behind); False when another archiver holds it."""
+    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _LOCK_KEY}).scalar_one())
+
+
+def unlock(conn: Connection) -> None:
+    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _LOCK_KEY})
+
+
+def identity(session: Session) -> str:
+    """This database's archive id (drawn on the first call, and again in a copy or a restore of the database:
+    its OID differs from the one the id was drawn in). Call under the archiver's lock."""
+    oid = session.execute(text("SELECT oid FROM pg_database WHERE datname = current_database()")).scalar_one()
+    row = session.get(ArchiveIdentity, "archive")
+    if row is None:
+        row = ArchiveIdentity(name="archive", id=uuid.uuid4().hex[:16], database_oid=oid)
+        session.add(row)
+    elif row.database_oid != oid:
+        row.id, row.database_oid = uuid.uuid4().hex[:16], oid
+    session.flush()
+    return row.id
+
+
+def _day() -> Any:
+    return func.date(func.timezone("UTC", Group.created_at))
+
+
+def due_groups(session: Session, cutoff: datetime, after_pk: int, limit: int,
+               below_version: int) -> list[tuple[int, str, date, str]]:
+    """(pk, dataset, UTC day, status) of the next ``limit`` groups above ``after_pk`` in a final status, created
+    before ``cutoff`` and sampled at a policy version below ``below_version``, in pk order."""
+    stmt = (
+        select(Group.pk, Group.dataset, _day(), Group.status)
+        .where(Group.pk > after_pk, Group.status.in_(FINAL_STATUSES), Group.created_at < cutoff,
+               Group.policy_version < below_version)
+        .order_by(Group.pk)
+        .limit(limit)
+    )
+    return [(pk, ds, day, status) for pk, ds, day, status in session.execute(stmt)]
+
+
+def group_rows(session: Session, pks: Sequence[int]) -> list[dict[str, Any]]:
+    """One dict per trajectory of the groups ``pks`` (group then index order): every column the archive keeps."""
+    columns = [
+        Group.pk.label("group_pk"), Group.id.label("group_id"), Group.prompt_id, Group.dataset, Group.policy_version,
+        Group.status, Group.drop_reason, Group.created_at, Group.consumed_at, Group.reward_spec_name,
+        Group.reward_spec_version, Group.curation_policy_name, Group.curation_policy_version,
+        Group.sampling.label("sampling"), Group.metadata_.label("group_metadata"),
+        Prompt.messages.label("prompt_messages"), Prompt.metadata_.label("prompt_metadata"),
+        Trajectory.idx, Trajectory.messages, Trajectory.final_answer, Trajectory.finish_reason, Trajectory.seq_len,
+        Trajectory.num_tokens, Trajectory.num_turns, Trajectory.metadata_.label("metadata"), Trajectory.total_reward,
+        Trajectory.outcome, Trajectory.advantage, Trajectory.action, Trajectory.reason, Trajectory.segments,
+        Trajectory.segment_advantages, Trajectory.token_ids, Trajectory.loss_mask, Trajectory.logprobs,
+        Trajectory.versions, rewards_column().label("rewards"),
+    ]
+    stmt = (
+        select(*columns)
+        .join(Trajectory, Trajectory.group_pk == Group.pk)
+        .outerjoin(Prompt, Prompt.id == Group.prompt_id)
+        .where(Group.pk.in_(list(pks)))
+        .order_by(Group.pk, Trajectory.idx)
+    )
+    return [dict(row) for row in session.execute(stmt).mappings()]
+
+
+def lock_groups(session: Session, pks: Sequence[int]) -> dict[int, str]:
+    """pk -> status of the groups among ``pks`` that still exist, locked FOR UPDATE (pk order)."""
+    stmt = select(Group.pk, Group.status).where(Group.pk.in_(list(pks))).order_by(Group.pk).with_for_update()
+    return {pk: status for pk, status in session.execute(stmt)}
+
+
+def insert_file(session: Session, row: dict[str, Any]) -> int:
+    """Record one written file (re-recording the same location is a conflict: it names one content)."""
+    return session.execute(insert(ArchiveFile).values(**row).returning(ArchiveFile.pk)).scalar_one()
+
+
+def insert_tombstones(session: Session, pks: Sequence[int], file_pk: int) -> None:
+    g = Group.__table__
+    cols = ("id", "pk", "body_hash", "prompt_id", "dataset", "policy_version", "status", "drop_reason",
+            "n_trajectories")
+    source = select(*(g.c[c] for c in cols), g.c.created_at, func.cast(file_pk, Group.pk.type)).where(
+        g.c.pk.in_(list(pks)))
+    session.execute(insert(GroupTombstone).from_select([*cols, "group_created_at", "file_pk"], source))
+
+
+def delete_groups(session: Session, pks: Sequence[int]) -> int:
+    """Delete the groups (their trajectories, rewards and decisions go with them: ON DELETE CASCADE)."""
+    return session.execute(Group.__table__.delete().where(Group.__table__.c.pk.in_(list(pks)))).rowcount
+
+
+def recorded_locations(session: Session) -> set[str]:
+    return set(session.execute(select(ArchiveFile.location)).scalars())
+
+
+def tombstone(session: Session, group_id: str) -> Any:
+    """(tombstone row, its file's location) of an archived group, or None."""
+    stmt = (select(GroupTombstone, ArchiveFile.location)
+            .join(ArchiveFile, ArchiveFile.pk == GroupTombstone.file_pk).where(GroupTombstone.id == group_id))
+    return session.execute(stmt).one_or_none()
+
+
+def files(session: Session, kind: str, dataset: str | None) -> list[ArchiveFile]:
+    """The recorded files of ``kind`` (one dataset, or all), in the order of their groups."""
+    stmt = select(ArchiveFile).where(ArchiveFile.kind == kind).order_by(ArchiveFile.first_pk)
+    if dataset is not None:
+        stmt = stmt.where(ArchiveFile.dataset == dataset)
+    return list(session.execute(stmt).scalars())
+

@@ -1,0 +1,229 @@
+"""Archive: groups in a final state (consumed, dropped, reward_error, curation_error) older than the retention
+leave the hot tables for Parquet files (``service.archive.files``), keeping a tombstone each.
+
+Groups the training-health monitors still read are never archived, whatever the retention: those sampled at
+a policy version inside the alert window (``current - alert_window_versions`` and newer; the monitors read hot
+groups only, so archiving them would resolve their alerts and lift a pause_leases breaker).
+
+The protocol, one batch of groups (pk order) at a time, under one advisory lock (one archiver at a time):
+
+1. read the batch's rows (a short transaction);
+2. write its files, one per (kind, dataset, day), each whole or not at all (``files.Target.write``);
+3. in ONE transaction: lock the groups, check they are still there and final, record the files
+   (``archive_files``), insert the tombstones, move their stats share to ``stats_archived_cells`` and delete
+   the hot rows.
+
+A kill at any point leaves each group either hot (step 3 did not commit) or archived (it did): never
+neither, never both. Files written by a run that died before step 3 are not recorded; the next run deletes
+them before it starts (a batch written again gets the same name anyway): the files whose name carries this
+database's archive id (``repository.identity``) and that it has no record of, and its own temporary files.
+It never deletes a file another database wrote (another id, or a name from before ids), nor a recorded one
+reached through another spelling of the target (a symlink, another mount: files compare by their path below
+the root).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.archive import duration, files
+from service.archive import repository as repo
+from service.policy import service as policy
+from service.settings import Settings, get_settings
+from service.stats import service as stats
+
+log = logging.getLogger(__name__)
+
+FINAL_STATUSES = repo.FINAL_STATUSES
+_EXCLUDED = ("drop", "resample", "resume")  # actions that leave a trajectory out of training
+parse_duration = duration.parse_duration
+
+
+class ArchiverBusy(RuntimeError):
+    """Another archiver holds the lock."""
+
+
+@dataclass
+class ArchiveResult:
+    groups: int = 0
+    trajectories: int = 0
+    files: int = 0
+    orphans_removed: int = 0
+    skipped: int = 0  # groups that changed between read and record (left hot)
+    locations: list[str] = field(default_factory=list)
+
+
+def _effective(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["status"] == "consumed" and (r["action"] or "") not in _EXCLUDED]
+
+
+def _partitions(due: list[tuple[int, str, date, str]]) -> dict[tuple[str, date], list[int]]:
+    parts: dict[tuple[str, date], list[int]] = defaultdict(list)
+    for pk, dataset, day, _status in due:
+        parts[(dataset, day)].append(pk)
+    return parts
+
+
+def _write_batch(target: files.Target, rows: list[dict[str, Any]],
+                 parts: dict[tuple[str, date], list[int]]) -> list[dict[str, Any]]:
+    """Write the batch's files; returns what to record for each (with the pks it covers)."""
+    by_pk: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_pk[r["group_pk"]].append(r)
+    written = []
+    for (dataset, day), pks in sorted(parts.items()):
+        part_rows = [r for pk in pks for r in by_pk[pk]]
+        for kind, kind_rows in (("all", part_rows), ("effective", _effective(part_rows))):
+            if kind == "effective" and not kind_rows:  # "all" always: every tombstone names its file
+                continue
+            path = target.path(kind, dataset, day, pks[0], pks[-1])
+            target.write(path, files.table(kind_rows))
+            written.append({"row": {"location": target.location(path), "uri": target.uri(path), "kind": kind,
+                                    "dataset": dataset, "day": day, "first_pk": pks[0], "last_pk": pks[-1],
+                                    "n_groups": len({r["group_pk"] for r in kind_rows}), "n_rows": len(kind_rows)},
+                            "pks": pks, "path": path})
+    return written
+
+
+def _record(session: Session, expected: dict[int, str], written: list[dict[str, Any]]) -> bool:
+    """Step 3 of the protocol (the caller's one transaction); False (nothing done) when a group changed."""
+    if repo.lock_groups(session, list(expected)) != expected:
+        return False
+    pks = sorted(expected)
+    stats.record_archived(session, pks)  # before the rows go: it reads them
+    for w in written:
+        file_pk = repo.insert_file(session, w["row"])
+        if w["row"]["kind"] == "all":
+            repo.insert_tombstones(session, w["pks"], file_pk)
+    repo.delete_groups(session, pks)
+    return True
+
+
+def remove_orphans(session: Session, target: files.Target) -> int:
+    """Delete the files left by this database's interrupted runs: those under the target whose name carries
+    its archive id (``target.owner``) and that no recorded file names (compared by their path below the root),
+    and its temporary files. Only safe under the archiver's lock."""
+    recorded = {files.tail(location) for location in repo.recorded_locations(session)}
+    removed = 0
+    for path in target.files():
+        if target.owns(path) and files.tail(path) not in recorded:
+            target.delete(path)
+            removed += 1
+    for path in target.stale_temps():
+        os.unlink(path)
+        removed += 1
+    return removed
+
+
+def keep_from(session: Session, window_versions: int) -> int:
+    """The oldest policy version the monitors still read (``current - window_versions``): groups sampled at it
+    or later stay hot."""
+    return policy.current_version(session) - window_versions
+
+
+def archive(engine: Engine, to: str, older_than: timedelta, *, batch_groups: int = 500,
+            now: datetime | None = None, on_batch: Callable[[ArchiveResult], None] | None = None,
+            window_versions: int | None = None) -> ArchiveResult:
+    """Archive every group that is final, was created more than ``older_than`` before ``now`` and is outside the
+    monitors' window (``window_versions``: ``alert_window_versions`` by default). Raises ArchiverBusy when
+    another archiver runs."""
+    window = get_settings().alert_window_versions if window_versions is None else window_versions
+    cutoff = (now or datetime.now(UTC)) - older_than
+    factory = sessionmaker(engine, expire_on_commit=False)
+    result = ArchiveResult()
+    with engine.connect() as lock_conn:
+        if not repo.try_lock(lock_conn):
+            raise ArchiverBusy("another archiver is running (it holds the archive lock); try again later")
+        lock_conn.commit()
+        try:
+            with factory.begin() as session:
+                target = files.Target.parse(to, repo.identity(session))
+                result.orphans_removed = remove_orphans(session, target)
+            after = 0
+            while True:
+                with factory.begin() as session:
+                    due = repo.due_groups(session, cutoff, after, batch_groups, keep_from(session, window))
+                    rows = repo.group_rows(session, [d[0] for d in due]) if due else []
+                if not due:
+                    break
+                after = due[-1][0]
+                expected = {pk: status for pk, _, _, status in due}
+                written = _write_batch(target, rows, _partitions(due))
+                with factory.begin() as session:
+                    done = _record(session, expected, written)
+                if not done:  # a group changed since it was read: leave the batch hot, its files unrecorded
+                    result.skipped += len(expected)
+                    for w in written:
+                        target.delete(w["path"])
+                    continue
+                result.groups += len(expected)
+                result.trajectories += len(rows)
+                result.files += len(written)
+                result.locations += [w["row"]["location"] for w in written]
+                if on_batch is not None:
+                    on_batch(result)
+        finally:
+            repo.unlock(lock_conn)
+            lock_conn.commit()
+    return result
+
+
+# -- reading archived groups back ---------------------------------------------------------------------------
+def tombstone(session: Session, group_id: str) -> Any:
+    """(tombstone, location) of an archived group, or None: ingest answers a re-post from it."""
+    return repo.tombstone(session, group_id)
+
+
+def archived_rows(session_factory: sessionmaker[Session], *, dataset: str | None, statuses: list[str],
+                  min_policy_version: int | None, max_policy_version: int | None) -> Any:
+    """The archived trajectories (export's row shape), file by file in group order, filtered like an export."""
+    with session_factory() as session, session.begin():
+        recorded = [(f.uri, f.first_pk) for f in repo.files(session, "all", dataset)]
+    for uri, _ in recorded:
+        for row in files.export_rows(files.open_file(uri)):
+            if row["status"] not in statuses:
+                continue
+            if min_policy_version is not None and row["policy_version"] < min_policy_version:
+                continue
+            if max_policy_version is not None and row["policy_version"] > max_policy_version:
+                continue
+            yield row
+
+
+# -- on the worker's schedule (GRPO_CURATOR_ARCHIVE_URL, GRPO_CURATOR_RETENTION) ------------------------------
+def run_schedule(engine: Engine, settings: Settings, stop: threading.Event) -> None:
+    """Until ``stop``: a pass ``min(5 s, archive_every_s)`` after start, then one every ``archive_every_s``."""
+    older_than = parse_duration(settings.retention, "GRPO_CURATOR_RETENTION")
+    delay = min(5.0, settings.archive_every_s)
+    while not stop.wait(delay):
+        delay = settings.archive_every_s
+        try:
+            result = archive(engine, settings.archive_url or "", older_than, batch_groups=settings.archive_batch_groups,
+                             window_versions=settings.alert_window_versions)
+            if result.groups:
+                log.info("archive: %d groups into %d files", result.groups, result.files)
+        except ArchiverBusy:
+            log.info("archive: another archiver is running; next pass later")
+        except Exception:  # the database or the store went away: the next pass tries again
+            log.exception("archive pass failed; retrying at the next pass")
+
+
+def start_schedule(engine: Engine, settings: Settings, stop: threading.Event) -> threading.Thread | None:
+    """Start the archive thread when ``archive_url`` is set; None otherwise."""
+    if not settings.archive_url:
+        return None
+    thread = threading.Thread(target=run_schedule, args=(engine, settings, stop), name="archiver", daemon=True)
+    thread.start()
+    log.info("archive: every %gs to %s, older than %s", settings.archive_every_s, settings.archive_url,
+             settings.retention)
+    return thread

@@ -1,0 +1,250 @@
+"""Remedies in place: a `resample` / `resume` member is replaced in its own group (docs/curation.md,
+"Remedies").
+
+- **Request.** Curation gives a group with remedy members that can still be remedied the status ``waiting``
+  (until ``now + policy.resample_wait_seconds``) and one sampling request per slot: ``reason`` the action,
+  ``source_group_pk`` / ``idx`` the slot, the budget with the larger ``max_tokens``; a resume request carries
+  the member's ``checkpoint`` (messages, token ids, loss mask, log-probs, per-token versions so far).
+- **Fill.** ``POST /v1/groups/{group_id}/trajectories/{index}`` stores the replacement in place of the member
+  (its rewards and decision are gone); when no slot is left open the group goes back to ``received``: it is
+  scored and curated with the replacement. The same body again is an idempotent 200; another body for a slot
+  already filled, for a slot nobody waits for, or after the group's deadline (the database's clock) is a
+  409. A resume fill carries loss_mask, log-probs and versions equal to the checkpoint's on its tokens (no
+  log-probs at all when the checkpoint has none: no behaviour policy), adds at least one generated token,
+  and tags that continuation with its ``policy_version``; every fill keeps the versions rule
+  (``ingest.check_versions``).
+- **Deadline.** The worker's maintenance (``expire_waits``) takes groups whose wait ran out: their unfilled
+  slots are ``expired`` and the group trains with what it has (scored again when some slot was filled).
+- **Bounds.** A slot is resampled once; it is resumed at most ``policy.max_resumes`` times (a member cut
+  again is resumed again while that holds, then stays out of training like a resample member); an expired
+  slot is never asked for again.
+
+Every step is a decision row (``rule``: remedy_requested, remedy_filled, remedy_unfilled, remedy_exhausted),
+so ``GET /v1/groups/{id}`` shows the history and ``GET /v1/stats`` counts it by remedy.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from filters.types import REMEDY_ACTIONS, CurationPolicy
+from service.api.errors import BadRequest, Conflict, NotFound
+from service.auth.service import OPEN, Principal
+from service.curation import repository as curate_repo
+from service.ingest import service as ingest
+from service.ingest.schemas import TrajectoryIn
+from service.store import arrays
+from service.store.db import db_now
+from service.store.models import Group, SamplingRequest, Trajectory
+
+REQUESTED, FILLED, UNFILLED, EXHAUSTED = "remedy_requested", "remedy_filled", "remedy_unfilled", "remedy_exhausted"
+REMEDY_RULES: tuple[str, ...] = (REQUESTED, FILLED, UNFILLED, EXHAUSTED)
+SlotHistory = dict[tuple[int, int], list[SamplingRequest]]
+
+
+def limit_of(action: str, policy: CurationPolicy) -> int:
+    """How many requests one slot may get for ``action``."""
+    return policy.max_resumes if action == "resume" else 1
+
+
+def can_remedy(history: list[SamplingRequest], action: str, policy: CurationPolicy) -> bool:
+    """The slot may be asked for again: no request of it expired, and fewer than the bound were made."""
+    if policy.resample_wait_seconds <= 0 or action not in REMEDY_ACTIONS:
+        return False
+    if any(r.status == "expired" for r in history):
+        return False
+    return sum(1 for r in history if r.reason == action) < limit_of(action, policy)
+
+
+def was_remedied(history: list[SamplingRequest]) -> bool:
+    """The slot was filled before (its member now is a replacement that was cut again)."""
+    return any(r.filled_at is not None for r in history) and not any(r.status == "expired" for r in history)
+
+
+def token_versions(t: Trajectory, policy_version: int) -> list[int] | None:
+    """The stored per-token versions, else the group's version on mask-1 tokens and -1 elsewhere."""
+    stored = arrays.decode_list(t.versions, arrays.VERSION_DTYPE)
+    if stored is not None:
+        return stored
+    mask = arrays.decode_list(t.loss_mask, arrays.MASK_DTYPE)
+    return None if mask is None else [policy_version if m else -1 for m in mask]
+
+
+def checkpoint_of(g: Group, t: Trajectory) -> dict[str, Any]:
+    """The last complete state of a member: its ``metadata.checkpoint`` marker (``tokens`` / ``messages``: the
+    lengths at the last turn boundary, rollout.episodes) when valid, else everything it has so far."""
+    ids = arrays.decode_list(t.token_ids, arrays.TOKEN_DTYPE) or []
+    mask = arrays.decode_list(t.loss_mask, arrays.MASK_DTYPE) or []
+    logps = arrays.decode_list(t.logprobs, arrays.LOGPROB_DTYPE)
+    versions = token_versions(t, g.policy_version) or []
+    messages = list(t.messages or [])
+    marker = t.metadata_.get("checkpoint") if isinstance(t.metadata_, dict) else None
+    k, m = len(ids), len(messages)
+    if isinstance(marker, dict):
+        tokens, msgs = marker.get("tokens"), marker.get("messages")
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= len(ids):
+            k = tokens
+        if isinstance(msgs, int) and not isinstance(msgs, bool) and 0 <= msgs <= len(messages):
+            m = msgs
+    return {
+        "messages": messages[:m],
+        "token_ids": ids[:k],
+        "loss_mask": mask[:k],
+        "logprobs": None if logps is None else logps[:k],
+        "versions": versions[:k],
+    }
+
+
+def request_row(g: Group, idx: int, action: str, budget: dict[str, Any], dataset: str) -> dict[str, Any]:
+    trajectory = next(t for t in g.trajectories if t.idx == idx)
+    return {"prompt_id": g.prompt_id, "dataset": dataset, "reason": action, "n": 1, "budget": budget,
+            "priority": 2.0, "source_group_pk": g.pk, "idx": idx,
+            "checkpoint": checkpoint_of(g, trajectory) if action == "resume" else None}
+
+
+def wait_until(policy: CurationPolicy, now: datetime) -> datetime:
+    return now + timedelta(seconds=policy.resample_wait_seconds)
+
+
+# -- the fill route --------------------------------------------------------------------------------------
+def _f32(values: list[float]) -> bytes:
+    return np.asarray(values, dtype=np.float32).tobytes()
+
+
+def _check_resume(t: TrajectoryIn, checkpoint: dict[str, Any], policy_version: int) -> None:
+    """A resumed trajectory extends its checkpoint by at least one generated token, keeping the checkpoint's
+    tokens, mask, behaviour log-probs (bitwise as stored, float32) and versions; its continuation's generated
+    tokens carry the fill's ``policy_version`` (422 naming the field otherwise). A checkpoint without
+    behaviour log-probs (its member had no behaviour policy) is resumed without any: the fill's ``logprobs``
+    is null exactly then, never half (no made-up values for the old tokens)."""
+    if t.token_ids is None or t.segments is not None:
+        raise BadRequest("trajectory.token_ids: a resumed trajectory carries its token ids (no segments), "
+                         "beginning with its checkpoint's")
+    old_lp = checkpoint.get("logprobs")
+    _check_resume_logprobs(t, old_lp is not None)
+    missing = [k for k in ("loss_mask", "versions") if getattr(t, k) is None]
+    if missing:
+        raise BadRequest(f"trajectory.{missing[0]}: required in a resume fill (a resumed trajectory carries "
+                         f"{', '.join(missing)} with its checkpoint's values on the checkpoint's tokens)")
+    assert t.loss_mask is not None and t.versions is not None
+    prefix = checkpoint.get("token_ids") or []
+    k, ids = len(prefix), t.token_ids
+    if len(ids) < k or ids[:k] != prefix:
+        raise BadRequest(f"trajectory.token_ids: a resumed trajectory begins with its checkpoint's {k} tokens")
+    if not any(t.loss_mask[k:]):
+        raise BadRequest(f"trajectory.token_ids: a resumed trajectory adds at least one generated token (loss_mask "
+                         f"1) after its checkpoint's {k}; a fill that only repeats the checkpoint is no continuation")
+    if t.loss_mask[:k] != (checkpoint.get("loss_mask") or []):
+        raise BadRequest("trajectory.loss_mask: differs from the checkpoint's loss_mask on its tokens")
+    if old_lp is not None and t.logprobs is not None and _f32(t.logprobs[:k]) != _f32(old_lp):
+        raise BadRequest("trajectory.logprobs: differs from the checkpoint's behaviour log-probs on its tokens")
+    if t.versions[:k] != (checkpoint.get("versions") or []):
+        raise BadRequest("trajectory.versions: differs from the checkpoint's versions on its tokens")
+    for i in range(k, len(ids)):
+        if t.loss_mask[i] and t.versions[i] != policy_version:
+            raise BadRequest(f"trajectory.versions[{i}]: a continuation token is generated by the fill's "
+                             f"policy_version {policy_version}, got {t.versions[i]}")
+
+
+def _check_resume_logprobs(t: TrajectoryIn, checkpoint_has: bool) -> None:
+    """Behaviour log-probs in a resume fill exactly when its checkpoint has them (422 ``trajectory.logprobs``)."""
+    if checkpoint_has and t.logprobs is None:
+        raise BadRequest("trajectory.logprobs: required in a resume fill (a resumed trajectory carries logprobs "
+                         "with its checkpoint's values on the checkpoint's tokens)")
+    if not checkpoint_has and t.logprobs is not None:
+        raise BadRequest("trajectory.logprobs: the checkpoint has no behaviour log-probs, so the resumed "
+                         "trajectory has none (null): values for the checkpoint's tokens would be made up")
+
+
+def _with_versions(t: TrajectoryIn, policy_version: int) -> TrajectoryIn:
+    if t.versions is not None or t.token_ids is None or t.loss_mask is None:
+        return t
+    return t.model_copy(update={"versions": [policy_version if v else -1 for v in t.loss_mask]})
+
+
+def _answer(g: Group, idx: int, req: SamplingRequest, open_left: int) -> dict[str, Any]:
+    return {"group_id": g.id, "index": idx, "reason": req.reason, "request_id": req.pk,
+            "group_status": g.status, "open_slots": open_left}
+
+
+def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t: TrajectoryIn, *,
+              max_sequence_tokens: int, key: Principal = OPEN) -> tuple[dict[str, Any], bool]:
+    """Store a producer's replacement for slot ``idx`` of a waiting group -> (answer, created?)."""
+    g = ingest.lock_group(session, group_id)
+    if g is None or not key.allows_dataset(g.dataset):  # out of scope: exactly like an unknown id
+        raise NotFound(f"group_id: no group {group_id!r}")
+    if idx >= g.n_trajectories:
+        raise BadRequest(f"index: group {group_id!r} has trajectories 0 to {g.n_trajectories - 1}, got {idx}")
+    ingest.check_trajectory_limits(t, "trajectory.", max_sequence_tokens)
+    digest = ingest.trajectory_hash(t, policy_version)
+    slots = curate_repo.slot_requests(session, g.pk, idx)
+    for req in slots:
+        if req.fill_hash == digest:  # the same fill again: its answer, nothing stored twice
+            return _answer(g, idx, req, curate_repo.count_open_slots(session, g.pk)), False
+    waiting = [r for r in slots if r.filled_at is None and r.status != "expired"]
+    if g.status != "waiting" or not waiting:
+        filled = any(r.filled_at is not None for r in slots)
+        why = "was already filled with a different trajectory" if filled else "is not awaiting a replacement"
+        raise Conflict(f"index: slot {idx} of group {group_id!r} {why} (group status {g.status!r})",
+                       detail={"group_id": group_id, "index": idx, "status": g.status})
+    if g.wait_until is not None and g.wait_until <= db_now(session):  # before maintenance expires the slot
+        raise Conflict(f"index: the deadline of slot {idx} of group {group_id!r} passed at "
+                       f"{g.wait_until.isoformat()}; it is not awaiting a replacement any more",
+                       detail={"group_id": group_id, "index": idx, "status": g.status})
+    req = waiting[-1]
+    if req.reason == "resume":  # first: a differing checkpoint part is named as such
+        _check_resume(t, req.checkpoint or {}, policy_version)
+    ingest.check_versions(t, policy_version, "trajectory.")
+    t = _with_versions(t, policy_version)
+    ingest.replace_trajectory(session, g.pk, idx, t)
+    now = db_now(session)
+    curate_repo.mark_filled(session, req.pk, digest, now)
+    curate_repo.insert_decisions(session, [{
+        "group_pk": g.pk, "idx": idx, "policy_name": g.curation_policy_name,
+        "policy_version": g.curation_policy_version, "action": req.reason, "rule": FILLED,
+        "reason": f"slot {idx}: {req.reason} filled by {key.name or 'a producer'} (policy version {policy_version}, "
+                  f"{t.finish_reason})",
+    }])
+    n_tokens = sum(len(t.token_ids or ()) if x.idx == idx else x.seq_len for x in g.trajectories)
+    open_left = curate_repo.count_open_slots(session, g.pk)
+    update: dict[str, Any] = {"pk": g.pk, "n_tokens": n_tokens}
+    if open_left == 0:
+        update |= _rescore_fields()
+        g.status = "received"
+    ingest.update_groups(session, [update])
+    return _answer(g, idx, req, open_left), True
+
+
+def _rescore_fields() -> dict[str, Any]:
+    """A group sent back through scoring (a replacement has no rewards yet)."""
+    return {"status": "received", "wait_until": None, "score_attempts": 0, "retry_at": None, "claimed_by": None,
+            "claimed_until": None, "score_error": None, "drop_reason": None, "score_deaths": 0,
+            "death_tokens": []}
+
+
+# -- the deadline ------------------------------------------------------------------------------------------
+def expire_waits(session: Session, limit: int = 256) -> list[Group]:
+    """Groups whose wait ran out train with what they have: unfilled slots expire (one decision each); a
+    group some slot of which was filled is scored again (``received``), the others are returned to be
+    curated now (status ``scored``)."""
+    now = db_now(session)  # wait_until is the database's time (the fill's deadline)
+    groups = curate_repo.due_waiting(session, now, limit)
+    rescore, curate_now, decisions = [], [], []
+    for g in groups:
+        for req in curate_repo.expire_slots(session, g.pk):
+            decisions.append({
+                "group_pk": g.pk, "idx": req.idx, "policy_name": g.curation_policy_name,
+                "policy_version": g.curation_policy_version, "action": req.reason, "rule": UNFILLED,
+                "reason": f"slot {req.idx}: no {req.reason} replacement before the deadline; "
+                          "the group trains without it",
+            })
+        replaced = any(t.action is None for t in g.trajectories)  # a fill cleared its decision
+        (rescore if replaced else curate_now).append(g)
+    curate_repo.insert_decisions(session, decisions)
+    ingest.update_groups(session, [{"pk": g.pk, **_rescore_fields()} for g in rescore])
+    ingest.update_groups(session, [{"pk": g.pk, "status": "scored", "wait_until": None} for g in curate_now])
+    return curate_now

@@ -1,0 +1,177 @@
+"""The rules of a slot fill and of per-token versions, over real HTTP on a real PostgreSQL with the real
+worker (docs/curation.md, "Remedies"): a segmented replacement is stored exactly as POST /v1/groups stores
+segments (GET and leases read it); a fill after the deadline is a 409 even before the maintenance ran; the
+versions rule is one check at ingest and at a fill; with no wait a resume member asks for a fresh group;
+the pass rate leaves masked members out; an untrainable group's drop names its policy."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from service.worker.pipeline import drain
+from tests.helpers import assert_client_error, make_group, make_trajectory, register_spec
+
+SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
+
+
+def _setup(api, name: str, action: str = "resample", **policy) -> None:
+    register_spec(api, SPEC)
+    body = {"name": name, "finish_reason_actions": {"length": action}, "resample_wait_seconds": 3600, **policy}
+    assert api.post("/v1/curation-policies", json=body).status_code == 201, body
+    assert api.put(f"/v1/datasets/{name}", json={"reward_spec": "math", "curation_policy": name}).status_code == 200
+
+
+def _cut_group(gid: str, dataset: str) -> dict:
+    g = make_group(gid, prompt_id=f"p-{gid}", dataset=dataset, answers=["42", "41", "42", "7"])
+    g["trajectories"][3]["finish_reason"] = "length"
+    return g
+
+
+def _waiting(api, scorer, gid: str, dataset: str) -> None:
+    assert api.post("/v1/groups", json=_cut_group(gid, dataset)).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get(f"/v1/groups/{gid}").json()["status"] == "waiting"
+
+
+def _segmented(answer: str) -> dict:
+    t = make_trajectory(answer=answer, seed=4)
+    for k in ("token_ids", "loss_mask", "logprobs"):
+        del t[k]
+    t["segments"] = [
+        {"token_ids": [3, 4, 5], "loss_mask": [0, 1, 1], "logprobs": [0.0, -0.25, -0.5],
+         "messages": [{"role": "assistant", "content": "summary so far"}]},
+        {"token_ids": [6, 7, 8, 9], "loss_mask": [0, 0, 1, 1], "logprobs": [0.0, 0.0, -0.125, -1.0]},
+    ]
+    return t
+
+
+def test_a_segmented_fill_is_stored_like_posted_segments_and_read_and_leased(api, scorer):
+    _setup(api, "segfill")
+    _waiting(api, scorer, "s", "segfill")
+    fill = {"policy_version": 0, "trajectory": _segmented("42")}
+    r = api.post("/v1/groups/s/trajectories/3", json=fill)
+    assert r.status_code == 201, r.text
+    with api.factory() as s:  # the same JSONB shape as POST /v1/groups writes: an array, not a JSON string
+        kind = s.execute(text("SELECT jsonb_typeof(t.segments) FROM trajectories t JOIN groups g ON g.pk = "
+                              "t.group_pk WHERE g.id = 's' AND t.idx = 3")).scalar_one()
+    assert kind == "array"
+    got = api.get("/v1/groups/s", params={"include_tokens": True})
+    assert got.status_code == 200, got.text
+    member = got.json()["trajectories"][3]
+    assert [seg["token_ids"] for seg in member["segments"]] == [[3, 4, 5], [6, 7, 8, 9]]
+    assert member["segments"][0]["messages"][0]["content"] == "summary so far"
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/s").json()["status"] == "ready"
+    lease = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 5})
+    assert lease.status_code == 200, lease.text
+    [leased] = [t for t in lease.json()["groups"][0]["trajectories"] if t["index"] == 3]
+    assert [seg["token_ids"] for seg in leased["segments"]] == [[3, 4, 5], [6, 7, 8, 9]]
+    assert [seg["loss_mask"] for seg in leased["segments"]] == [[0, 1, 1], [0, 0, 1, 1]]
+
+
+def test_a_fill_after_the_deadline_is_a_409_before_the_maintenance_ran(api, scorer):
+    _setup(api, "late")
+    _waiting(api, scorer, "l", "late")
+    before = api.get("/v1/groups/l?include_tokens=true").json()
+    with api.factory.begin() as s:  # the deadline passes on the database's clock; no maintenance runs
+        s.execute(text("UPDATE groups SET wait_until = now() - interval '1 second' WHERE id = 'l'"))
+    late = {"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=3)}
+    assert_client_error(api.post("/v1/groups/l/trajectories/3", json=late), "index", (409,))
+    after = api.get("/v1/groups/l?include_tokens=true").json()
+    assert after["trajectories"] == before["trajectories"] and after["status"] == "waiting"
+    with api.factory.begin() as s:  # a deadline still ahead: the fill is taken
+        s.execute(text("UPDATE groups SET wait_until = now() + interval '1 hour' WHERE id = 'l'"))
+    assert api.post("/v1/groups/l/trajectories/3", json=late).status_code == 201
+
+
+def _versions_group(gid: str, versions: list[int], policy_version: int = 2) -> dict:
+    g = make_group(gid, prompt_id=f"p-{gid}", answers=["42", "41"], n=2, policy_version=policy_version)
+    g["trajectories"][1]["versions"] = versions
+    return g
+
+
+OK_MASK = [-1] * 4 + [2] * 6  # make_trajectory: 4 prompt tokens (mask 0), 6 generated (mask 1)
+
+
+@pytest.mark.parametrize(("versions", "field"), [
+    ([-1] * 4 + [2] * 5 + [3], "trajectories[1].versions[9]"),  # newer than the group's policy_version
+    ([-1] * 4 + [2] * 5 + [999], "trajectories[1].versions[9]"),
+    ([-1] * 4 + [-1] + [2] * 5, "trajectories[1].versions[4]"),  # a generated token without its version
+    ([-1] * 3 + [0] + [2] * 6, "trajectories[1].versions[3]"),  # a version on a prompt token
+])
+def test_ingest_refuses_versions_that_break_the_rule(api, versions, field):
+    r = api.post("/v1/groups", json=_versions_group("v", versions))
+    assert_client_error(r, field, (422,))
+    assert api.get("/v1/groups/v").status_code == 404
+
+
+def test_ingest_takes_versions_that_keep_the_rule(api):
+    for gid, versions in (("ok", OK_MASK), ("mixed", [-1] * 4 + [0, 0, 1, 1, 2, 2])):
+        r = api.post("/v1/groups", json=_versions_group(gid, versions))
+        assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(("versions", "field"), [
+    ([-1] * 4 + [0] * 5 + [1], "trajectory.versions[9]"),  # newer than the fill's policy_version 0
+    ([-1] * 4 + [-1] + [0] * 5, "trajectory.versions[4]"),
+    ([0] + [-1] * 3 + [0] * 6, "trajectory.versions[0]"),
+])
+def test_a_resample_fill_is_held_to_the_same_versions_rule(api, scorer, versions, field):
+    _setup(api, "fillv")
+    _waiting(api, scorer, "f", "fillv")
+    body = {"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=8, versions=versions)}
+    assert_client_error(api.post("/v1/groups/f/trajectories/3", json=body), field, (422,))
+    assert api.get("/v1/groups/f").json()["status"] == "waiting"
+
+
+def test_no_wait_resume_asks_for_a_fresh_group(api, scorer):
+    _setup(api, "nowait", action="resume", resample_wait_seconds=0)
+    assert api.post("/v1/groups", json=_cut_group("n", "nowait")).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    g = api.get("/v1/groups/n").json()
+    assert g["status"] == "ready" and g["trajectories"][3]["advantage"] == 0.0
+    reqs = api.get("/v1/sampling/requests", params={"producer_id": "p", "n": 10, "dataset": "nowait"}).json()
+    fresh = [(r["reason"], r["prompt_id"], r["n"], r.get("group_id")) for r in reqs["requests"]]
+    assert fresh == [("resample", "p-n", 1, None)]
+
+
+def test_pass_rate_leaves_masked_members_out(api, scorer):
+    register_spec(api, SPEC)
+    assert api.put("/v1/datasets/pr", json={"reward_spec": "math"}).status_code == 200
+    # default policy: length -> mask. Outcomes 1, 0, and the masked member's 1 (left out): 0.5, not 2/3
+    g = make_group("pr", prompt_id="p-pr", dataset="pr", answers=["42", "41", "42"], n=3)
+    g["trajectories"][2]["finish_reason"] = "length"
+    assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/pr").json()["trajectories"][2]["action"] == "mask"
+    rows = {row["key"]: row for row in api.get("/v1/stats", params={"by": "dataset"}).json()["rows"]}
+    assert rows["pr"]["pass_rate"] == pytest.approx(0.5)
+
+
+def _prompt_outcomes(api, prompt_id: str) -> list:
+    with api.factory() as s:
+        return list(s.execute(text("SELECT recent_outcomes FROM prompts WHERE id = :id"),
+                              {"id": prompt_id}).scalar_one() or [])
+
+
+def test_a_group_below_min_group_size_adds_nothing_to_its_prompts_pass_rate(api, scorer):
+    _setup(api, "small", action="drop", min_group_size=3)
+    g = make_group("b", prompt_id="p-b", dataset="small", answers=["42", "41", "42"], n=3)
+    g["trajectories"][2]["finish_reason"] = "length"  # dropped: 2 baseline members < 3
+    assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/b").json()["drop_reason"] == "below_min_group_size"
+    assert _prompt_outcomes(api, "p-b") == []
+
+
+def test_an_untrainable_groups_drop_names_its_policy(api, scorer):
+    _setup(api, "untr")
+    g = make_group("u", prompt_id="p-u", dataset="untr", answers=["42", "41"], n=2)
+    del g["trajectories"][0]["loss_mask"]
+    assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    out = api.get("/v1/groups/u").json()
+    assert (out["status"], out["drop_reason"]) == ("dropped", "untrainable")
+    [d] = [d for d in out["decisions"] if d["rule"] == "untrainable"]
+    assert d["policy"] is not None and "untr" in str(d["policy"]), d

@@ -1,0 +1,189 @@
+"""Resume through the agent gateway, over real HTTP, the real API in a subprocess and fake_vllm (vLLM's wire
+format): a member cut by the budget makes its group wait with a resume request; a session opened with
+``resume`` starts from the checkpoint, continues it under the current policy and, on finish, fills that
+slot of the same group; the member's tokens carry -1 / the old version / the new one, and the group is
+scored, curated and leased with it. Bad resume requests name the field and store nothing; a continuation
+that does not extend the checkpoint fills nothing (the slot stays open)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from filters.advantages import compute_advantages
+from filters.types import AdvantageConfig
+from service.client import CuratorClient
+from service.store.db import get_engine, make_sessionmaker
+from service.worker.pipeline import drain
+from tests.conftest import LiveServer, start_server, stop_server
+from tests.helpers import assert_client_error
+from tests.service.sessions.conftest import GATEWAY_ENV
+from tests.service.sessions.fake_upstream import COMPLETION_IDS
+from tests.service.sessions.helpers import finish, group, open_session, read
+from tests.service.sessions.upstreams import start_fake_vllm, stop
+
+SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
+PROMPT = [1, 5, 6, 7]
+TOOL = [8, 9]  # a tool's result, rendered into the second call's prompt
+C = COMPLETION_IDS  # what fake_vllm generates for every call
+
+
+@pytest.fixture
+def gateway(fresh_db: str) -> Iterator[LiveServer]:
+    fake = start_fake_vllm()
+    server = start_server(fresh_db, env={**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": fake.url})
+    try:
+        with httpx.Client(base_url=server.url) as c:
+            assert c.post("/v1/reward-specs", json=SPEC).status_code == 201
+            assert c.post("/v1/curation-policies", json={
+                "name": "resume", "finish_reason_actions": {"length": "resume"}, "resample_wait_seconds": 3600,
+                "max_resumes": 1}).status_code == 201
+            assert c.put("/v1/datasets/agents", json={"reward_spec": "math", "curation_policy": "resume"}).status_code == 200
+        yield server
+    finally:
+        stop_server(server)
+        stop(fake)
+
+
+def _complete(session: dict[str, Any], prompt: list[int], text: str = "fak") -> dict[str, Any]:
+    """One completion; ``text`` is what the fake model "says" (a final_answer must occur in it)."""
+    r = httpx.post(session["base_url"] + "/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 4,
+                                                               "temperature": 1.0, "fake_text": text},
+                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cut_group(url: str, gid: str) -> None:
+    """Three members answer (right, wrong, right) in one call; the fourth makes two calls (a tool's result
+    in between) and is cut by the budget."""
+    for answer in ("\\boxed{5}", "\\boxed{4}", "\\boxed{5}"):
+        s = open_session(url, gid, group_size=4)
+        _complete(s, PROMPT, answer)
+        finish(s, final_answer=answer)
+    s = open_session(url, gid, group_size=4)
+    _complete(s, PROMPT)
+    _complete(s, PROMPT + C + TOOL)
+    assert finish(s, finish_reason="length")["group_ingested"] is True
+
+
+def _resume(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url + "/v1/sessions", json=body)
+
+
+def _drain(server: LiveServer, scorer) -> None:
+    drain(make_sessionmaker(get_engine(server.db_url)), scorer, timeout_s=60)
+
+
+def _n_sessions(server: LiveServer) -> int:
+    with get_engine(server.db_url).connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM agent_sessions")).scalar_one()
+
+
+def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(gateway: LiveServer, scorer) -> None:
+    _cut_group(gateway.url, "g")
+    _drain(gateway, scorer)
+    before = group(gateway.url, "g")
+    assert before["status"] == "waiting"
+    k = len(PROMPT + C + TOOL)  # the checkpoint: before the cut call's completion (every tool result in it)
+    assert before["trajectories"][3]["metadata"]["checkpoint"] == {"tokens": k, "messages": 0}
+
+    with CuratorClient(gateway.url) as c:
+        [req] = [r for r in c.sampling_requests(10, producer_id="p", dataset="agents") if r["reason"] == "resume"]
+    assert (req["group_id"], req["index"]) == ("g", 3)
+    old_versions = [-1] * len(PROMPT) + [0] * len(C) + [-1] * len(TOOL)
+    assert req["checkpoint"]["token_ids"] == PROMPT + C + TOOL and req["checkpoint"]["versions"] == old_versions
+
+    r = _resume(gateway.url, {"resume": {"group_id": "g", "index": 3}, "policy_version": 1})
+    assert r.status_code == 201, r.text
+    session = {**r.json(), "group_id": "g"}
+    assert session["checkpoint"]["token_ids"] == PROMPT + C + TOOL
+    _complete(session, session["checkpoint"]["token_ids"], "\\boxed{5}")  # continue from it: no tool runs again
+    done = finish(session, final_answer="\\boxed{5}")
+    assert done["group_ingested"] is True  # the slot is filled
+    state = read(session, tokens=False)
+    assert state["group_id"] == "g" and state["error"] is None
+    with CuratorClient(gateway.url) as c:
+        c.sampling_done([req["request_id"]])
+
+    _drain(gateway, scorer)
+    g = group(gateway.url, "g")
+    assert g["status"] == "ready"
+    member = g["trajectories"][3]
+    assert member["token_ids"] == PROMPT + C + TOOL + C
+    assert member["loss_mask"] == [0] * 4 + [1] * 4 + [0] * 2 + [1] * 4
+    assert member["versions"] == old_versions + [1] * len(C)  # -1 / the old version / the new one
+    assert member["logprobs"][:k] == pytest.approx(before["trajectories"][3]["logprobs"][:k])
+    assert member["metadata"]["resumed_from"]["checkpoint_tokens"] == k
+    totals = [t["total_reward"] for t in g["trajectories"]]
+    assert totals == [1.0, 0.0, 1.0, 1.0]
+    ref = compute_advantages(np.array(totals), AdvantageConfig(), np.zeros(4, dtype=bool))
+    np.testing.assert_allclose([t["advantage"] for t in g["trajectories"]], ref)
+    assert (3, "resume", "remedy_filled") in {(d["index"], d["action"], d["rule"]) for d in g["decisions"]}
+
+    with CuratorClient(gateway.url) as c:  # the group trains: a trainer leases it with the mixed versions
+        batch = c.lease("t", max_groups=1)
+        [leased] = batch["groups"]
+        assert leased["id"] == "g"
+        leased_member = next(t for t in leased["trajectories"] if t["index"] == 3)
+        assert leased_member["versions"] == old_versions + [1] * len(C)
+
+
+def test_a_resumed_member_cut_again_is_resumed_at_most_max_resumes_times(gateway: LiveServer, scorer) -> None:
+    _cut_group(gateway.url, "m")
+    _drain(gateway, scorer)
+    r = _resume(gateway.url, {"resume": {"group_id": "m", "index": 3}, "policy_version": 1})
+    session = r.json()
+    _complete(session, session["checkpoint"]["token_ids"])
+    assert finish(session, finish_reason="length")["group_ingested"] is True  # filled, but cut again
+    _drain(gateway, scorer)
+    g = group(gateway.url, "m")
+    assert g["status"] == "ready"  # max_resumes 1: no second wait
+    assert g["trajectories"][3]["action"] == "resume" and g["trajectories"][3]["advantage"] == 0.0
+    rules = {(d["index"], d["rule"]) for d in g["decisions"]}
+    assert (3, "remedy_exhausted") in rules
+    again = _resume(gateway.url, {"resume": {"group_id": "m", "index": 3}, "policy_version": 2})
+    assert_client_error(again, "resume.index", (409,))
+
+
+def test_a_continuation_that_does_not_extend_the_checkpoint_fills_nothing(gateway: LiveServer, scorer) -> None:
+    _cut_group(gateway.url, "s")
+    _drain(gateway, scorer)
+    session = _resume(gateway.url, {"resume": {"group_id": "s", "index": 3}, "policy_version": 1}).json()
+    _complete(session, [1, 99, 98], "\\boxed{5}")  # the agent rewrote its history: a new segment
+    assert finish(session, final_answer="\\boxed{5}")["group_ingested"] is False
+    state = read(session, tokens=False)
+    assert "resume" in state["error"] and "extend the checkpoint" in state["error"]
+    g = group(gateway.url, "s")
+    assert g["status"] == "waiting"  # the slot stays open for another try until its deadline
+    assert g["trajectories"][3]["token_ids"] == PROMPT + C + TOOL + C
+    retry = _resume(gateway.url, {"resume": {"group_id": "s", "index": 3}, "policy_version": 1})
+    assert retry.status_code == 201, retry.text
+
+
+BAD = [
+    ({"resume": {"group_id": "b", "index": 0}, "policy_version": 1}, "resume.index", (409,)),  # a member that answered
+    ({"resume": {"group_id": "b", "index": 9}, "policy_version": 1}, "resume.index", (422,)),
+    ({"resume": {"group_id": "nope", "index": 3}, "policy_version": 1}, "resume.group_id", (404,)),
+    ({"resume": {"group_id": "b", "index": 3}, "policy_version": 1, "group_id": "b"}, "group_id", (422,)),
+    ({"resume": {"group_id": "b", "index": 3}, "policy_version": 1, "prompt_id": "x"}, "prompt_id", (422,)),
+    ({"resume": {"group_id": "b", "index": -1}, "policy_version": 1}, "index", (422,)),
+    ({"resume": {"group_id": "b"}, "policy_version": 1}, "index", (422,)),
+    ({"resume": {"group_id": "b", "index": 3}}, "policy_version", (422,)),
+    ({"policy_version": 1, "prompt_id": "x"}, "group_id", (422,)),
+]
+
+
+def test_bad_resume_sessions_name_the_field_and_store_nothing(gateway: LiveServer, scorer) -> None:
+    _cut_group(gateway.url, "b")
+    _drain(gateway, scorer)
+    n = _n_sessions(gateway)
+    for body, field, status in BAD:
+        assert_client_error(_resume(gateway.url, body), field, status)
+    assert _n_sessions(gateway) == n
+    assert group(gateway.url, "b")["status"] == "waiting"
