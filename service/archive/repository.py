@@ -1,5 +1,6 @@
-"""The archive's statements: which finished groups are due, their rows as written to Parquet, and the one
-transaction that records the files and tombstones and deletes the hot rows."""
+"""The archive's statements: which finished groups are due, their rows as written to Parquet (with a content
+fingerprint per row), and the one transaction that re-checks the fingerprints under row locks, records the
+files and tombstones and deletes the hot rows."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy import BigInteger, Connection, Text, any_, cast, func, insert, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from service.store.models import ArchiveFile, ArchiveIdentity, Group, GroupTombstone, Prompt, Trajectory
-from service.store.queries import rewards_column
+from service.store.queries import array_param, rewards_column
 
 FINAL_STATUSES = ("consumed", "dropped", "reward_error", "curation_error")
 _LOCK_KEY = 0x61726368  # "arch": one archiver at a time (a session-level advisory lock)
@@ -60,34 +61,65 @@ def due_groups(session: Session, cutoff: datetime, after_pk: int, limit: int,
     return [(pk, ds, day, status) for pk, ds, day, status in session.execute(stmt)]
 
 
-def group_rows(session: Session, pks: Sequence[int]) -> list[dict[str, Any]]:
-    """One dict per trajectory of the groups ``pks`` (group then index order): every column the archive keeps."""
-    columns = [
-        Group.pk.label("group_pk"), Group.id.label("group_id"), Group.prompt_id, Group.dataset, Group.policy_version,
-        Group.status, Group.drop_reason, Group.created_at, Group.consumed_at, Group.reward_spec_name,
-        Group.reward_spec_version, Group.curation_policy_name, Group.curation_policy_version,
-        Group.sampling.label("sampling"), Group.metadata_.label("group_metadata"),
-        Prompt.messages.label("prompt_messages"), Prompt.metadata_.label("prompt_metadata"),
-        Trajectory.idx, Trajectory.messages, Trajectory.final_answer, Trajectory.finish_reason, Trajectory.seq_len,
-        Trajectory.num_tokens, Trajectory.num_turns, Trajectory.metadata_.label("metadata"), Trajectory.total_reward,
-        Trajectory.outcome, Trajectory.advantage, Trajectory.action, Trajectory.reason, Trajectory.segments,
-        Trajectory.segment_advantages, Trajectory.token_ids, Trajectory.loss_mask, Trajectory.logprobs,
-        Trajectory.versions, rewards_column().label("rewards"),
-    ]
-    stmt = (
-        select(*columns)
+_COLUMNS = (
+    Group.pk.label("group_pk"), Group.id.label("group_id"), Group.prompt_id, Group.dataset, Group.policy_version,
+    Group.status, Group.drop_reason, Group.created_at, Group.consumed_at, Group.reward_spec_name,
+    Group.reward_spec_version, Group.curation_policy_name, Group.curation_policy_version,
+    Group.sampling.label("sampling"), Group.metadata_.label("group_metadata"),
+    Prompt.messages.label("prompt_messages"), Prompt.metadata_.label("prompt_metadata"),
+    Trajectory.idx, Trajectory.messages, Trajectory.final_answer, Trajectory.finish_reason, Trajectory.seq_len,
+    Trajectory.num_tokens, Trajectory.num_turns, Trajectory.metadata_.label("metadata"), Trajectory.total_reward,
+    Trajectory.outcome, Trajectory.advantage, Trajectory.action, Trajectory.reason, Trajectory.segments,
+    Trajectory.segment_advantages, Trajectory.token_ids, Trajectory.loss_mask, Trajectory.logprobs,
+    Trajectory.versions,
+)
+# The prompt stays hot when its groups go (the file keeps a copy): a prompt edited meanwhile loses nothing.
+_UNHASHED = ("prompt_messages", "prompt_metadata")
+
+
+def _content(pks: Sequence[int]) -> tuple[Any, Any]:
+    """Every column the archive keeps, one row per trajectory of the groups ``pks``, and ``content_md5``: the
+    md5 of the row's text (all but the prompt's columns), computed in the same statement, so it fingerprints
+    exactly what was read."""
+    sub = (
+        select(*_COLUMNS, rewards_column().label("rewards"))
         .join(Trajectory, Trajectory.group_pk == Group.pk)
         .outerjoin(Prompt, Prompt.id == Group.prompt_id)
-        .where(Group.pk.in_(list(pks)))
-        .order_by(Group.pk, Trajectory.idx)
+        .where(Group.pk == any_(array_param("pks", list(pks), BigInteger)))
+        .subquery("content")
     )
+    hashed = tuple_(*(c for c in sub.c if c.name not in _UNHASHED))
+    return sub, func.md5(cast(hashed, Text)).label("content_md5")
+
+
+def group_rows(session: Session, pks: Sequence[int]) -> list[dict[str, Any]]:
+    """One dict per trajectory of the groups ``pks`` (group then index order): every column the archive keeps,
+    and ``content_md5`` (``content_hashes`` computes the same later)."""
+    sub, md5 = _content(pks)
+    stmt = select(sub, md5).order_by(sub.c.group_pk, sub.c.idx)
     return [dict(row) for row in session.execute(stmt).mappings()]
 
 
-def lock_groups(session: Session, pks: Sequence[int]) -> dict[int, str]:
-    """pk -> status of the groups among ``pks`` that still exist, locked FOR UPDATE (pk order)."""
-    stmt = select(Group.pk, Group.status).where(Group.pk.in_(list(pks))).order_by(Group.pk).with_for_update()
-    return {pk: status for pk, status in session.execute(stmt)}
+def content_hashes(session: Session, pks: Sequence[int]) -> list[tuple[int, str]]:
+    """(group pk, ``content_md5``) per trajectory of the groups ``pks`` as they are now (group then index
+    order). Lock the groups first (``lock_groups``, ``lock_trajectories``) to keep them so."""
+    sub, md5 = _content(pks)
+    stmt = select(sub.c.group_pk, md5).order_by(sub.c.group_pk, sub.c.idx)
+    return [(pk, h) for pk, h in session.execute(stmt)]
+
+
+def lock_groups(session: Session, pks: Sequence[int]) -> set[int]:
+    """The groups among ``pks`` that still exist, locked FOR UPDATE (pk order): every writer of a group's
+    status, scores or decisions (rescore, recurate, the score and curation stages) takes this lock first."""
+    stmt = select(Group.pk).where(Group.pk == any_(array_param("pks", list(pks), BigInteger)))
+    return set(session.execute(stmt.order_by(Group.pk).with_for_update()).scalars())
+
+
+def lock_trajectories(session: Session, pks: Sequence[int]) -> None:
+    """Lock the groups' trajectories FOR UPDATE as well (after ``lock_groups``): no write of theirs lands
+    between the fingerprint check and the delete."""
+    stmt = select(Trajectory.group_pk).where(Trajectory.group_pk == any_(array_param("pks", list(pks), BigInteger)))
+    session.execute(stmt.order_by(Trajectory.group_pk, Trajectory.idx).with_for_update())
 
 
 def insert_file(session: Session, row: dict[str, Any]) -> int:

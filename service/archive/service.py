@@ -7,11 +7,19 @@ groups only, so archiving them would resolve their alerts and lift a pause_lease
 
 The protocol, one batch of groups (pk order) at a time, under one advisory lock (one archiver at a time):
 
-1. read the batch's rows (a short transaction);
+1. read the batch's rows, and in the same statement a fingerprint of each (``repository.group_rows``:
+   the md5 of the row's content);
 2. write its files, one per (kind, dataset, day), each whole or not at all (``files.Target.write``);
-3. in ONE transaction: lock the groups, check they are still there and final, record the files
+3. in ONE transaction: lock the groups and their trajectories (FOR UPDATE), check every group is still there
+   with the content written (the same fingerprints, computed again under the locks), record the files
    (``archive_files``), insert the tombstones, move their stats share to ``stats_archived_cells`` and delete
    the hot rows.
+
+A group changed between 1 and 3 (a rescore or recurate that took a dropped group back through scoring and
+curation to a final status again, with other rewards: same status, other content) fails the check: the
+whole batch stays hot, nothing is recorded, its files are deleted, and the next run archives what is then
+stored. The status alone would not tell (A -> B -> A), and deleting then would drop the newer scores with
+only the stale copy archived.
 
 A kill at any point leaves each group either hot (step 3 did not commit) or archived (it did): never
 neither, never both. Files written by a run that died before step 3 are not recorded; the next run deletes
@@ -95,17 +103,56 @@ def _write_batch(target: files.Target, rows: list[dict[str, Any]],
     return written
 
 
-def _record(session: Session, expected: dict[int, str], written: list[dict[str, Any]]) -> bool:
-    """Step 3 of the protocol (the caller's one transaction); False (nothing done) when a group changed."""
-    if repo.lock_groups(session, list(expected)) != expected:
-        return False
+def fingerprints(pks: list[int], hashes: list[tuple[int, str]]) -> dict[int, tuple[str, ...]]:
+    """pk -> its trajectories' ``content_md5`` in index order, from (pk, md5) pairs in that order; a group with
+    no row (gone, or no trajectory) maps to ()."""
+    out: dict[int, list[str]] = {pk: [] for pk in pks}
+    for pk, md5 in hashes:
+        out[pk].append(md5)
+    return {pk: tuple(h) for pk, h in out.items()}
+
+
+def _record(session: Session, expected: dict[int, tuple[str, ...]], written: list[dict[str, Any]]) -> bool:
+    """Step 3 of the protocol (the caller's one transaction); False (nothing done) when a group is gone or its
+    content is no longer what was written (``expected``: ``fingerprints`` at read time)."""
     pks = sorted(expected)
+    if repo.lock_groups(session, pks) != set(pks):
+        return False
+    repo.lock_trajectories(session, pks)
+    if fingerprints(pks, repo.content_hashes(session, pks)) != expected:
+        return False
     stats.record_archived(session, pks)  # before the rows go: it reads them
     for w in written:
         file_pk = repo.insert_file(session, w["row"])
         if w["row"]["kind"] == "all":
             repo.insert_tombstones(session, w["pks"], file_pk)
     repo.delete_groups(session, pks)
+    return True
+
+
+def _archive_batch(factory: sessionmaker[Session], target: files.Target, due: list[tuple[int, str, date, str]],
+                   rows: list[dict[str, Any]], result: ArchiveResult,
+                   before_record: Callable[[list[int]], None] | None) -> bool:
+    """Steps 2 and 3 for a batch read in step 1, counted into ``result``; False when a group changed meanwhile:
+    the batch stays hot (the next run takes it) and its files are deleted (unrecorded, stale)."""
+    pks = [d[0] for d in due]
+    expected = fingerprints(pks, [(r["group_pk"], r["content_md5"]) for r in rows])
+    written = _write_batch(target, rows, _partitions(due))
+    if before_record is not None:
+        before_record(pks)
+    with factory.begin() as session:
+        done = _record(session, expected, written)
+    if not done:
+        result.skipped += len(pks)
+        for w in written:
+            target.delete(w["path"])
+        log.info("archive: a group among pks %d-%d changed while it was archived; the batch stays hot",
+                 pks[0], pks[-1])
+        return False
+    result.groups += len(pks)
+    result.trajectories += len(rows)
+    result.files += len(written)
+    result.locations += [w["row"]["location"] for w in written]
     return True
 
 
@@ -133,10 +180,12 @@ def keep_from(session: Session, window_versions: int) -> int:
 
 def archive(engine: Engine, to: str, older_than: timedelta, *, batch_groups: int = 500,
             now: datetime | None = None, on_batch: Callable[[ArchiveResult], None] | None = None,
-            window_versions: int | None = None) -> ArchiveResult:
+            window_versions: int | None = None,
+            before_record: Callable[[list[int]], None] | None = None) -> ArchiveResult:
     """Archive every group that is final, was created more than ``older_than`` before ``now`` and is outside the
     monitors' window (``window_versions``: ``alert_window_versions`` by default). Raises ArchiverBusy when
-    another archiver runs."""
+    another archiver runs. ``before_record`` is called with a batch's group pks between writing its files and
+    the transaction that records them (where a test changes a group, or kills the run)."""
     window = get_settings().alert_window_versions if window_versions is None else window_versions
     cutoff = (now or datetime.now(UTC)) - older_than
     factory = sessionmaker(engine, expire_on_commit=False)
@@ -157,20 +206,7 @@ def archive(engine: Engine, to: str, older_than: timedelta, *, batch_groups: int
                 if not due:
                     break
                 after = due[-1][0]
-                expected = {pk: status for pk, _, _, status in due}
-                written = _write_batch(target, rows, _partitions(due))
-                with factory.begin() as session:
-                    done = _record(session, expected, written)
-                if not done:  # a group changed since it was read: leave the batch hot, its files unrecorded
-                    result.skipped += len(expected)
-                    for w in written:
-                        target.delete(w["path"])
-                    continue
-                result.groups += len(expected)
-                result.trajectories += len(rows)
-                result.files += len(written)
-                result.locations += [w["row"]["location"] for w in written]
-                if on_batch is not None:
+                if _archive_batch(factory, target, due, rows, result, before_record) and on_batch is not None:
                     on_batch(result)
         finally:
             repo.unlock(lock_conn)

@@ -56,5 +56,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"archived {result.groups} groups ({result.trajectories} trajectories) into {result.files} files"
           + (f"; removed {result.orphans_removed} unrecorded files" if result.orphans_removed else "")
-          + (f"; {result.skipped} groups changed while read, left hot" if result.skipped else ""))
+          + (f"; {result.skipped} groups changed while read, left hot for the next run" if result.skipped else ""))
     return 0

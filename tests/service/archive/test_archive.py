@@ -411,7 +411,8 @@ def test_repost_while_the_archiver_commits_is_answered_by_the_tombstone(fresh_ap
     answers: list[int] = []
     with Session(engine) as s:
         with s.begin():
-            assert archive._record(s, {pk: st for pk, _, _, st in due}, written)  # deleted, not committed yet
+            expected = archive.fingerprints([d[0] for d in due], [(r["group_pk"], r["content_md5"]) for r in rows])
+            assert archive._record(s, expected, written)  # deleted, not committed yet
             poster = threading.Thread(target=lambda: answers.append(api.post("/v1/groups", json=body).status_code))
             poster.start()
             poster.join(timeout=2)
