@@ -12,12 +12,16 @@ its share by the policy's `segment_advantage`:
 - `discount` (AReaL's summarizing agents): segment k gets A * gamma^(K-1-k), gamma = `segment_discount`
   in (0, 1]; the last segment gets A, each earlier one gamma times the next.
 
-The trainer divides by K exactly once (docs/training.md, "Segmented trajectories"; `rollout_weight`):
+The trainer divides by K exactly once (docs/training.md, "Segmented trajectories"; `segment_weight`):
 segments that each *carry* A (`broadcast`, `discount`) are averaged -- weight 1/K each, the per-rollout
 mean -- while segments that *share* A (`divide`: their advantages sum to A, the division by K is already
 in them) are weighed 1, each a sample of its own as in slime. Either way a K-segment trajectory's weight in
 the loss does not grow with K, and a `divide` trajectory of K segments is not trained at 1/K (or 1/K^2) of
-the same reward unsegmented.
+the same reward unsegmented. The mode comes with the leased batch (each segmented trajectory's
+``segment_advantage``, its group's curation policy's): it cannot be read off the advantages, since
+`discount`'s trained ones can sum to A too (gamma = (sqrt 5 - 1) / 2 and an untrained last segment:
+A gamma^2 + A gamma = A). `guess_segment_advantage` guesses it only for a batch without it (from a service
+that did not send it).
 """
 
 from __future__ import annotations
@@ -32,10 +36,15 @@ SEGMENT_ADVANTAGES: tuple[str, ...] = get_args(SegmentAdvantage)
 DEFAULT_SEGMENT_DISCOUNT = 0.9
 
 
-def check_segment_policy(mode: str, gamma: float) -> None:
-    """ValueError naming the valid choices / range."""
+def check_segment_mode(mode: str) -> None:
+    """ValueError naming the valid choices."""
     if mode not in SEGMENT_ADVANTAGES:
         raise ValueError(f"segment_advantage must be one of {', '.join(SEGMENT_ADVANTAGES)}, got {mode!r}")
+
+
+def check_segment_policy(mode: str, gamma: float) -> None:
+    """ValueError naming the valid choices / range."""
+    check_segment_mode(mode)
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"segment_discount must be in (0, 1], got {gamma}")
 
@@ -69,14 +78,25 @@ def with_segment_advantages(decisions: Sequence[Any], scores: Sequence[Any], mod
     return tuple(out)
 
 
-def rollout_weight(advantage: float, trained: Sequence[float]) -> float:
-    """The trainer's weight of each of a trajectory's trained segments, from the trajectory's advantage A and
-    those segments' advantages (K = len(trained)): 1 when they share A (they sum to A: ``divide``, whose
-    advantages are already A / K), else 1/K (the per-rollout mean of segments that each carry A:
-    ``broadcast``, ``discount``). A = 0 trains no policy gradient either way and cannot be told apart: 1/K.
-    (advantage, (K,)) -> weight; K = 1 gives 1."""
-    k = len(trained)
-    if k == 0:
+def segment_weight(mode: str, trained: int) -> float:
+    """The trainer's weight of each of a trajectory's K = ``trained`` trained segments under its policy's
+    ``segment_advantage``: 1 for ``divide`` (each segment already has A / K: divided once), 1/K for
+    ``broadcast`` and ``discount`` (each segment carries A, times gamma^(K-1-k): the per-rollout mean).
+    (mode, K) -> weight; K = 1 gives 1."""
+    check_segment_mode(mode)
+    if trained < 1:
+        raise ValueError(f"a segmented trajectory the trainer trains has at least one trained segment, got {trained}")
+    return 1.0 if mode == "divide" else 1.0 / trained
+
+
+def guess_segment_advantage(advantage: float, trained: Sequence[float]) -> SegmentAdvantage:
+    """Fallback only, for a leased batch that does not say a trajectory's ``segment_advantage`` (a service
+    from before it was sent): ``divide`` when the trained segments' advantages sum to the trajectory's A,
+    else ``broadcast`` (which `segment_weight` weighs like ``discount``). Wrong for a ``discount``
+    trajectory whose trained advantages happen to sum to A (gamma = (sqrt 5 - 1) / 2 and an untrained last
+    segment: A gamma^2 + A gamma = A): it is then weighed 1 instead of 1/K. A = 0 trains no policy gradient
+    and cannot be told apart: ``broadcast``. (advantage, (K,)) -> mode."""
+    if not trained:
         raise ValueError("a segmented trajectory the trainer trains has at least one trained segment")
     shared = advantage != 0.0 and math.isclose(math.fsum(trained), advantage, rel_tol=1e-6)  # float32 shares: ~1e-7
-    return 1.0 if shared else 1.0 / k
+    return "divide" if shared else "broadcast"

@@ -27,7 +27,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from filters.segments import rollout_weight
+from filters.segments import guess_segment_advantage, segment_weight
 from trainer.loss import check_choice
 
 PackMode = Literal["pad", "pack"]
@@ -44,7 +44,7 @@ class TrainSeq:
     advantage: float
     policy_version: int
     temperature: float = 1.0  # the group's sampling temperature
-    weight: float = 1.0  # 1/K for each of the K trained segments of a segmented trajectory
+    weight: float = 1.0  # a segmented trajectory's trained segments: `filters.segments.segment_weight` (1/K or 1)
     unit: int = -1  # sequences with the same unit >= 0 (one trajectory's segments) share a micro-batch
     versions: list[int] | None = None  # the policy version that generated each target, -1: not generated
 
@@ -114,9 +114,12 @@ def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 
 
 def _segments(traj: dict[str, Any], version: int, where: str, temperature: float, unit: int) -> list[TrainSeq]:
     """A segmented trajectory -> one TrainSeq per trained segment (K: its segments with a mask-1 target),
-    all of one packing unit, each with its segment's advantage and weight `filters.segments.rollout_weight`:
-    1/K when each segment carries the trajectory's advantage (the per-rollout mean), 1 when the segments
-    share it (``divide``: already A / K), so K divides once."""
+    all of one packing unit, each with its segment's advantage and weight `filters.segments.segment_weight`
+    of the trajectory's ``segment_advantage`` (sent with the batch: its group's curation policy's): 1/K when
+    each segment carries the trajectory's advantage (the per-rollout mean), 1 when the segments share it
+    (``divide``: already A / K), so K divides once. A batch without it (a service that did not send it) gets
+    `filters.segments.guess_segment_advantage`, which takes a ``discount`` trajectory whose advantages sum
+    to A for ``divide``."""
     seqs = []
     for seg in traj["segments"]:
         adv = seg.get("advantage")
@@ -126,8 +129,14 @@ def _segments(traj: dict[str, Any], version: int, where: str, temperature: float
             seqs.append(shifted)
     if not seqs:
         return []
-    whole = traj.get("advantage")  # None: nothing to tell shares from copies by -> the per-rollout mean
-    weight = 1.0 / len(seqs) if whole is None else rollout_weight(float(whole), [s.advantage for s in seqs])
+    mode = traj.get("segment_advantage")
+    if mode is None:  # fallback: guessed from the advantages (None: nothing to tell shares from copies by)
+        whole = traj.get("advantage")
+        mode = "broadcast" if whole is None else guess_segment_advantage(float(whole), [s.advantage for s in seqs])
+    try:
+        weight = segment_weight(mode, len(seqs))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     return [replace(s, weight=weight, unit=unit) for s in seqs]
 
 
@@ -182,7 +191,7 @@ def _plan_pack(lengths: list[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Tensor]:
+def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Any]:
     """Per-sequence (S, Tm) tensors; offsets[s] = flat index of sequence s's first input token."""
     tm = max(len(s.inputs) for s in seqs)
     index = torch.zeros(len(seqs), tm, dtype=torch.long)  # (S, Tm)

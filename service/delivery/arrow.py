@@ -7,7 +7,8 @@ list<float32> are built straight from the concatenated bytea values plus offsets
 A segmented trajectory is still one row: its arrays hold the segments concatenated and
 ``segment_lengths`` / ``segment_advantages`` cut them apart; both decoded forms give it ``segments``
 (``segment_index``, ``is_last``, the arrays, ``advantage``) and null top-level arrays, so a trajectory's
-segments always travel together.
+segments always travel together. Its ``segment_advantage`` (the group's curation policy's: broadcast,
+divide, discount) tells the trainer how to weigh them (`filters.segments.segment_weight`).
 JSON (orjson, numpy arrays serialised natively) carries the same numbers: log-probs, advantages and
 rewards are float32 values written as the float64 that equals them, so both formats decode to
 identical Python numbers. A missing array (the producer sent none) is null in both.
@@ -46,6 +47,7 @@ ARROW_SCHEMA = pa.schema(
         # a segmented trajectory: its arrays are the segments concatenated; these cut them apart (null: not)
         ("segment_lengths", pa.list_(pa.int32())),
         ("segment_advantages", pa.list_(pa.float32())),
+        ("segment_advantage", pa.string()),  # the curation policy's mode: the trainer's segment weight
     ]
 )
 _ARRAYS = (
@@ -75,13 +77,15 @@ class BatchColumns:
     rewards: list[dict[str, float | None] | None]
     segment_lengths: list[list[int] | None] | None = None  # None: no trajectory of the batch is segmented
     segment_advantages: list[list[float] | None] | None = None
+    segment_advantage: list[str | None] | None = None  # each segmented trajectory's policy mode
 
-    def seg(self, i: int) -> tuple[list[int] | None, list[float] | None]:
-        """Trajectory i's segment lengths and advantages (None, None: not segmented)."""
+    def seg(self, i: int) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """Trajectory i's segment lengths, advantages and mode (None, None, None: not segmented)."""
         if self.segment_lengths is None:
-            return None, None
+            return None, None, None
         advs = self.segment_advantages[i] if self.segment_advantages is not None else None
-        return self.segment_lengths[i], advs
+        mode = self.segment_advantage[i] if self.segment_advantage is not None else None
+        return self.segment_lengths[i], advs, mode
     versions: list[bytes | None] = field(default_factory=list)  # empty: none of them given
 
     def header(self) -> dict[str, Any]:
@@ -132,9 +136,10 @@ def encode_json(batch: BatchColumns) -> bytes:
         traj["total_reward"] = _f32(batch.total_reward[i])
         traj["finish_reason"] = batch.finish_reason[i]
         traj["rewards"] = _rewards(batch.rewards[i])
-        lengths, advs = batch.seg(i)
+        lengths, advs, mode = batch.seg(i)
         if lengths is not None:
-            _segment(traj, lengths, [None if a is None else _f32(a) for a in advs or [None] * len(lengths)])
+            shares: list[float | None] = [_f32(a) for a in advs] if advs else [None] * len(lengths)
+            _segment(traj, lengths, shares, mode)
         groups[-1]["trajectories"].append(traj)
     body = {**batch.header(), "groups": groups, "stats": batch.stats}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -145,9 +150,10 @@ def _rewards(values: dict[str, float | None] | None) -> dict[str, float | None] 
     return None if values is None else {name: _f32(values[name]) for name in sorted(values)}
 
 
-def _segment(traj: dict[str, Any], lengths: list[int], advs: list[float | None]) -> None:
+def _segment(traj: dict[str, Any], lengths: list[int], advs: list[float | None], mode: str | None) -> None:
     """A trajectory dict with concatenated arrays -> its ``segments`` (in order, each with
-    ``segment_index``, ``is_last``, its arrays and ``advantage``); the top-level arrays become null."""
+    ``segment_index``, ``is_last``, its arrays and ``advantage``) and ``segment_advantage`` (``mode``); the
+    top-level arrays become null."""
     segments, start = [], 0
     for k, n in enumerate(lengths):
         seg: dict[str, Any] = {"segment_index": k, "is_last": k == len(lengths) - 1}
@@ -160,6 +166,7 @@ def _segment(traj: dict[str, Any], lengths: list[int], advs: list[float | None])
     for name, _ in _ARRAYS:
         traj[name] = None
     traj["segments"] = segments
+    traj["segment_advantage"] = mode
 
 
 def _list_column(chunks: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.ListArray:
@@ -198,6 +205,7 @@ def encode_arrow(batch: BatchColumns) -> bytes:
         pa.array([batch.seg(i)[0] for i in range(len(batch.index))], type=pa.list_(pa.int32())),
         pa.array([None if (a := batch.seg(i)[1]) is None else [_f32(v) for v in a]
                   for i in range(len(batch.index))], type=pa.list_(pa.float32())),
+        pa.array([batch.seg(i)[2] for i in range(len(batch.index))], type=pa.string()),
     ]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -228,17 +236,19 @@ def _rows(record: pa.RecordBatch, as_numpy: bool) -> list[tuple[tuple[str, str, 
     lists = {name: _split(cols[name], as_numpy) for name, _ in _ARRAYS}
     scalars = {name: cols[name].to_pylist() for name in ("advantage", "total_reward", "finish_reason")}
     rewards = [None if r is None else dict(r) for r in cols["rewards"].to_pylist()] if "rewards" in cols else None
-    none = [None] * record.num_rows
+    none: list[Any] = [None] * record.num_rows
     seg_lengths = cols["segment_lengths"].to_pylist() if "segment_lengths" in cols else none
     seg_advs = cols["segment_advantages"].to_pylist() if "segment_advantages" in cols else none
+    seg_modes = cols["segment_advantage"].to_pylist() if "segment_advantage" in cols else none  # older: guessed
     out = []
     for i in range(record.num_rows):
         key = (plain["group_id"][i], plain["prompt_id"][i], plain["policy_version"][i], plain["temperature"][i])
         traj = {"index": plain["index"][i], **{k: v[i] for k, v in lists.items()}}
         traj.update({k: v[i] for k, v in scalars.items()})
         traj["rewards"] = None if rewards is None else rewards[i]
-        if seg_lengths[i] is not None:
-            _segment(traj, seg_lengths[i], seg_advs[i] or [None] * len(seg_lengths[i]))
+        lengths: list[int] | None = seg_lengths[i]
+        if lengths is not None:
+            _segment(traj, lengths, seg_advs[i] or [None] * len(lengths), seg_modes[i])
         out.append((key, traj))
     return out
 

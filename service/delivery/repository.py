@@ -174,8 +174,11 @@ SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mas
        t.versions, t.advantage, t.total_reward, t.segments, t.segment_advantages, t.finish_reason,
        CASE WHEN jsonb_typeof(g.sampling -> 'temperature') = 'number'
             THEN (g.sampling ->> 'temperature')::float8 END AS temperature,
-       rw.rewards
+       rw.rewards,
+       -- how the trainer weighs a segmented trajectory's segments: the group's curation policy's mode
+       CASE WHEN t.segments IS NOT NULL THEN cp.body ->> 'segment_advantage' END AS segment_advantage
   FROM trajectories t JOIN groups g ON g.pk = t.group_pk
+  LEFT JOIN curation_policies cp ON cp.name = g.curation_policy_name AND cp.version = g.curation_policy_version
   -- the components of the spec version that scored the group (uq_rewards_key's index); NULL: none stored
   LEFT JOIN LATERAL (
        SELECT jsonb_object_agg(r.component, CASE WHEN r.value IN ('NaN', 'Infinity', '-Infinity') THEN NULL
@@ -189,9 +192,10 @@ SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mas
 
 
 def batch_rows(session: Session, group_pks: Sequence[int]) -> list[Any]:
-    """One row per deliverable trajectory of these groups, with its group's ids, its ``finish_reason`` and
-    its ``rewards`` ({component: value | None}, the spec version that scored the group; None: no component
-    stored); in group-pk, idx order.
+    """One row per deliverable trajectory of these groups, with its group's ids, its ``finish_reason``, its
+    ``rewards`` ({component: value | None}, the spec version that scored the group; None: no component
+    stored) and, when segmented, its ``segment_advantage`` (the mode of the curation policy that curated
+    the group, which gave its segments their advantages); in group-pk, idx order.
 
     Fetched in PostgreSQL's binary format on the session's own connection (same transaction): bytea
     arrives as raw bytes instead of hex text, which halves the cost of the largest read of a lease.

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from filters.segments import SegmentAdvantage
 from service.api.schemas import ID_PATTERN, INT4_MAX, MAX_NAME_LENGTH, Strict
 
 LeaseOrder = Literal["oldest", "freshest"]
@@ -102,6 +103,10 @@ class LeasedTrajectory(BaseModel):
                           " component errored); null when no component is stored")
     segments: list[LeasedSegment] | None = Field(
         None, description="a segmented trajectory's segments, all in this batch (then null top-level arrays)")
+    segment_advantage: SegmentAdvantage | None = Field(
+        None, description="a segmented trajectory's curation policy segment_advantage (broadcast, divide,"
+                          " discount): the trainer weighs each of its K trained segments 1 for divide (already"
+                          " A / K), else 1/K (filters.segments.segment_weight); absent when not segmented")
 
 
 class LeasedGroup(BaseModel):

@@ -166,6 +166,7 @@ def _columns(
         columns["segment_lengths"] = [None if r.segments is None else [int(s["length"]) for s in r.segments]
                                       for r in rows]
         columns["segment_advantages"] = [None if r.segments is None else r.segment_advantages for r in rows]
+        columns["segment_advantage"] = [None if r.segments is None else r.segment_advantage for r in rows]
     return BatchColumns(
         batch_id=lease.id,
         trainer_id=lease.trainer_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from filters.curate import curate_group, curate_groups
 from filters.policy import CurationPolicySpec
-from filters.segments import rollout_weight, segment_advantages
+from filters.segments import guess_segment_advantage, segment_advantages, segment_weight
 from filters.types import CurationPolicy, GroupScore, TrajectoryScore
 from tests.filters.test_filters_batched import assert_same
 
@@ -120,11 +121,37 @@ def test_divide_uses_the_trained_segments_as_k_in_both_paths():
 
 
 @pytest.mark.parametrize("mode", ["broadcast", "divide", "discount"])
-@pytest.mark.parametrize("k", [1, 2, 10, 256])
-@pytest.mark.parametrize("a", [0.8, -1.3, 1e-30, 0.0])
-def test_the_trainer_divides_by_k_once(mode, k, a):
-    """rollout_weight: 1 for shares of A (divide, already A / K; stored as float32), 1/K for copies
-    (broadcast, discount: the per-rollout mean); A = 0 and K = 1 are 1/K."""
-    shares = [float(np.float32(x)) for x in segment_advantages(a, k, mode, 0.5)]
-    want = 1.0 if (mode == "divide" and a != 0.0) or k == 1 else 1.0 / k
-    assert rollout_weight(float(np.float32(a)), shares) == want
+@pytest.mark.parametrize("k", [1, 2, 3, 10, 256])
+def test_the_trainer_divides_by_k_once(mode, k):
+    """segment_weight: 1 for divide (its advantages already A / K), 1/K for broadcast and discount (the
+    per-rollout mean); K = 1 is 1 either way. A loop over the trained shares: they weigh A once in all."""
+    w = segment_weight(mode, k)
+    assert w == (1.0 if mode == "divide" else 1.0 / k)
+    shares = segment_advantages(0.8, k, mode, 1.0)  # gamma 1: discount's shares equal broadcast's
+    assert math.fsum(w * a for a in shares) == pytest.approx(0.8, rel=1e-12)
+
+
+def test_segment_weight_refuses_an_unknown_mode_and_no_trained_segment():
+    with pytest.raises(ValueError, match="broadcast, divide, discount"):
+        segment_weight("sum", 2)
+    with pytest.raises(ValueError, match="at least one"):
+        segment_weight("divide", 0)
+
+
+GOLDEN = (math.sqrt(5) - 1) / 2  # gamma + gamma^2 = 1
+
+
+@pytest.mark.parametrize(("shares", "guessed"), [
+    (segment_advantages(0.8, 3, "divide"), "divide"),
+    (segment_advantages(0.8, 3, "broadcast"), "broadcast"),
+    (segment_advantages(0.8, 3, "discount", 0.5), "broadcast"),
+    (segment_advantages(0.8, 2, "discount", GOLDEN), "broadcast"),  # A gamma + A: not A
+    (segment_advantages(0.8, 3, "discount", GOLDEN)[:2], "divide"),  # A gamma^2 + A gamma = A: taken for divide
+])
+def test_the_guess_is_only_a_guess(shares, guessed):
+    """guess_segment_advantage (a batch without segment_advantage) reads divide off advantages that sum to
+    A, so a discount trajectory whose trained segments sum to A (golden gamma, untrained last segment) is
+    mistaken for divide: why the service sends the mode. float32 shares still sum to A."""
+    got = guess_segment_advantage(float(np.float32(0.8)), [float(np.float32(x)) for x in shares])
+    assert got == guessed
+    assert guess_segment_advantage(0.0, [0.0, 0.0]) == "broadcast"  # A = 0: no gradient, cannot be told

@@ -5,8 +5,10 @@ trajectory's segments across micro-batches."""
 from __future__ import annotations
 
 import copy
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,12 +21,14 @@ from trainer.step import StepConfig, train_step
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
-def _segmented(traj: dict, segments: list[dict]) -> dict:
-    """A trajectory dict carrying `segments` (copies of the given trajectories' arrays)."""
+def _segmented(traj: dict, segments: list[dict], mode: str | None = "broadcast") -> dict:
+    """A trajectory dict carrying `segments` (copies of the given trajectories' arrays) and, as the service
+    sends it, its policy's `segment_advantage` (None: left out, as from a service that did not send it)."""
     segs = [{"segment_index": k, "is_last": k == len(segments) - 1, "token_ids": s["token_ids"],
              "loss_mask": s["loss_mask"], "logprobs": s["logprobs"], "advantage": traj["advantage"]}
             for k, s in enumerate(segments)]
-    return {**traj, "token_ids": None, "loss_mask": None, "logprobs": None, "segments": segs}
+    out = {**traj, "token_ids": None, "loss_mask": None, "logprobs": None, "segments": segs}
+    return out if mode is None else {**out, "segment_advantage": mode}
 
 
 def _batch(*trajs: dict) -> dict:
@@ -116,6 +120,39 @@ def test_segments_take_their_own_advantages_and_one_over_k_weights():
     assert len({q.unit for q in seqs[:3]}) == 1 and seqs[3].unit == -1
 
 
+GOLDEN = (math.sqrt(5) - 1) / 2  # gamma + gamma^2 = 1: discount advantages that sum to A
+
+
+@pytest.mark.parametrize(("k", "untrained"), [(3, None), (3, 2), (4, 3), (2, None)])
+@pytest.mark.parametrize("mode", ["broadcast", "divide", "discount"])
+def test_the_weight_comes_from_the_delivered_mode_not_the_advantages(mode, k, untrained):
+    """The delivered `segment_advantage` decides: 1 for divide, 1/K for broadcast / discount, even where
+    discount's trained advantages sum to A (gamma (sqrt 5 - 1) / 2; an untrained last segment leaves
+    A gamma^2 + A gamma = A), which the fallback guess takes for divide."""
+    from filters.segments import segment_advantages
+
+    rng = random.Random(k)
+    whole = {**make_trajectory(rng, 0, 2, 3), "advantage": float(np.float32(0.8))}
+    traj = _segmented(whole, [make_trajectory(rng, 0, 2, 3) for _ in range(k)], mode)
+    trained = k - (untrained is not None)
+    for s, a in zip(traj["segments"], segment_advantages(0.8, k, mode, GOLDEN, trained), strict=True):
+        s["advantage"] = float(np.float32(a))  # as delivered: float32
+    if untrained is not None:
+        traj["segments"][untrained]["loss_mask"] = [0] * len(traj["segments"][untrained]["loss_mask"])
+    seqs = sequences_from_batch(_batch(traj))
+    assert [q.weight for q in seqs] == [1.0 if mode == "divide" else 1.0 / trained] * trained
+    guessed = sequences_from_batch(_batch({k: v for k, v in traj.items() if k != "segment_advantage"}))
+    sums_to_a = mode == "divide" or (mode == "discount" and trained == 2 and k == 3)
+    assert [q.weight for q in guessed] == [1.0 if sums_to_a else 1.0 / trained] * trained  # the old guess
+
+
+def test_an_unknown_delivered_mode_is_refused_naming_the_trajectory():
+    rng = random.Random(0)
+    traj = _segmented(make_trajectory(rng, 0, 2, 3), [make_trajectory(rng, 0, 2, 3)] * 2, "sum")
+    with pytest.raises(ValueError, match="trajectory 0: segment_advantage must be one of"):
+        sequences_from_batch(_batch(traj))
+
+
 @pytest.mark.parametrize("mode", ["pad", "pack"])
 @pytest.mark.parametrize("seed", range(3))
 def test_packing_never_splits_a_trajectorys_segments(mode, seed):
@@ -193,7 +230,7 @@ def test_each_segment_advantage_mode_divides_by_k_once_against_a_loop(agg, mode,
     whole = make_trajectory(rng, 0, 3, 5)
     whole["advantage"] = 0.8
     segs = [make_trajectory(rng, 0, 2 + j, 3 + j) for j in range(k)]
-    seg = _segmented(whole, segs)
+    seg = _segmented(whole, segs, mode)
     for s, a in zip(seg["segments"], segment_advantages(0.8, k, mode, 0.5), strict=True):
         s["advantage"] = a
     other = make_trajectory(rng, 1, 4, 5)
@@ -219,7 +256,7 @@ def test_a_ten_segment_trajectory_trains_with_the_gradient_of_the_same_reward_un
 
     rng = random.Random(0)
     one = make_trajectory(rng, 0, 2, 4)
-    ten = _segmented({**one, "advantage": 1.0}, [one] * 10)
+    ten = _segmented({**one, "advantage": 1.0}, [one] * 10, mode)
     for s, a in zip(ten["segments"], segment_advantages(1.0, 10, mode), strict=True):
         s["advantage"] = a
     seqs = sequences_from_batch(_batch(ten, {**one, "advantage": 1.0}))

@@ -1,9 +1,12 @@
 """Segmented trajectories end to end on real PostgreSQL: POST /v1/groups with `segments` (and its 422s,
 nothing stored), the real score + curate pipeline with each `segment_advantage`, GET /v1/groups/{id}
 showing the segments, leases (JSON and Arrow) that deliver a trajectory's segments together and count
-them in `max_tokens`, and the rollouts export."""
+them in `max_tokens` and carry the policy's `segment_advantage` the trainer weighs them by, and the rollouts
+export."""
 
 from __future__ import annotations
+
+import math
 
 import orjson
 import pytest
@@ -156,3 +159,45 @@ def test_divide_counts_the_trained_segments_as_the_trainer_does(fresh_api):
     seqs = sequences_from_batch(batch)
     assert [s.weight for s in seqs] == [1.0, 1.0]
     assert [s.advantage for s in seqs] == pytest.approx([a / 2] * 2, rel=1e-6)
+
+
+GOLDEN = (math.sqrt(5) - 1) / 2  # gamma + gamma^2 = 1
+
+
+@pytest.mark.parametrize("mode", ["discount", "divide", "broadcast"])
+def test_the_trainer_weighs_segments_by_the_policy_the_lease_carries(fresh_api, mode):
+    """Each segmented trajectory of a lease carries its curation policy's `segment_advantage`, in JSON and
+    Arrow alike, and the trainer weighs its K trained segments by it: 1/K for discount even where the
+    trained advantages sum to A (gamma (sqrt 5 - 1) / 2 and an untrained last segment: A g^2 + A g = A,
+    which the sums-based guess takes for divide), 1 for divide."""
+    from trainer.packing import sequences_from_batch
+
+    policy = {"name": f"seg-w-{mode}", "segment_advantage": mode, "segment_discount": GOLDEN, "min_group_size": 2}
+    assert fresh_api.post("/v1/curation-policies", json=policy).status_code == 201
+    g = _group("w", policy["name"])
+    g["trajectories"][0]["segments"][2]["loss_mask"] = [0] * 7  # an untrained tail: K = 2
+    g["trajectories"][1] = _segmented("41", 3, 2)  # all three trained: K = 3
+    assert fresh_api.post("/v1/groups", json=g).status_code == 201
+    with Scorer(processes=1, timeout_s=20) as scorer:
+        assert drain(fresh_api.factory, scorer).ready == 1
+    a = [t["advantage"] for t in fresh_api.get("/v1/groups/w").json()["trajectories"]]
+    assert a[0] > 0 > a[1]
+
+    lease = {"trainer_id": "t", "max_groups": 1, "request_id": f"w-{mode}"}
+    r = fresh_api.post("/v1/batches/lease", json=lease)
+    assert r.status_code == 200, r.text
+    BatchOut.model_validate(r.json())
+    arrow = fresh_api.post("/v1/batches/lease", json=lease, headers={"Accept": ARROW_MEDIA_TYPE})
+    assert arrow.status_code == 200
+    per_k = {"discount": lambda k: 1 / k, "broadcast": lambda k: 1 / k, "divide": lambda k: 1.0}[mode]
+    for batch in (r.json(), decode_arrow(arrow.content)):
+        trajs = batch["groups"][0]["trajectories"]
+        assert [t.get("segment_advantage") for t in trajs] == [mode, mode, None, None]
+        seqs = sequences_from_batch(batch)
+        assert [s.weight for s in seqs] == [per_k(2)] * 2 + [per_k(3)] * 3 + [1.0, 1.0]
+        tail = [s.advantage for s in seqs[:2]]
+        if mode != "broadcast":
+            assert math.fsum(tail) == pytest.approx(a[0], rel=1e-6)  # the trained shares sum to A
+        guessed = sequences_from_batch({"groups": [{**batch["groups"][0], "trajectories": [
+            {k: v for k, v in t.items() if k != "segment_advantage"} for t in trajs]}]})
+        assert [s.weight for s in guessed[:2]] == [1.0 if mode != "broadcast" else 0.5] * 2  # what a guess gave
