@@ -31,7 +31,7 @@ from service.sessions import group as group_service
 from service.sessions import repository as repo
 from service.sessions import sampling, service
 from service.sessions.misuse import tool_misuse
-from service.sessions.upstream import Forwarded, Tokens, extract, for_agent, forward
+from service.sessions.upstream import Forwarded, Tokens, extract, for_agent, forward, served_models
 from service.settings import Settings
 from service.store import arrays
 
@@ -54,35 +54,29 @@ class Answer:
     headers: dict[str, str]
 
 
-def check_body(kind: str, body: Any) -> dict[str, Any]:
-    """The agent's request, or a 400 naming its malformed field (the agent's error: never the session's
-    environment failure)."""
+def check_body(kind: sampling.Kind, body: Any) -> dict[str, Any]:
+    """The agent's request, or a 400 naming its first field the route does not accept or whose value is not
+    allowed (the agent's error: never the session's environment failure; ``sampling.check``)."""
     if not isinstance(body, dict):
         raise BadRequest("body: a JSON object")
-    if body.get("stream"):
-        raise BadRequest("stream: the gateway does not stream; send stream: false (docs/agents.md)", status_code=400)
-    if body.get("n", 1) != 1:
-        raise BadRequest("n: one completion per call (a session is one trajectory)", status_code=400)
-    t = body.get("temperature")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 1e-4 <= t <= 1e4):
-        raise BadRequest("temperature: a number from 0.0001 to 10000 (a trajectory is trained at the temperature "
-                         "its log-probs were taken at; greedy decoding has none)", status_code=400)
-    sampling.check(body)
-    for field in ("max_tokens", "max_completion_tokens"):
-        m = body.get(field)
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise BadRequest(f"{field}: a positive integer", status_code=400)
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise BadRequest("messages: a list of message objects", status_code=400)
-    if kind == "completions":
-        prompt = body.get("prompt")
-        ids = isinstance(prompt, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in prompt)
-        if not (isinstance(prompt, str) or ids):
-            raise BadRequest("prompt: one prompt, a string or a list of token ids (a session is one trajectory; "
-                             "a batch of prompts is refused)", status_code=400)
+    sampling.check(kind, body)
     return body
+
+
+def _check_model(state: Any, client: httpx.Client, upstream: str, body: dict[str, Any], timeout_s: float) -> None:
+    """A 400 unless the agent's ``model`` is absent or a name the upstream serves its own model under. The
+    names are read once per upstream and kept on the app (read again before a name is refused: the
+    upstream may have been restarted under another)."""
+    asked = body.get("model")
+    if asked is None:
+        return
+    known: dict[str, frozenset[str]] = getattr(state, "served_models", None) or {}
+    served = known.get(upstream)
+    if served is None or asked not in served:
+        served = served_models(client, upstream, timeout_s)
+        if served is not None:
+            state.served_models = {**known, upstream: served}
+    sampling.check_model(asked, served)
 
 
 def _limit(db: Session, row: Any, settings: Settings) -> str | None:
@@ -119,7 +113,7 @@ def capped(body: dict[str, Any], left: int) -> dict[str, Any]:
     return out
 
 
-def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str, kind: str,
+def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str, kind: sampling.Kind,
              body: dict[str, Any], upstream: str) -> tuple[int, dict[str, Any]]:
     """The call's index, reserved atomically (the session row locked): a stored placeholder (``attempts`` 0)
     counts against ``session_max_calls`` while the call is in flight, so concurrent calls never pass it. A
@@ -135,7 +129,7 @@ def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str
                            "in flight", detail={"finish_reason": None})
         if reason is None:  # (no group lock on this path: the lock order stays row -> group, as at finish)
             _check_temperature(db, row.group_id, body)
-            idx, sent = row.n_calls, capped(sampling.sent(body), settings.session_max_tokens - row.n_tokens)
+            idx, sent = row.n_calls, capped(sampling.sent(kind, body), settings.session_max_tokens - row.n_tokens)
             row.n_calls += 1
             repo.insert_call(db, {"session_id": session_id, "idx": idx, "kind": kind, "request": sent,
                                   "upstream": upstream, "attempts": 0, "latency_ms": 0.0})
@@ -148,7 +142,7 @@ def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str
 
 
 def call(request: Request, factory: sessionmaker[Session], client: httpx.Client, settings: Settings,
-         session_id: str, kind: str, body: Any) -> Answer:
+         session_id: str, kind: sampling.Kind, body: Any) -> Answer:
     with factory.begin() as db:
         row = service.authorize(request, db, session_id, PRODUCER)
         check_body(kind, body)
@@ -156,6 +150,7 @@ def call(request: Request, factory: sessionmaker[Session], client: httpx.Client,
             raise Conflict(f"session_id: the session has ended ({row.finish_reason})",
                            detail={"finish_reason": row.finish_reason})
         upstream, policy_version = row.upstream, row.policy_version
+    _check_model(request.app.state, client, upstream, body, min(settings.session_call_timeout_s, 10.0))
     idx, sent = _reserve(factory, settings, session_id, kind, body, upstream)
     try:
         result = forward(client, upstream, kind, sent, settings.session_call_timeout_s, settings.session_retry_base_s,

@@ -9,7 +9,9 @@ give them only through ``return_prompt_token_ids`` (per-choice ``prompt_token_id
 ``return_meta_info`` (per-choice ``meta_info.output_token_logprobs``: ``[logprob, token_id, text]`` per
 completion token); ``meta_info=True`` (``GRPO_CURATOR_INFERENCE_SGLANG_META_INFO``) asks for those too.
 A refused connection, a timeout, a 429 or a 5xx is retried with exponential backoff inside the call's
-deadline; the agent gets the answer without the fields it did not ask for.
+deadline; the agent gets the answer without the fields it did not ask for. The call names no ``model``
+(``sampling.sent``): each of these answers it with the model it serves, never a LoRA adapter;
+``served_models`` reads the names an agent's ``model`` may give.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def upstream_urls(setting: str) -> list[str]:
 def sticky(urls: list[str], session_id: str) -> str:
     """The same upstream for every call of a session (its prefix cache holds the history)."""
     return urls[int(hashlib.sha256(session_id.encode()).hexdigest(), 16) % len(urls)]
+
+
+def served_models(client: httpx.Client, url: str, timeout_s: float) -> frozenset[str] | None:
+    """The names the upstream serves its own model under: ``GET {url}/models``'s entries without a ``parent``
+    (vLLM and SGLang list a LoRA adapter with its base model as ``parent``). None when it does not say
+    (unreachable, no such route, not an OpenAI model list)."""
+    try:
+        payload = _json(client.get(url + "/models", timeout=timeout_s))
+    except httpx.HTTPError:
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    names = frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+                      and not m.get("parent")) if isinstance(data, list) else frozenset()
+    return names or None
 
 
 def upstream_body(kind: str, body: dict[str, Any], meta_info: bool = False) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Gateway fixtures: our own transformers upstream (a subprocess over a tiny saved model), and the API
-under uvicorn (a subprocess) pointed at it, on a database of its own."""
+"""Gateway fixtures: our own transformers upstream (a subprocess over a tiny saved model, served as
+``tiny``), ``fake_vllm`` (vLLM's wire format, no model, served as ``fake``), and the API under uvicorn (a
+subprocess) pointed at one, on a database of its own."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.service.sessions.upstreams import Upstream, save_tiny_model, start_infer, stop
+from tests.service.sessions.upstreams import Upstream, save_tiny_model, start_fake_vllm, start_infer, stop
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")  # infer serves it by its folder's name
 
 
 @pytest.fixture(scope="module")
 def upstream(model_dir: Path) -> Iterator[Upstream]:
     server = start_infer(model_dir)
+    yield server
+    stop(server)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Upstream]:
+    """``tests.service.sessions.fake_upstream`` (vLLM's wire format) for the module's gateways."""
+    server = start_fake_vllm()
     yield server
     stop(server)
 
@@ -45,3 +54,9 @@ def gateway_for(make_db: Callable[..., str]) -> Iterator[Callable[..., LiveServe
 @pytest.fixture(scope="module")
 def gateway(gateway_for: Callable[..., LiveServer], upstream: Upstream) -> LiveServer:
     return gateway_for(upstream.url)
+
+
+@pytest.fixture(scope="module")
+def fake_gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """The API (default settings) pointed at the module's ``fake``."""
+    return gateway_for(fake.url)

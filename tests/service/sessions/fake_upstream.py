@@ -18,8 +18,10 @@ Hostile answers (an upstream that misbehaves), set at run time with ``POST /fake
 completion id below 0), ``huge-id`` (2^31), ``list`` (a JSON list, no choices), ``bad-tool`` (a call of
 ``add`` whose arguments are not JSON), ``tools-dict`` (``tool_calls`` an object, not a list), ``slow``
 (answers after 1.5 s), ``version-7`` (an ``x-policy-version: 7`` header). A request's max_tokens is
-echoed as ``usage.max_tokens_seen``, its sampling parameters as ``usage.sampling_seen``. A request's own ``fake_text`` field is echoed as the answer's text (a test picks
-what the model "said").
+echoed as ``usage.max_tokens_seen``, its sampling parameters as ``usage.sampling_seen``, the names of all
+its fields as ``usage.fields_seen`` (what the gateway forwarded). ``POST /fake/say`` (body: the text) makes
+the next answer's text that one (a test picks what the model "said"). ``GET /v1/models`` lists the model
+as ``fake`` and a LoRA adapter of it, ``fake-lora`` (vLLM's way: the adapter's ``parent`` is ``fake``).
 
     python -m tests.service.sessions.fake_upstream --port 8001 [--finish-reason abort] [--flavor sglang]
 """
@@ -113,8 +115,13 @@ def _dumps(payload: Any) -> bytes:
     return json.dumps(payload).encode()  # NaN as NaN (what a broken server sends), unlike orjson's null
 
 
+MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "root": "fake", "parent": None},
+                                     {"id": "fake-lora", "object": "model", "root": "/adapters/lora", "parent": "fake"}]}
+
+
 def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
-    mode = {"now": "ok"}
+    mode: dict[str, str] = {"now": "ok"}
+    said: list[str] = []  # the next answer's text, once
 
     def answer(kind: str, body: dict[str, Any]) -> dict[str, Any]:
         if kind == "chat":
@@ -124,13 +131,14 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
             prompt = list(raw) if isinstance(raw, list) else [1] + _chars(str(raw))
         lps = [-0.25] * len(COMPLETION_IDS)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        text = said.pop() if said else COMPLETION_TEXT
         if kind == "chat":
-            choice["message"] = {"role": "assistant", "content": body.get("fake_text", COMPLETION_TEXT)}
+            choice["message"] = {"role": "assistant", "content": text}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": [{"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
                                                   for t, lp in zip(COMPLETION_IDS, lps, strict=True)]}
         else:
-            choice["text"] = body.get("fake_text", COMPLETION_TEXT)
+            choice["text"] = text
             if body.get("logprobs") is not None:
                 choice["logprobs"] = {"tokens": [str(t) for t in COMPLETION_IDS], "token_logprobs": lps,
                                       "top_logprobs": None, "text_offset": []}
@@ -140,7 +148,8 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
                                                               "completion_tokens": len(COMPLETION_IDS),
                                                               "total_tokens": len(prompt) + len(COMPLETION_IDS),
                                                               "max_tokens_seen": body.get("max_tokens"),
-                                                              "sampling_seen": {k: body.get(k) for k in SAMPLING}}}
+                                                              "sampling_seen": {k: body.get(k) for k in SAMPLING},
+                                                              "fields_seen": sorted(body)}}
         if flavor != "vllm":
             _sglang(kind, body, choice, prompt, lps, flavor)
         elif body.get("return_token_ids"):
@@ -174,12 +183,20 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
         mode["now"] = asked
         return Response(b"ok")
 
+    async def say(request: Request) -> Response:
+        said[:] = [(await request.body()).decode()]
+        return Response(b"ok")
+
+    async def models(request: Request) -> Response:
+        return Response(orjson.dumps(MODELS), media_type="application/json")
+
     async def health(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/fake/mode", set_mode, methods=["POST"]), Route("/health", health)])
+                             Route("/v1/models", models), Route("/fake/mode", set_mode, methods=["POST"]),
+                             Route("/fake/say", say, methods=["POST"]), Route("/health", health)])
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Small helpers for the gateway tests: open a session, run an agent turn with the `openai` SDK."""
+"""Small helpers for the gateway tests: open a session, run an agent turn with the `openai` SDK, post a raw
+call or finish, steer ``fake_vllm`` (its hostile mode, what it says next)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 
+USER = [{"role": "user", "content": "add 2 and 3"}]
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -28,10 +30,12 @@ def agent(session: dict[str, Any]) -> openai.OpenAI:
     return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
 
 
-def turn(client: openai.OpenAI, messages: list[dict[str, Any]], seed: int, **extra: Any) -> Any:
-    """One model turn of the tiny random model (its text round-trips to its ids: rollout.infer)."""
+def turn(client: openai.OpenAI, messages: list[dict[str, Any]], seed: int, model: str = "tiny",
+         **extra: Any) -> Any:
+    """One model turn of the tiny random model (its text round-trips to its ids: rollout.infer); ``model``
+    the name its upstream serves it under."""
     return client.chat.completions.create(
-        model="tiny", messages=messages, tools=TOOLS, max_tokens=6, temperature=1.0, seed=seed, extra_body=extra,
+        model=model, messages=messages, tools=TOOLS, max_tokens=6, temperature=1.0, seed=seed, extra_body=extra,
     )
 
 
@@ -53,3 +57,32 @@ def group(url: str, group_id: str) -> dict[str, Any]:
     r = httpx.get(f"{url}/v1/groups/{group_id}", params={"include_tokens": True})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def _auth(session: dict[str, Any]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {session['api_key']}"}
+
+
+def chat_call(session: dict[str, Any], **extra: Any) -> httpx.Response:
+    """One chat call as raw HTTP (a 4-token answer of ``fake`` to ``USER`` unless ``extra`` says otherwise)."""
+    return httpx.post(session["base_url"] + "/chat/completions", timeout=30, headers=_auth(session),
+                      json={"model": "fake", "messages": USER, "max_tokens": 4, **extra})
+
+
+def finish_call(session: dict[str, Any], **body: Any) -> httpx.Response:
+    return httpx.post(session["base_url"] + "/finish", json=body, timeout=30, headers=_auth(session))
+
+
+def _fake(fake_url: str, route: str, content: str) -> None:
+    r = httpx.post(fake_url.removesuffix("/v1") + route, content=content)
+    assert r.status_code == 200, r.text
+
+
+def set_mode(fake_url: str, mode: str) -> None:
+    """``fake_vllm``'s hostile mode (``tests.service.sessions.fake_upstream.MODES``), until set again."""
+    _fake(fake_url, "/fake/mode", mode)
+
+
+def say(fake_url: str, text: str) -> None:
+    """What ``fake_vllm``'s next answer says (a final_answer must be the end of it)."""
+    _fake(fake_url, "/fake/say", text)

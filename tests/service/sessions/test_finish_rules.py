@@ -8,23 +8,24 @@ refuses new members; a group trains at one temperature; a malformed agent reques
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.service.sessions.helpers import TOOLS, group, open_session, read
-from tests.service.sessions.test_hostile_upstream import _chat, _finish, _mode
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
+from tests.service.sessions.helpers import (
+    TOOLS,
+    chat_call,
+    finish_call,
+    group,
+    open_session,
+    read,
+    say,
+    set_mode,
+)
+from tests.service.sessions.upstreams import Upstream
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +42,11 @@ def _join(gateway: LiveServer, session: dict[str, Any], size: int) -> httpx.Resp
 
 def _misused(gateway: LiveServer, fake: Upstream) -> dict[str, Any]:
     session = open_session(gateway.url)
-    _mode(fake, "bad-tool")
+    set_mode(fake.url, "bad-tool")
     try:
-        assert _chat(session, tools=TOOLS).status_code == 200
+        assert chat_call(session, tools=TOOLS).status_code == 200
     finally:
-        _mode(fake, "ok")
+        set_mode(fake.url, "ok")
     assert read(session, tokens=False)["misuse"]
     return session
 
@@ -57,15 +58,15 @@ def test_the_misuse_the_gateway_saw_wins_over_what_the_agent_claims(
     gateway: LiveServer, fake: Upstream, claim: dict[str, Any]
 ) -> None:
     session = _misused(gateway, fake)
-    assert _finish(session, **claim).json()["finish_reason"] == "tool_misuse"
+    assert finish_call(session, **claim).json()["finish_reason"] == "tool_misuse"
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
     assert t["finish_reason"] == "tool_misuse"
 
 
 def test_the_call_limit_after_a_misuse_ends_the_session_as_tool_misuse(gateway: LiveServer, fake: Upstream) -> None:
     session = _misused(gateway, fake)
-    assert _chat(session).status_code == 200
-    assert _chat(session).status_code == 409  # max_calls 2
+    assert chat_call(session).status_code == 200
+    assert chat_call(session).status_code == 409  # max_calls 2
     assert read(session, tokens=False)["finish_reason"] == "tool_misuse"
 
 
@@ -88,28 +89,30 @@ def test_a_malformed_agent_request_is_a_400_naming_the_field_never_an_environmen
 @pytest.mark.parametrize("key", ["difficulty", "session_id", "tool_misuse"])
 def test_a_reward_key_may_not_overwrite_session_metadata(gateway: LiveServer, key: str) -> None:
     session = open_session(gateway.url, metadata={"difficulty": 3})
-    assert _chat(session).status_code == 200
-    r = _finish(session, rewards={"reward": 1.0, key: 0.0})
+    assert chat_call(session).status_code == 200
+    r = finish_call(session, rewards={"reward": 1.0, key: 0.0})
     assert r.status_code == 422 and r.json()["error"].startswith(f"rewards.{key}"), r.text
     assert read(session, tokens=False)["status"] == "open"  # nothing of the refused finish stored
-    assert _finish(session, rewards={"reward": 1.0}).status_code == 200
+    assert finish_call(session, rewards={"reward": 1.0}).status_code == 200
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
     assert t["metadata"]["difficulty"] == 3 and t["metadata"]["reward"] == 1.0
     assert t["metadata"]["session_id"] == session["session_id"]
 
 
-def test_the_answer_scored_is_the_models(gateway: LiveServer) -> None:
+def test_the_answer_scored_is_the_models(gateway: LiveServer, fake: Upstream) -> None:
     session = open_session(gateway.url)
-    assert _chat(session, fake_text="so it is \\boxed{5}").status_code == 200
-    r = _finish(session, final_answer="\\boxed{6}")  # not what the model said
+    say(fake.url, "so it is \\boxed{5}")
+    assert chat_call(session).status_code == 200
+    r = finish_call(session, final_answer="\\boxed{6}")  # not what the model said
     assert r.status_code == 422 and r.json()["error"].startswith("final_answer"), r.text
     assert read(session, tokens=False)["status"] == "open"
-    assert _finish(session, final_answer="\\boxed{5}").status_code == 200  # cut out of its text
+    assert finish_call(session, final_answer="\\boxed{5}").status_code == 200  # cut out of its text
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
     assert t["final_answer"] == "\\boxed{5}"
     bare = open_session(gateway.url)
-    assert _chat(bare, fake_text="it is 7").status_code == 200
-    _finish(bare)
+    say(fake.url, "it is 7")
+    assert chat_call(bare).status_code == 200
+    finish_call(bare)
     (t,) = group(gateway.url, bare["group_id"])["trajectories"]
     assert t["final_answer"] == "it is 7"  # no final_answer: the last completion's text
 
@@ -121,27 +124,32 @@ def test_the_answer_scored_is_the_models(gateway: LiveServer) -> None:
     ("so it is \\boxed{5}", "\\boxed{5}", True),
 ])
 def test_the_final_answer_is_the_end_of_the_models_last_completion_never_a_substring(
-    gateway: LiveServer, said: str, claimed: str, ok: bool
+    gateway: LiveServer, fake: Upstream, said: str, claimed: str, ok: bool
 ) -> None:
     session = open_session(gateway.url)
-    assert _chat(session, fake_text=said).status_code == 200
-    r = _finish(session, final_answer=claimed)
+    say(fake.url, said)
+    assert chat_call(session).status_code == 200
+    r = finish_call(session, final_answer=claimed)
     assert r.status_code == (200 if ok else 422), r.text
     if not ok:
         assert r.json()["error"].startswith("final_answer") and read(session, tokens=False)["status"] == "open"
 
 
-def test_the_final_answer_is_taken_from_the_last_completion_not_an_earlier_one(gateway: LiveServer) -> None:
+def test_the_final_answer_is_taken_from_the_last_completion_not_an_earlier_one(
+    gateway: LiveServer, fake: Upstream
+) -> None:
     session = open_session(gateway.url)
-    assert _chat(session, fake_text="5").status_code == 200
-    assert _chat(session, fake_text="let me check").status_code == 200
-    assert _finish(session, final_answer="5").status_code == 422
+    say(fake.url, "5")
+    assert chat_call(session).status_code == 200
+    say(fake.url, "let me check")
+    assert chat_call(session).status_code == 200
+    assert finish_call(session, final_answer="5").status_code == 422
 
 
 def test_a_session_with_no_answered_call_is_an_environment_failure(gateway: LiveServer) -> None:
     session = open_session(gateway.url)
-    assert _finish(session, final_answer="5").status_code == 422  # nothing generated holds it
-    done = _finish(session)
+    assert finish_call(session, final_answer="5").status_code == 422  # nothing generated holds it
+    done = finish_call(session)
     assert done.status_code == 200 and done.json()["finish_reason"] == "env_error"
     assert "no answered call" in read(session, tokens=False)["error"]
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
@@ -151,15 +159,15 @@ def test_a_session_with_no_answered_call_is_an_environment_failure(gateway: Live
 def test_a_group_trains_at_one_temperature(gateway: LiveServer) -> None:
     a = open_session(gateway.url, group_size=2)
     b = open_session(gateway.url, group_id=a["group_id"], group_size=2)
-    assert _chat(a, temperature=0.7).status_code == 200
+    assert chat_call(a, temperature=0.7).status_code == 200
     for session, t in ((a, 0.05), (b, 3.0), (b, None)):
         extra = {} if t is None else {"temperature": t}
-        r = _chat(session, **extra)
+        r = chat_call(session, **extra)
         assert r.status_code == 400 and r.json()["error"].startswith("temperature"), r.text
-    assert _chat(b, temperature=0.7).status_code == 200
+    assert chat_call(b, temperature=0.7).status_code == 200
     assert read(b, tokens=False)["n_calls"] == 1  # the refused calls were not stored
-    _finish(a)
-    _finish(b)
+    finish_call(a)
+    finish_call(b)
     assert group(gateway.url, a["group_id"])["sampling"]["temperature"] == 0.7
 
 
@@ -168,13 +176,13 @@ def test_a_group_that_cannot_be_posted_is_recorded_and_never_retried(
 ) -> None:
     gateway = gateway_for(fake.url, GRPO_CURATOR_MAX_SEQUENCE_TOKENS="8")  # the fake's prompts are longer
     session = open_session(gateway.url)
-    assert _chat(session).status_code == 200
-    done = _finish(session)
+    assert chat_call(session).status_code == 200
+    done = finish_call(session)
     assert done.status_code == 200 and done.json()["group_ingested"] is False
     state = read(session, tokens=False)
     assert state["status"] == "failed" and "exceed" in state["error"] and not state["ingested"]
     assert httpx.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404
-    again = _finish(session).json()  # nothing retries it
+    again = finish_call(session).json()  # nothing retries it
     assert again["status"] == "failed" and again["group_ingested"] is False
     r = _join(gateway, session, 1)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id")
@@ -186,13 +194,13 @@ def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_memb
     gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="2", GRPO_CURATOR_EMBEDDED_WORKER="true",
                           GRPO_CURATOR_WORKER_POLL_SECONDS="0.2")
     session = open_session(gateway.url, group_size=2)
-    assert _chat(session).status_code == 200
+    assert chat_call(session).status_code == 200
     deadline = time.monotonic() + 30
     while read(session, tokens=False)["status"] == "open" and time.monotonic() < deadline:
         time.sleep(0.2)
     state = read(session, tokens=False)
     assert state["status"] == "failed" and state["finish_reason"] == "timeout" and "deadline" in state["error"]
-    assert _chat(session).status_code == 409
+    assert chat_call(session).status_code == 409
     r = _join(gateway, session, 2)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id"), r.text
     assert httpx.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404  # nothing to train
@@ -204,7 +212,7 @@ def test_the_deadline_refuses_new_members_without_a_worker(gateway_for: Callable
     time.sleep(1.5)
     r = _join(gateway, session, 2)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id"), r.text
-    r = _chat(session)  # the group's deadline is the session's too
+    r = chat_call(session)  # the group's deadline is the session's too
     assert r.status_code == 409
     assert read(session, tokens=False)["finish_reason"] == "timeout"
 

@@ -143,13 +143,14 @@ def test_an_upstream_abort_ends_the_session_as_aborted_never_a_negative(
         gateway = gateway_for(fake.url)
         session = open_session(gateway.url)
         client = agent(session)
-        answer = turn(client, USER, seed=0)
+        answer = turn(client, USER, seed=0, model="fake")
         assert answer.choices[0].finish_reason == "abort"  # the agent sees what the upstream said
         state = read(session)
         assert state["status"] == "finished" and state["finish_reason"] == "aborted"
         assert state["calls"][0]["finish_reason"] == "abort" and state["calls"][0]["completion_token_ids"]
         with pytest.raises(openai.APIStatusError) as refused:  # the session takes no more calls
-            turn(client, [*USER, {"role": "assistant", "content": "x"}, {"role": "user", "content": "go on"}], seed=1)
+            turn(client, [*USER, {"role": "assistant", "content": "x"}, {"role": "user", "content": "go on"}], seed=1,
+                 model="fake")
         assert refused.value.status_code == 409
         body = {} if asked is None else {"finish_reason": asked}
         assert finish(session, final_answer="5", **body)["finish_reason"] == "aborted"  # not undone
@@ -159,13 +160,8 @@ def test_an_upstream_abort_ends_the_session_as_aborted_never_a_negative(
         stop(fake)
 
 
-def test_an_answer_that_finished_normally_is_not_an_abort(gateway_for: Callable[..., LiveServer]) -> None:
-    fake = start_fake_vllm(finish_reason="stop")
-    try:
-        gateway = gateway_for(fake.url)
-        session = open_session(gateway.url)
-        turn(agent(session), USER, seed=0)
-        assert read(session, tokens=False)["status"] == "open"
-        assert finish(session, final_answer="fak")["finish_reason"] == "stop"
-    finally:
-        stop(fake)
+def test_an_answer_that_finished_normally_is_not_an_abort(fake_gateway: LiveServer) -> None:
+    session = open_session(fake_gateway.url)
+    turn(agent(session), USER, seed=0, model="fake")
+    assert read(session, tokens=False)["status"] == "open"
+    assert finish(session, final_answer="fak")["finish_reason"] == "stop"

@@ -10,45 +10,19 @@ import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.service.sessions.helpers import TOOLS, group, open_session, read
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
-
-USER = [{"role": "user", "content": "add 2 and 3"}]
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
-
-
-def _mode(fake: Upstream, mode: str) -> None:
-    r = httpx.post(fake.url.removesuffix("/v1") + "/fake/mode", content=mode)
-    assert r.status_code == 200, r.text
+from tests.service.sessions.helpers import TOOLS, chat_call, finish_call, group, open_session, read, set_mode
+from tests.service.sessions.upstreams import Upstream
 
 
 @pytest.fixture
 def hostile(fake: Upstream) -> Iterator[Callable[[str], None]]:
-    yield lambda mode: _mode(fake, mode)
-    _mode(fake, "ok")
-
-
-def _chat(session: dict[str, Any], **extra: Any) -> httpx.Response:
-    return httpx.post(session["base_url"] + "/chat/completions", timeout=30,
-                      json={"model": "fake", "messages": USER, "max_tokens": 4, **extra},
-                      headers={"Authorization": f"Bearer {session['api_key']}"})
-
-
-def _finish(session: dict[str, Any], **body: Any) -> httpx.Response:
-    return httpx.post(session["base_url"] + "/finish", json=body, timeout=30,
-                      headers={"Authorization": f"Bearer {session['api_key']}"})
+    yield lambda mode: set_mode(fake.url, mode)
+    set_mode(fake.url, "ok")
 
 
 @pytest.mark.parametrize(("mode", "named"), [
@@ -61,13 +35,13 @@ def test_an_impossible_answer_is_the_upstreams_failure_before_it_is_answered(
     gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile(mode)
-    r = _chat(session)
+    r = chat_call(session)
     assert r.status_code == 502 and named in r.json()["error"]["message"], r.text
     state = read(session)
     assert state["status"] == "finished" and state["finish_reason"] == "env_error"
     (c,) = state["calls"]
     assert c["completion_token_ids"] is None and c["logprobs"] is None and named in c["error"]
-    assert _finish(session).json()["finish_reason"] == "env_error"
+    assert finish_call(session).json()["finish_reason"] == "env_error"
 
 
 def test_misuse_then_an_unusable_answer_stays_the_models_failure(
@@ -76,10 +50,10 @@ def test_misuse_then_an_unusable_answer_stays_the_models_failure(
     gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile("bad-tool")
-    assert _chat(session, tools=TOOLS).status_code == 200
+    assert chat_call(session, tools=TOOLS).status_code == 200
     assert "not JSON" in read(session)["misuse"]
     hostile("list")
-    assert _chat(session, tools=TOOLS).status_code == 502  # the upstream's failure ends it ...
+    assert chat_call(session, tools=TOOLS).status_code == 502  # the upstream's failure ends it ...
     state = read(session)
     assert state["status"] == "finished" and state["finish_reason"] == "tool_misuse"  # ... as the model's
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
@@ -92,9 +66,9 @@ def test_tool_calls_as_an_object_is_a_misuse(
     gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile("tools-dict")
-    _chat(session, tools=TOOLS)
+    chat_call(session, tools=TOOLS)
     assert "not a list" in read(session)["misuse"]
-    assert _finish(session).json()["finish_reason"] == "tool_misuse"
+    assert finish_call(session).json()["finish_reason"] == "tool_misuse"
 
 
 def test_concurrent_calls_never_pass_max_calls(
@@ -104,12 +78,12 @@ def test_concurrent_calls_never_pass_max_calls(
     session = open_session(gateway.url)
     hostile("slow")
     with cf.ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda _: _chat(session).status_code, range(8)))
+        codes = list(pool.map(lambda _: chat_call(session).status_code, range(8)))
     assert sorted(codes) == [200, 200] + [409] * 6, codes
     state = read(session)
     assert state["n_calls"] == 2 and [c["index"] for c in state["calls"]] == [0, 1]
     assert all(c["completion_token_ids"] for c in state["calls"])
-    assert _chat(session).status_code == 409  # a call after them: the limit
+    assert chat_call(session).status_code == 409  # a call after them: the limit
     assert read(session)["finish_reason"] == "max_turns"
 
 
@@ -118,15 +92,15 @@ def test_a_call_in_flight_when_its_session_finishes_is_refused_and_not_kept(
 ) -> None:
     gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
-    assert _chat(session).status_code == 200
+    assert chat_call(session).status_code == 200
     hostile("slow")
     late: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: late.append(_chat(session)))
+    t = threading.Thread(target=lambda: late.append(chat_call(session)))
     t.start()
     deadline = time.monotonic() + 10
     while read(session, tokens=False)["n_calls"] < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # the second call is reserved (in flight)
-    done = _finish(session)
+    done = finish_call(session)
     assert done.status_code == 200 and done.json()["group_ingested"]
     t.join()
     assert late[0].status_code == 409, late[0].text
@@ -139,12 +113,12 @@ def test_a_call_in_flight_when_its_session_finishes_is_refused_and_not_kept(
 def test_max_tokens_is_capped_to_the_sessions_token_budget(gateway_for: Callable[..., LiveServer], fake: Upstream) -> None:
     gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_TOKENS="1000")
     session = open_session(gateway.url)
-    first = _chat(session, max_tokens=10**9).json()
+    first = chat_call(session, max_tokens=10**9).json()
     used = first["usage"]["total_tokens"]
     assert first["usage"]["max_tokens_seen"] == 1000  # nothing used yet: the whole budget
-    second = _chat(session, max_tokens=10**9).json()
+    second = chat_call(session, max_tokens=10**9).json()
     assert second["usage"]["max_tokens_seen"] == 1000 - used
-    assert _chat(session, max_tokens=5).json()["usage"]["max_tokens_seen"] == 5  # never raised
+    assert chat_call(session, max_tokens=5).json()["usage"]["max_tokens_seen"] == 5  # never raised
 
 
 def test_an_upstream_of_another_policy_version_is_flagged_and_tags_its_tokens(
@@ -153,9 +127,9 @@ def test_an_upstream_of_another_policy_version_is_flagged_and_tags_its_tokens(
     gateway = gateway_for(fake.url)
     session = open_session(gateway.url)  # policy_version 0
     hostile("version-7")
-    assert _chat(session).status_code == 200
+    assert chat_call(session).status_code == 200
     assert read(session)["calls"][0]["policy_version"] == 7
-    _finish(session)
+    finish_call(session)
     (t,) = group(gateway.url, session["group_id"])["trajectories"]
     assert t["metadata"]["policy_version_mismatch"] == {"session": 0, "upstream": [7]}
     generated = [v for v, m in zip(t["versions"], t["loss_mask"], strict=True) if m == 1]
@@ -173,12 +147,12 @@ def test_a_placeholder_left_by_a_killed_api_does_not_hold_the_session_open_at_it
 
     gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_CALL_TIMEOUT_S="1")
     session = open_session(gateway.url)
-    assert _chat(session).status_code == 200
+    assert chat_call(session).status_code == 200
     with get_engine(gateway.db_url).begin() as db:  # what the killed API left: call 1 reserved a minute ago
         db.execute(text("INSERT INTO session_calls (session_id, idx, kind, request, upstream, attempts,"
                         " latency_ms, created_at) VALUES (:s, 1, 'chat', '{}'::jsonb, 'x', 0, 0,"
                         " now() - interval '1 minute')"), {"s": session["session_id"]})
         db.execute(text("UPDATE agent_sessions SET n_calls = 2 WHERE id = :s"), {"s": session["session_id"]})
-    r = _chat(session)
+    r = chat_call(session)
     assert r.status_code == 409 and "session limit" in r.text, r.text
     assert read(session)["finish_reason"] == "max_turns"

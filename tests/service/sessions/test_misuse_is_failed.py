@@ -5,23 +5,24 @@ still open at the group's deadline is a member of its group (``tool_misuse``), n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.service.sessions.helpers import TOOLS, open_session, read
-from tests.service.sessions.test_hostile_upstream import USER, _chat, _finish, _mode
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
+from tests.service.sessions.helpers import (
+    TOOLS,
+    USER,
+    chat_call,
+    finish_call,
+    open_session,
+    read,
+    say,
+    set_mode,
+)
+from tests.service.sessions.upstreams import Upstream
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +43,11 @@ def _curated(url: str, group_id: str, timeout_s: float = 60.0) -> dict[str, Any]
 
 def _misuse(fake: Upstream, session: dict[str, Any]) -> dict[str, Any]:
     """One call whose answer calls ``add`` with arguments that are not JSON (the fake's bad-tool mode)."""
-    _mode(fake, "bad-tool")
+    set_mode(fake.url, "bad-tool")
     try:
-        r = _chat(session, tools=TOOLS)
+        r = chat_call(session, tools=TOOLS)
     finally:
-        _mode(fake, "ok")
+        set_mode(fake.url, "ok")
     assert r.status_code == 200 and read(session, tokens=False)["misuse"]
     return r.json()["choices"][0]["message"]
 
@@ -57,10 +58,12 @@ def test_a_right_answer_after_a_misuse_earns_no_outcome(gateway: LiveServer, fak
     call = _misuse(fake, misused)
     history = [*USER, {"role": "assistant", "content": "", "tool_calls": call["tool_calls"]},
                {"role": "tool", "tool_call_id": "c1", "content": "error: arguments not JSON"}]
-    assert _chat(misused, messages=history, tools=TOOLS, fake_text="5").status_code == 200  # then answers right
-    assert _finish(misused, final_answer="5").json()["finish_reason"] == "tool_misuse"
-    assert _chat(right, fake_text="5").status_code == 200
-    assert _finish(right, final_answer="5").json()["group_ingested"]
+    say(fake.url, "5")
+    assert chat_call(misused, messages=history, tools=TOOLS).status_code == 200  # then answers right
+    assert finish_call(misused, final_answer="5").json()["finish_reason"] == "tool_misuse"
+    say(fake.url, "5")
+    assert chat_call(right).status_code == 200
+    assert finish_call(right, final_answer="5").json()["group_ingested"]
     group = _curated(gateway.url, misused["group_id"])
     by_session = {t["metadata"]["session_id"]: t for t in group["trajectories"]}
     bad, good = by_session[misused["session_id"]], by_session[right["session_id"]]
@@ -74,9 +77,10 @@ def test_a_misuse_session_open_at_the_deadline_is_a_negative_member(gateway: Liv
     right = open_session(gateway.url, group_id=misused["group_id"], group_size=3)
     idle = open_session(gateway.url, group_id=misused["group_id"], group_size=3)
     _misuse(fake, misused)  # and never finished
-    assert _chat(idle).status_code == 200  # answered, never finished, no misuse: left out
-    assert _chat(right, fake_text="5").status_code == 200
-    assert _finish(right, final_answer="5").json()["group_ingested"] is False
+    assert chat_call(idle).status_code == 200  # answered, never finished, no misuse: left out
+    say(fake.url, "5")
+    assert chat_call(right).status_code == 200
+    assert finish_call(right, final_answer="5").json()["group_ingested"] is False
     group = _curated(gateway.url, misused["group_id"])  # the worker's sweep, after the deadline
     meta = group["metadata"]
     assert sorted(meta["sessions"]) == sorted([misused["session_id"], right["session_id"]])

@@ -24,8 +24,8 @@ from tests.conftest import LiveServer, start_server, stop_server
 from tests.helpers import assert_client_error
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import finish, group, open_session, read
-from tests.service.sessions.upstreams import start_fake_vllm, stop
+from tests.service.sessions.helpers import finish, group, open_session, read, say
+from tests.service.sessions.upstreams import Upstream
 
 SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
 PROMPT = [1, 5, 6, 7]
@@ -34,8 +34,7 @@ C = COMPLETION_IDS  # what fake_vllm generates for every call
 
 
 @pytest.fixture
-def gateway(fresh_db: str) -> Iterator[LiveServer]:
-    fake = start_fake_vllm()
+def gateway(fresh_db: str, fake: Upstream) -> Iterator[LiveServer]:
     server = start_server(fresh_db, env={**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": fake.url})
     try:
         with httpx.Client(base_url=server.url) as c:
@@ -47,28 +46,30 @@ def gateway(fresh_db: str) -> Iterator[LiveServer]:
         yield server
     finally:
         stop_server(server)
-        stop(fake)
 
 
-def _complete(session: dict[str, Any], prompt: list[int], text: str = "fak") -> dict[str, Any]:
+def _complete(fake: Upstream, session: dict[str, Any], prompt: list[int], text: str | None = None
+              ) -> dict[str, Any]:
     """One completion; ``text`` is what the fake model "says" (a final_answer must occur in it)."""
+    if text is not None:
+        say(fake.url, text)
     r = httpx.post(session["base_url"] + "/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 4,
-                                                               "temperature": 1.0, "fake_text": text},
+                                                               "temperature": 1.0},
                    headers={"Authorization": f"Bearer {session['api_key']}"})
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def _cut_group(url: str, gid: str) -> None:
+def _cut_group(fake: Upstream, url: str, gid: str) -> None:
     """Three members answer (right, wrong, right) in one call; the fourth makes two calls (a tool's result
     in between) and is cut by the budget."""
     for answer in ("\\boxed{5}", "\\boxed{4}", "\\boxed{5}"):
         s = open_session(url, gid, group_size=4)
-        _complete(s, PROMPT, answer)
+        _complete(fake, s, PROMPT, answer)
         finish(s, final_answer=answer)
     s = open_session(url, gid, group_size=4)
-    _complete(s, PROMPT)
-    _complete(s, PROMPT + C + TOOL)
+    _complete(fake, s, PROMPT)
+    _complete(fake, s, PROMPT + C + TOOL)
     assert finish(s, finish_reason="length")["group_ingested"] is True
 
 
@@ -85,8 +86,10 @@ def _n_sessions(server: LiveServer) -> int:
         return conn.execute(text("SELECT count(*) FROM agent_sessions")).scalar_one()
 
 
-def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(gateway: LiveServer, scorer) -> None:
-    _cut_group(gateway.url, "g")
+def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(
+    gateway: LiveServer, fake: Upstream, scorer
+) -> None:
+    _cut_group(fake, gateway.url, "g")
     _drain(gateway, scorer)
     before = group(gateway.url, "g")
     assert before["status"] == "waiting"
@@ -103,7 +106,7 @@ def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(g
     assert r.status_code == 201, r.text
     session = {**r.json(), "group_id": "g"}
     assert session["checkpoint"]["token_ids"] == PROMPT + C + TOOL
-    _complete(session, session["checkpoint"]["token_ids"], "\\boxed{5}")  # continue from it: no tool runs again
+    _complete(fake, session, session["checkpoint"]["token_ids"], "\\boxed{5}")  # continue from it: no tool runs again
     done = finish(session, final_answer="\\boxed{5}")
     assert done["group_ingested"] is True  # the slot is filled
     state = read(session, tokens=False)
@@ -134,12 +137,14 @@ def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(g
         assert leased_member["versions"] == old_versions + [1] * len(C)
 
 
-def test_a_resumed_member_cut_again_is_resumed_at_most_max_resumes_times(gateway: LiveServer, scorer) -> None:
-    _cut_group(gateway.url, "m")
+def test_a_resumed_member_cut_again_is_resumed_at_most_max_resumes_times(
+    gateway: LiveServer, fake: Upstream, scorer
+) -> None:
+    _cut_group(fake, gateway.url, "m")
     _drain(gateway, scorer)
     r = _resume(gateway.url, {"resume": {"group_id": "m", "index": 3}, "policy_version": 1})
     session = r.json()
-    _complete(session, session["checkpoint"]["token_ids"])
+    _complete(fake, session, session["checkpoint"]["token_ids"])
     assert finish(session, finish_reason="length")["group_ingested"] is True  # filled, but cut again
     _drain(gateway, scorer)
     g = group(gateway.url, "m")
@@ -151,11 +156,13 @@ def test_a_resumed_member_cut_again_is_resumed_at_most_max_resumes_times(gateway
     assert_client_error(again, "resume.index", (409,))
 
 
-def test_a_continuation_that_does_not_extend_the_checkpoint_fills_nothing(gateway: LiveServer, scorer) -> None:
-    _cut_group(gateway.url, "s")
+def test_a_continuation_that_does_not_extend_the_checkpoint_fills_nothing(
+    gateway: LiveServer, fake: Upstream, scorer
+) -> None:
+    _cut_group(fake, gateway.url, "s")
     _drain(gateway, scorer)
     session = _resume(gateway.url, {"resume": {"group_id": "s", "index": 3}, "policy_version": 1}).json()
-    _complete(session, [1, 99, 98], "\\boxed{5}")  # the agent rewrote its history: a new segment
+    _complete(fake, session, [1, 99, 98], "\\boxed{5}")  # the agent rewrote its history: a new segment
     assert finish(session, final_answer="\\boxed{5}")["group_ingested"] is False
     state = read(session, tokens=False)
     assert "resume" in state["error"] and "extend the checkpoint" in state["error"]
@@ -179,8 +186,10 @@ BAD = [
 ]
 
 
-def test_bad_resume_sessions_name_the_field_and_store_nothing(gateway: LiveServer, scorer) -> None:
-    _cut_group(gateway.url, "b")
+def test_bad_resume_sessions_name_the_field_and_store_nothing(
+    gateway: LiveServer, fake: Upstream, scorer
+) -> None:
+    _cut_group(fake, gateway.url, "b")
     _drain(gateway, scorer)
     n = _n_sessions(gateway)
     for body, field, status in BAD:

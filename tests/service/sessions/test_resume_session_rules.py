@@ -13,21 +13,21 @@ from tests.service.sessions.test_resume_session import _complete, _cut_group, _d
 __all__ = ["gateway"]  # the fixture, shared with test_resume_session
 
 
-def test_a_second_session_for_an_open_resume_slot_is_a_409(gateway, scorer) -> None:
-    _cut_group(gateway.url, "o")
+def test_a_second_session_for_an_open_resume_slot_is_a_409(gateway, fake, scorer) -> None:
+    _cut_group(fake, gateway.url, "o")
     _drain(gateway, scorer)
     body = {"resume": {"group_id": "o", "index": 3}, "policy_version": 1}
     first = _resume(gateway.url, body)
     assert first.status_code == 201, first.text
     assert_client_error(_resume(gateway.url, body), "resume.index", (409,))
     session = first.json()
-    _complete(session, session["checkpoint"]["token_ids"])
+    _complete(fake, session, session["checkpoint"]["token_ids"])
     assert finish(session)["group_ingested"] is True
     assert group(gateway.url, "o")["status"] == "received"
 
 
-def test_a_resume_session_finished_without_a_call_fills_nothing(gateway, scorer) -> None:
-    _cut_group(gateway.url, "n")
+def test_a_resume_session_finished_without_a_call_fills_nothing(gateway, fake, scorer) -> None:
+    _cut_group(fake, gateway.url, "n")
     _drain(gateway, scorer)
     before = group(gateway.url, "n")
     body = {"resume": {"group_id": "n", "index": 3}, "policy_version": 1}

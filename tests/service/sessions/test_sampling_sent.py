@@ -6,7 +6,6 @@ applies), and the group records what was sent. The agent is the `openai` SDK."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -14,23 +13,10 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import agent, finish, group, open_session, read
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
 NEUTRAL = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
            "repetition_penalty": 1.0}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
-
-
-@pytest.fixture(scope="module")
-def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
-    return gateway_for(fake.url)
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -38,9 +24,9 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
     ("repetition_penalty", 1.3), ("logit_bias", {"40": 100}), ("min_tokens", 2), ("allowed_token_ids", [40, 41]),
 ])
 def test_a_sampling_parameter_that_is_not_neutral_is_a_400_naming_it(
-    gateway: LiveServer, field: str, value: Any
+    fake_gateway: LiveServer, field: str, value: Any
 ) -> None:
-    session = open_session(gateway.url)
+    session = open_session(fake_gateway.url)
     named = {"top_p", "presence_penalty", "frequency_penalty", "logit_bias"}  # the SDK's own arguments
     kwargs = {field: value} if field in named else {"extra_body": {field: value}}
     with pytest.raises(openai.BadRequestError) as refused:
@@ -51,9 +37,9 @@ def test_a_sampling_parameter_that_is_not_neutral_is_a_400_naming_it(
 
 
 def test_every_call_is_sent_at_its_temperature_with_neutral_sampling_and_the_group_records_it(
-    gateway: LiveServer,
+    fake_gateway: LiveServer,
 ) -> None:
-    session = open_session(gateway.url)
+    session = open_session(fake_gateway.url)
     client = agent(session)
     bare = client.chat.completions.create(model="fake", messages=USER, max_tokens=4)  # no temperature at all
     assert bare.usage.model_extra["sampling_seen"] == {**NEUTRAL, "temperature": 1.0, "logit_bias": None}
@@ -61,12 +47,12 @@ def test_every_call_is_sent_at_its_temperature_with_neutral_sampling_and_the_gro
                                              extra_body={"top_k": 0, "min_p": 0})  # neutral spellings pass
     assert neutral.usage.model_extra["sampling_seen"] == {**NEUTRAL, "temperature": 1.0, "logit_bias": None}
     finish(session)
-    assert group(gateway.url, session["group_id"])["sampling"] == {**NEUTRAL, "temperature": 1.0}
+    assert group(fake_gateway.url, session["group_id"])["sampling"] == {**NEUTRAL, "temperature": 1.0}
 
 
-def test_a_groups_temperature_is_the_one_sent(gateway: LiveServer) -> None:
-    session = open_session(gateway.url)
+def test_a_groups_temperature_is_the_one_sent(fake_gateway: LiveServer) -> None:
+    session = open_session(fake_gateway.url)
     answer = agent(session).chat.completions.create(model="fake", messages=USER, max_tokens=4, temperature=0.7)
     assert answer.usage.model_extra["sampling_seen"]["temperature"] == 0.7
     finish(session)
-    assert group(gateway.url, session["group_id"])["sampling"] == {**NEUTRAL, "temperature": 0.7}
+    assert group(fake_gateway.url, session["group_id"])["sampling"] == {**NEUTRAL, "temperature": 0.7}

@@ -6,7 +6,7 @@ and counts against no limit. The agent is the `openai` SDK sending token ids."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,17 +15,10 @@ import pytest
 from tests.conftest import LiveServer
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
 from tests.service.sessions.helpers import agent, finish, group, open_session, read
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
+from tests.service.sessions.upstreams import Upstream
 
 P = [1, 11, 12, 13, 4]
 LP = -0.25  # the fake's log-prob of every completion token
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
 
 
 @pytest.fixture(scope="module")

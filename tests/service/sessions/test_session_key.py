@@ -21,17 +21,10 @@ from service.store.db import dispose_engine
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.helpers import bearer, make_group
 from tests.service.sessions.conftest import GATEWAY_ENV
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
+from tests.service.sessions.upstreams import Upstream
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
 CHAT = {"model": "fake", "messages": USER, "max_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[Upstream]:
-    server = start_fake_vllm()
-    yield server
-    stop(server)
 
 
 @pytest.fixture(scope="module")

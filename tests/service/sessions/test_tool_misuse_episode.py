@@ -36,7 +36,7 @@ def _messages(style: str) -> list[dict]:
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     tok = AsciiTokenizer()
     script = [(tok.render(_messages(style), TOOLS), text) for style, text in SCRIPT.items()]
-    server = start_infer(save_scripted_model(tmp_path_factory.mktemp("scripted") / "model", script))
+    server = start_infer(save_scripted_model(tmp_path_factory.mktemp("scripted") / "tiny", script))
     yield server
     stop(server)
 
