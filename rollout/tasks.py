@@ -143,20 +143,41 @@ _OPS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+MAX_EXPRESSION_CHARS = 200  # a calculator call longer than this is refused: the model's, not the tool's failure
+MAX_RESULT_DIGITS = 100  # every literal and intermediate value stays below 10**100 (no huge-int blow-up)
+
+
 def calculator(expression: str) -> str:
     """Integer arithmetic (+ - * // %) on literals only: parsed, never evaluated as code. An expression it
-    cannot compute is refused as the model's mistake (``ToolArgumentError``)."""
+    cannot compute is refused as the model's mistake (``ToolArgumentError``): syntax, operators it lacks,
+    division by zero, more than ``MAX_EXPRESSION_CHARS`` characters or nesting Python cannot parse, and a
+    literal or intermediate value of ``MAX_RESULT_DIGITS`` digits or more. Nothing the model writes makes it
+    raise anything else, so no expression passes for the environment's failure (``tool_failure``)."""
+    bound = 10**MAX_RESULT_DIGITS
+
+    def checked(value: int) -> int:
+        if abs(value) >= bound:
+            raise ToolArgumentError(f"out of range: a value of {MAX_RESULT_DIGITS} digits or more")
+        return value
+
     def ev(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return checked(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            value = ev(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+            return checked(_OPS[type(node.op)](ev(node.left), ev(node.right)))
         raise ToolArgumentError(f"unsupported expression: {ast.dump(node)[:60]}")
 
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ToolArgumentError(f"expression: longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         return str(ev(ast.parse(expression, mode="eval").body))
-    except SyntaxError as exc:
-        raise ToolArgumentError(f"not an expression: {exc.msg}") from None
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte, or a literal past int's digit limit
+        raise ToolArgumentError(f"not an expression: {getattr(exc, 'msg', None) or exc}"[:200]) from None
+    except (RecursionError, MemoryError):
+        raise ToolArgumentError("expression: nested too deeply") from None
     except ZeroDivisionError:
         raise ToolArgumentError("division by zero") from None
 

@@ -81,8 +81,18 @@ def test_a_signature_that_does_not_bind_is_the_models() -> None:
     assert episode["finish_reason"] == "tool_misuse"
 
 
-@pytest.mark.parametrize("expression", ["2+", "1//0", "x*2"])
+@pytest.mark.parametrize("expression", [
+    "2+", "1//0", "x*2", "True+1", "2**3",
+    "9" * 5000,  # a literal past int's digit limit (ValueError, not the calculator's own check)
+    "1" + "0" * 100,  # at the value bound (10**100)
+    "*".join(["9" * 30] * 6),  # an intermediate value past the bound
+    "1+" * 100 + "1",  # one character over the length bound
+    "(" * 150 + "1" + ")" * 150,  # deeper nesting than the length bound allows
+    "1\x00",
+])
 def test_a_tools_explicit_refusal_is_the_models(expression: str) -> None:
+    """Whatever the model writes, the calculator either answers or refuses (the model's); it never raises
+    anything that passes for the environment's failure."""
     with pytest.raises(ToolArgumentError):
         calculator(expression)
     assert _episode(f"<call>calc({expression})</call>", {"calc": calculator})["finish_reason"] == "tool_misuse"
@@ -90,3 +100,10 @@ def test_a_tools_explicit_refusal_is_the_models(expression: str) -> None:
 
 def test_an_unknown_tool_is_the_models() -> None:
     assert _episode("<call>browse(x)</call>", {"calc": calculator})["finish_reason"] == "tool_misuse"
+
+
+@pytest.mark.parametrize(("expression", "value"), [("9" * 99, "9" * 99), ("-3*4", "-12"), ("(((1+2)))*5", "15"),
+                                                   ("+".join(["1"] * 100), "100"),
+                                                   ("(" * 99 + "1" + ")" * 99, "1")])
+def test_the_calculator_answers_up_to_its_bounds(expression: str, value: str) -> None:
+    assert calculator(expression) == value
