@@ -3,25 +3,10 @@ GRPO_CURATOR_API_KEY) and name the URL when the service cannot be reached (real 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT, free_port
-
-COMMANDS = {
-    "import": lambda f: ["import", "prompts", str(f), "--format", "jsonl"],
-    "export": lambda f: ["export", "--format", "sft", "--out", str(f.with_name("out.jsonl"))],
-    "stats": lambda f: ["stats"],
-}
-
-
-def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_CURATOR_")}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], env={**base, **env}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+from tests.conftest import free_port
+from tests.service.cli.commands import COMMANDS, run_cli
 
 
 @pytest.fixture
@@ -34,7 +19,7 @@ def prompts(tmp_path):
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_unknown_host_names_the_url(command, prompts):
-    proc = _run([*COMMANDS[command](prompts), "--url", "http://nohost:1"])
+    proc = run_cli([*COMMANDS[command](prompts), "--url", "http://nohost:1"])
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: cannot reach the service at http://nohost:1 (unknown host 'nohost')"), line
@@ -44,13 +29,13 @@ def test_unknown_host_names_the_url(command, prompts):
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_grpo_curator_url_is_honoured(command, prompts):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    proc = _run(COMMANDS[command](prompts), GRPO_CURATOR_URL=url)
+    proc = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=url)
     assert proc.returncode == 1 and f"cannot reach the service at {url} (connection refused)" in proc.stderr
     assert "127.0.0.1:8000" not in proc.stderr
 
 
 def test_not_an_http_url_is_refused(prompts):
-    proc = _run(COMMANDS["export"](prompts), GRPO_CURATOR_URL="curator:8000")
+    proc = run_cli(COMMANDS["export"](prompts), GRPO_CURATOR_URL="curator:8000")
     assert proc.returncode == 1 and "GRPO_CURATOR_URL 'curator:8000': expected an http:// or https:// URL" in proc.stderr
 
 
@@ -66,11 +51,11 @@ def test_api_key_from_the_environment_and_the_flag(command, prompts, make_db, tm
         token = create_key(session, "cli-admin", "admin", None)
     server = start_server(db)
     try:
-        ok = _run(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
+        ok = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
         assert ok.returncode == 0, ok.stderr
-        ok = _run([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
+        ok = run_cli([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
         assert ok.returncode == 0, ok.stderr
-        bad = _run([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
+        bad = run_cli([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
         assert bad.returncode == 1 and ("401" in bad.stderr or "API key" in bad.stderr), bad.stderr
     finally:
         stop_server(server)
