@@ -27,7 +27,8 @@ from trainer.worker import TrainerConfig, build_model, tiny_model_config
 CONFIG = tiny_model_config(vocab_size=3 + len(DEMO_ALPHABET))
 
 
-def _setup(url: str) -> None:
+def set_up_resume(url: str) -> None:
+    """The letter-sum task with a policy that resumes a member cut by length (once, waiting an hour)."""
     with CuratorClient(url) as c:
         c.upsert_prompts(letter_sum_prompts())
         c.create_reward_spec(letter_sum_spec())
@@ -39,7 +40,7 @@ def _setup(url: str) -> None:
 def test_resume_across_an_api_restart_tags_versions_and_weighs_the_old_part(fresh_db, tmp_path, scorer):
     server = start_server(fresh_db)
     try:
-        _setup(server.url)
+        set_up_resume(server.url)
         cfg = RolloutConfig(service_url=server.url, producer_id="p1", run_id="r", seed=1, model_config=CONFIG,
                             tokenizer="char:" + DEMO_ALPHABET, dataset="letter-sum", group_size=4, max_tokens=2,
                             spool_dir=str(tmp_path / "spool"))

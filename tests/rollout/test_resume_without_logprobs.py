@@ -11,12 +11,13 @@ from typing import Any
 from sqlalchemy import select
 
 from rollout.producer import Policy, RolloutConfig, build_group, fill_slots
-from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec, load_tokenizer
+from rollout.tasks import DEMO_ALPHABET, load_tokenizer
 from service.client import CuratorClient
 from service.store.db import get_engine, make_sessionmaker
 from service.store.models import SamplingRequest
 from service.worker.pipeline import drain
 from tests.conftest import start_server, stop_server
+from tests.rollout.test_resume import set_up_resume
 from trainer.worker import tiny_model_config
 
 CONFIG = tiny_model_config(vocab_size=3 + len(DEMO_ALPHABET))
@@ -25,12 +26,7 @@ CONFIG = tiny_model_config(vocab_size=3 + len(DEMO_ALPHABET))
 def _cut_group_without_logprobs(url: str, db_url: str, tmp_path: Any, scorer: Any) -> tuple[Policy, RolloutConfig,
                                                                                            str, list[dict]]:
     """A group posted with null log-probs, cut by max_tokens 2: (policy, config, group id, resume requests)."""
-    with CuratorClient(url) as c:
-        c.upsert_prompts(letter_sum_prompts())
-        c.create_reward_spec(letter_sum_spec())
-        c.create_curation_policy({"name": "resume", "finish_reason_actions": {"length": "resume"},
-                                  "resample_wait_seconds": 3600, "max_resumes": 1})
-        c.set_dataset("letter-sum", reward_spec="letter-sum", curation_policy="resume")
+    set_up_resume(url)
     cfg = RolloutConfig(service_url=url, producer_id="p1", run_id="r", seed=1, model_config=CONFIG,
                         tokenizer="char:" + DEMO_ALPHABET, dataset="letter-sum", group_size=4, max_tokens=2,
                         spool_dir=str(tmp_path / "spool"))
