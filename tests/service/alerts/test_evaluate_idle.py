@@ -1,7 +1,9 @@
 """The worker's evaluation holds no transaction through its Python work: a worker's connections end a
 transaction idle longer than ``worker_idle_in_transaction_s`` (60 s), and scoring a large window takes that
-long at scale. Scaled down: a 50 ms bound and a 19,200-trajectory window (the single-transaction evaluation
-failed with IdleInTransactionSessionTimeout here)."""
+long at scale. Scaled down: a 250 ms bound and a 19,200-trajectory window (the single-transaction evaluation
+failed with IdleInTransactionSessionTimeout here at 50 ms; scoring this window takes about 0.5 s on 2 idle
+cores, fetching its rows between two statements tens of ms -- 50 ms was too close to that on a loaded
+machine and failed the split evaluation once in three full-suite runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from service.settings import Settings
 from service.store.db import make_sessionmaker, worker_engine
 from tests.service.alerts.helpers import publish
 
-IDLE_S = 0.05  # the bound, scaled down from 60 s
+IDLE_S = 0.25  # the bound, scaled down from 60 s
 
 
 def test_the_workers_evaluation_survives_a_short_idle_in_transaction_bound(fresh_api, fresh_db, monkeypatch) -> None:
