@@ -204,6 +204,7 @@ def run(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
     from tests.conftest import start_server, stop_server
     from tests.service.sessions.upstreams import start_fake_vllm, stop
 
+    load_before = list(os.getloadavg())  # the machine's 1 / 5 / 15 min load: other jobs skew every number
     admin = to_sqlalchemy_url(server_url)
     db = create_database(admin, "gcbgw")
     upstream = server = None
@@ -222,7 +223,8 @@ def run(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
         result["rows"] = rows_written(server.url, db, args.sessions, args.turns, 11.0 if args.pg_stats else 0.0)
         result["rows"]["pg_stats_exact"] = args.pg_stats
         result["config"] = {"latency_turns": args.latency_turns, "turns": args.turns, "sessions": args.sessions,
-                            "concurrency": args.concurrency, "api_workers": 1, "cpus": os.cpu_count()}
+                            "concurrency": args.concurrency, "api_workers": 1, "cpus": os.cpu_count(),
+                            "load_before": load_before, "load_after": list(os.getloadavg())}
         return result
     finally:
         if server is not None:
@@ -233,7 +235,9 @@ def run(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> None:
-    lat = result["latency"]
+    lat, config = result["latency"], result["config"]
+    print(f"{config['cpus']} CPUs, load average {config['load_before'][0]:.2f} before, "
+          f"{config['load_after'][0]:.2f} after (1 min)")
     print(f"latency, one call at a time ({lat['calls']} calls, loopback):")
     print(f"  {'':<22} {'p50 ms':>8} {'p99 ms':>8}")
     print(f"  {'upstream directly':<22} {lat['direct_p50_ms']:>8.2f} {lat['direct_p99_ms']:>8.2f}")
@@ -241,7 +245,7 @@ def report(result: dict[str, Any]) -> None:
     verdict = "meets" if lat["added_p50_ms"] <= 5.0 else "misses"
     print(f"  {'added by the gateway':<22} {lat['added_p50_ms']:>8.2f} {lat['added_p99_ms']:>8.2f}"
           f"   ({verdict} the 5 ms p50 target)")
-    print(f"throughput ({result['config']['turns']} turns per session, calls back to back):")
+    print(f"throughput ({config['turns']} turns per session, calls back to back):")
     print(f"  {'sessions':>8} {'calls':>6} {'failed':>6} {'gateway calls/s':>16} {'upstream calls/s':>17}  errors")
     for t in result["throughput"]:
         print(f"  {t['concurrency']:>8} {t['calls']:>6} {t['failed']:>6} {t['calls_per_s']:>16.1f}"

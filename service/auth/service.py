@@ -34,6 +34,8 @@ import ipaddress
 import logging
 import re
 import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
@@ -92,8 +94,7 @@ class SessionKey:
     """The caller holds one agent session's key: it may use that session's routes and nothing else."""
 
     session_id: str
-    dataset: str | None
-    status: str  # the session's status when the key was checked (open / finished)
+    dataset: str | None  # (what the session's status is now is its routes' business: they read its row)
 
 
 # -- tokens ----------------------------------------------------------------------------------------------
@@ -134,15 +135,47 @@ def authenticate_session(request: Request, session: SessionDep, token: str, sess
         raise Unauthorized("authorization: malformed session key (gcs_<session id>_<secret>)")
     if parts[0] != request.path_params.get(session_param):
         raise Forbidden("authorization: this session key belongs to another session")
+    digest = hash_secret(parts[1])
+    known = _verified_session_keys.get(parts[0], digest)
+    if known is not None:
+        return known
     try:
         row = key_repo.session_secret(session, parts[0])
     finally:
         session.commit()
     # the digest is compared even when the session is unknown, so timing does not tell ids apart
-    matches = hmac.compare_digest(hash_secret(parts[1]), row[0] if row is not None else "0" * 64)
+    matches = hmac.compare_digest(digest, row[0] if row is not None else "0" * 64)
     if row is None or not matches:
         raise Unauthorized("authorization: wrong session key")
-    return SessionKey(session_id=parts[0], dataset=row[1], status=row[2])
+    return _verified_session_keys.put(parts[0], digest, SessionKey(session_id=parts[0], dataset=row[1]))
+
+
+class _VerifiedSessionKeys:
+    """Session keys this process verified, by (session id, sha256 of the secret): what a check reads (the
+    secret's hash, the dataset) never changes once a session exists, so a key once verified is verified
+    again without a lookup (an agent's every call). Only matches are kept (a wrong key is looked up each
+    time); at most ``size``, the least recently used dropped first. The session's own routes read its row
+    and check the key against it again (``service.sessions.service.authorize``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._keys, self._lock = size, OrderedDict[tuple[str, str], SessionKey](), threading.Lock()
+
+    def get(self, session_id: str, digest: str) -> SessionKey | None:
+        with self._lock:
+            known = self._keys.get((session_id, digest))
+            if known is not None:
+                self._keys.move_to_end((session_id, digest))
+            return known
+
+    def put(self, session_id: str, digest: str, key: SessionKey) -> SessionKey:
+        with self._lock:
+            self._keys[(session_id, digest)] = key
+            while len(self._keys) > self.size:
+                self._keys.popitem(last=False)
+        return key
+
+
+_verified_session_keys = _VerifiedSessionKeys(size=65536)
 
 
 def _session_token(request: Request) -> str | None:

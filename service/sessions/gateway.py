@@ -1,8 +1,16 @@
-"""One agent call through the gateway: check the session, reserve the call's slot (stored as in flight,
-``attempts`` 0, under the session's row lock: concurrent calls never pass ``session_max_calls``), forward
-(no transaction open meanwhile), store the call (refused, 409, when the session ended meanwhile), then
-answer. The call is committed before its answer goes back, so a SIGKILL of the API loses
-no answered call and a session goes on after a restart (everything it needs is in its row).
+"""One agent call through the gateway: check the caller, the request and the session, and reserve the call's slot
+(stored as in flight, ``attempts`` 0, under the session's row lock: concurrent calls never pass
+``session_max_calls``), all in one transaction; forward (no transaction open meanwhile); store the call
+(refused, 409, when the session ended meanwhile), then answer. The call is committed before its answer goes
+back, so a SIGKILL of the API loses no answered call and a session goes on after a restart (everything it
+needs is in its row).
+
+Cost per call (``bench/gateway.py``): two connections from the pool, three statements. The reservation reads
+the locked row together with what the limits need (``repository.call_slot``) and writes the placeholder and
+the session's count in one statement; an answer that ends nothing is stored by one statement that is its own
+transaction (``repository.store_answer``: the session's row, while open, then the call's), any other on the
+locked path (``_store_locked``). The route's access check verified the session key (a positive check is
+cached: ``service.auth``); it is checked again here against the locked row.
 
 Whose failure is it: the upstream failing after its retries ends the session as ``env_error`` (the
 environment's: never a negative); a tool call the model got wrong (``misuse``) marks the session, which
@@ -25,7 +33,7 @@ import httpx
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.errors import BadRequest, Conflict
+from service.api.errors import BadRequest, Conflict, NotFound
 from service.auth.service import PRODUCER
 from service.sessions import group as group_service
 from service.sessions import repository as repo
@@ -63,41 +71,57 @@ def check_body(kind: sampling.Kind, body: Any) -> dict[str, Any]:
     return body
 
 
-def _check_model(state: Any, client: httpx.Client, upstream: str, body: dict[str, Any], timeout_s: float) -> None:
+class _NamesUnread(Exception):
+    """The agent names a model and the upstream's served names are not known to include it: they are read
+    (``_served``) outside any transaction, then the call is checked again."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.upstream = upstream
+
+
+def _check_model(state: Any, upstream: str, body: dict[str, Any], fetched: dict[str, frozenset[str] | None]) -> None:
     """A 400 unless the agent's ``model`` is absent or a name the upstream serves its own model under. The
     names are read once per upstream and kept on the app (read again before a name is refused: the
-    upstream may have been restarted under another)."""
+    upstream may have been restarted under another); ``fetched``: the names this call read."""
     asked = body.get("model")
     if asked is None:
         return
-    known: dict[str, frozenset[str]] = getattr(state, "served_models", None) or {}
-    served = known.get(upstream)
-    if served is None or asked not in served:
-        served = served_models(client, upstream, timeout_s)
-        if served is not None:
-            state.served_models = {**known, upstream: served}
+    if upstream in fetched:
+        served = fetched[upstream]
+    else:
+        served = (getattr(state, "served_models", None) or {}).get(upstream)
+        if served is None or asked not in served:
+            raise _NamesUnread(upstream)
     sampling.check_model(asked, served)
 
 
-def _limit(db: Session, row: Any, settings: Settings) -> str | None:
+def _served(state: Any, client: httpx.Client, upstream: str, timeout_s: float) -> frozenset[str] | None:
+    served = served_models(client, upstream, timeout_s)
+    if served is not None:
+        state.served_models = {**(getattr(state, "served_models", None) or {}), upstream: served}
+    return served
+
+
+def _limit(db: Session, slot: repo.CallSlot, settings: Settings) -> str | None:
+    row = slot.row
     if row.n_calls >= settings.session_max_calls and (
             row.n_calls - repo.segment_marks(db, row.id) >= settings.session_max_calls):  # marks are no calls
         return "max_turns"
     if row.n_tokens >= settings.session_max_tokens:
         return "length"
-    if (repo.now(db) - row.created_at).total_seconds() > settings.session_max_seconds:
+    if (slot.now - row.created_at).total_seconds() > settings.session_max_seconds:
         return "timeout"
-    started = repo.group_started_at(db, row.group_id)
-    if started is not None and (repo.now(db) - started).total_seconds() > settings.session_group_deadline_s:
+    started = slot.group_started
+    if started is not None and (slot.now - started).total_seconds() > settings.session_group_deadline_s:
         return "timeout"  # the group's deadline: the environment's limit
     return None
 
 
-def _check_temperature(db: Session, group_id: str, body: dict[str, Any]) -> None:
+def _check_temperature(slot: repo.CallSlot, body: dict[str, Any]) -> None:
     """A group trains at one temperature: its first call's (1.0 when it gave none); a call at another is a 400."""
-    made, first = repo.group_temperature(db, group_id)
-    asked, fixed = sampling.temperature(body), sampling.temperature({"temperature": first})
-    if made and fixed != asked:
+    asked, fixed = sampling.temperature(body), sampling.temperature({"temperature": slot.first_temperature})
+    if slot.made and fixed != asked:
         raise BadRequest(f"temperature: the group's calls are sampled at {fixed:g} (its "
                          f"first call's), got {asked:g}; a trajectory is trained at one temperature", status_code=400)
 
@@ -113,27 +137,83 @@ def capped(body: dict[str, Any], left: int) -> dict[str, Any]:
     return out
 
 
-def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str, kind: sampling.Kind,
-             body: dict[str, Any], upstream: str) -> tuple[int, dict[str, Any]]:
-    """The call's index, reserved atomically (the session row locked): a stored placeholder (``attempts`` 0)
-    counts against ``session_max_calls`` while the call is in flight, so concurrent calls never pass it. A
-    limit reached ends the session (committed though the call is refused, 409)."""
+@dataclass(frozen=True)
+class _Reserved:
+    idx: int
+    sent: dict[str, Any]  # the request as forwarded (and stored)
+    upstream: str
+    policy_version: int
+
+
+def _slot(request: Request, db: Session, session_id: str, lock: bool) -> repo.CallSlot:
+    """The session's row (``lock``: locked) and what the call's checks read, when the caller may use it
+    (``service.admit``)."""
+    slot = repo.call_slot(db, session_id, lock)
+    if not service.admit(request, db, slot.row if slot is not None else None, session_id, PRODUCER):
+        slot = repo.call_slot(db, session_id, lock)  # an API key's lookup ended the transaction: read again
+        if slot is None:
+            raise NotFound(f"session_id: no session {session_id!r}")
+    return slot
+
+
+def _check(request: Request, db: Session, slot: repo.CallSlot, kind: sampling.Kind, body: Any,
+           settings: Settings, fetched: dict[str, frozenset[str] | None]) -> str | None:
+    """The request (400), the session's state (409) and model (400); the session limit the call reaches, if any."""
+    row = slot.row
+    check_body(kind, body)
+    if row.status != "open":
+        raise Conflict(f"session_id: the session has ended ({row.finish_reason})",
+                       detail={"finish_reason": row.finish_reason})
+    _check_model(request.app.state, row.upstream, body, fetched)
+    return _limit(db, slot, settings)
+
+
+def _placeholder(db: Session, slot: repo.CallSlot, settings: Settings, kind: sampling.Kind,
+                 body: dict[str, Any]) -> _Reserved | None:
+    """The call's placeholder stored at the session's next index, as read (``repository.reserve_call``);
+    None when the session changed since."""
+    row = slot.row
+    _check_temperature(slot, body)
+    sent = capped(sampling.sent(kind, body), settings.session_max_tokens - row.n_tokens)
+    if not repo.reserve_call(db, {"session_id": row.id, "idx": row.n_calls, "kind": kind, "request": sent,
+                                  "upstream": row.upstream, "attempts": 0, "latency_ms": 0.0}):
+        return None
+    return _Reserved(row.n_calls, sent, row.upstream, row.policy_version)
+
+
+def _reserve(request: Request, factory: sessionmaker[Session], settings: Settings, session_id: str,
+             kind: sampling.Kind, body: dict[str, Any], fetched: dict[str, frozenset[str] | None]) -> _Reserved:
+    """The call checked (who calls, the request, the session's state and limits) and its index reserved: a
+    stored placeholder (``attempts`` 0) counts against ``session_max_calls`` while the call is in flight.
+    First without a lock, each statement its own transaction (autocommit): the placeholder is written only
+    if the session is still open at the index read, so concurrent calls never share an index nor pass
+    ``session_max_calls``. A call at a limit, or one that lost that race, takes ``_reserve_locked``."""
+    with factory() as db:
+        db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        slot = _slot(request, db, session_id, lock=False)
+        reserved = None
+        if _check(request, db, slot, kind, body, settings, fetched) is None:
+            reserved = _placeholder(db, slot, settings, kind, body)
+        db.commit()  # (an API key's check ends the first transaction: what follows it is an ordinary one)
+    return reserved if reserved is not None else _reserve_locked(request, factory, settings, session_id, kind, body,
+                                                                 fetched)
+
+
+def _reserve_locked(request: Request, factory: sessionmaker[Session], settings: Settings, session_id: str,
+                    kind: sampling.Kind, body: dict[str, Any], fetched: dict[str, frozenset[str] | None]) -> _Reserved:
+    """``_reserve`` in one transaction with the session row locked. A limit reached ends the session
+    (committed though the call is refused, 409)."""
     with factory.begin() as db:
-        row = repo.get_session(db, session_id, lock=True)
-        if row is None or row.status != "open":
-            reason = row.finish_reason if row is not None else None
-            raise Conflict(f"session_id: the session has ended ({reason})", detail={"finish_reason": reason})
-        reason = _limit(db, row, settings)
+        slot = _slot(request, db, session_id, lock=True)
+        row = slot.row
+        reason = _check(request, db, slot, kind, body, settings, fetched)
         if reason == "max_turns" and repo.in_flight(db, session_id, settings.session_call_timeout_s + 5):
             raise Conflict("session_id: the session's calls (GRPO_CURATOR_SESSION_MAX_CALLS) are all taken by calls "
                            "in flight", detail={"finish_reason": None})
         if reason is None:  # (no group lock on this path: the lock order stays row -> group, as at finish)
-            _check_temperature(db, row.group_id, body)
-            idx, sent = row.n_calls, capped(sampling.sent(kind, body), settings.session_max_tokens - row.n_tokens)
-            row.n_calls += 1
-            repo.insert_call(db, {"session_id": session_id, "idx": idx, "kind": kind, "request": sent,
-                                  "upstream": upstream, "attempts": 0, "latency_ms": 0.0})
-            return idx, sent
+            reserved = _placeholder(db, slot, settings, kind, body)
+            assert reserved is not None  # the row is locked: it is as read
+            return reserved
         repo.lock_group(db, row.group_id)
         service.close(db, row, reason)
         group_service.ingest_if_complete(db, row.group_id, settings)
@@ -143,29 +223,28 @@ def _reserve(factory: sessionmaker[Session], settings: Settings, session_id: str
 
 def call(request: Request, factory: sessionmaker[Session], client: httpx.Client, settings: Settings,
          session_id: str, kind: sampling.Kind, body: Any) -> Answer:
-    with factory.begin() as db:
-        row = service.authorize(request, db, session_id, PRODUCER)
-        check_body(kind, body)
-        if row.status != "open":
-            raise Conflict(f"session_id: the session has ended ({row.finish_reason})",
-                           detail={"finish_reason": row.finish_reason})
-        upstream, policy_version = row.upstream, row.policy_version
-    _check_model(request.app.state, client, upstream, body, min(settings.session_call_timeout_s, 10.0))
-    idx, sent = _reserve(factory, settings, session_id, kind, body, upstream)
+    fetched: dict[str, frozenset[str] | None] = {}
+    while True:  # twice at most: a session's upstream never changes
+        try:
+            reserved = _reserve(request, factory, settings, session_id, kind, body, fetched)
+            break
+        except _NamesUnread as exc:
+            timeout_s = min(settings.session_call_timeout_s, 10.0)
+            fetched[exc.upstream] = _served(request.app.state, client, exc.upstream, timeout_s)
     try:
-        result = forward(client, upstream, kind, sent, settings.session_call_timeout_s, settings.session_retry_base_s,
-                         meta_info=settings.inference_sglang_meta_info)
+        result = forward(client, reserved.upstream, kind, reserved.sent, settings.session_call_timeout_s,
+                         settings.session_retry_base_s, meta_info=settings.inference_sglang_meta_info)
     except BaseException as exc:  # never a reservation left in flight: recorded as a failed, unanswered call
         with factory.begin() as db:
-            placeholder = repo.get_call(db, session_id, idx)
+            placeholder = repo.get_call(db, session_id, reserved.idx)
             if placeholder is not None:
                 placeholder.attempts, placeholder.error = 1, f"gateway: {exc.__class__.__name__}: {str(exc)[:200]}"
         raise
-    return _store(factory, settings, session_id, idx, kind, body, upstream, policy_version, result)
+    return _store(factory, settings, session_id, reserved.idx, kind, body, reserved.policy_version, result)
 
 
 def _store(factory: sessionmaker[Session], settings: Settings, session_id: str, idx: int, kind: str,
-           body: dict[str, Any], upstream: str, policy_version: int, result: Forwarded) -> Answer:
+           body: dict[str, Any], policy_version: int, result: Forwarded) -> Answer:
     tokens: Tokens | None = None
     error, misuse = result.error, None
     if error is None and 200 <= result.status < 300:
@@ -177,45 +256,79 @@ def _store(factory: sessionmaker[Session], settings: Settings, session_id: str, 
         error = f"upstream refused the request ({result.status})"  # the agent's request: passed back as is
     if tokens is not None and kind == "chat":
         misuse = tool_misuse(body.get("tools"), tokens.message.get("tool_calls"))
+    values = _answered(result, tokens, error, misuse, policy_version)
+    broken = result.error is not None or (tokens is None and 200 <= result.status < 300)
+    aborted = tokens is not None and tokens.finish_reason in ABORT_REASONS
+    n_tokens = None if tokens is None else len(tokens.prompt_ids) + len(tokens.completion_ids)
+    ends = broken or aborted or (n_tokens is not None and n_tokens >= settings.session_max_tokens)
+    if ends or not _store_open(factory, settings, session_id, idx, n_tokens, misuse, values):
+        _store_locked(factory, settings, session_id, idx, values, n_tokens, broken, aborted)
+    if broken:
+        return Answer(502, {"error": {"message": error, "type": "upstream_error"}}, {})
+    headers = {"x-grpo-curator-call": str(idx)}
+    return Answer(result.status, for_agent(kind, body, result.payload), headers)
+
+
+def _answered(result: Forwarded, tokens: Tokens | None, error: str | None, misuse: str | None,
+              policy_version: int) -> dict[str, Any]:
+    """The call's row as answered (its placeholder's new values)."""
+    values: dict[str, Any] = {
+        "attempts": max(result.attempts, 1), "latency_ms": result.latency_ms, "error": error, "misuse": misuse,
+        "response": None if tokens is None else {"message": tokens.message, "finish_reason": tokens.finish_reason},
+        "policy_version": result.policy_version if result.policy_version is not None else policy_version,
+    }
+    if tokens is not None:
+        values.update(prompt_ids=arrays.encode(tokens.prompt_ids, arrays.TOKEN_DTYPE),
+                      completion_ids=arrays.encode(tokens.completion_ids, arrays.TOKEN_DTYPE),
+                      logprobs=arrays.encode(tokens.logprobs, arrays.LOGPROB_DTYPE), finish_reason=tokens.finish_reason)
+    else:  # as the placeholder holds them
+        values.update(prompt_ids=None, completion_ids=None, logprobs=None, finish_reason=None)
+    return values
+
+
+def _store_open(factory: sessionmaker[Session], settings: Settings, session_id: str, idx: int, n_tokens: int | None,
+                misuse: str | None, values: dict[str, Any]) -> bool:
+    """An answer that ends nothing, stored in one statement that is its own transaction (autocommit: committed
+    when it returns, so before the answer goes back): the session's row, while it is open, then the call's.
+    False, with nothing written, when the session is open no more, or its tokens (an answer without any) are
+    at the limit: ``_store_locked`` decides then."""
+    with factory() as db:
+        db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        stored = repo.store_answer(db, session_id, idx, n_tokens, misuse, values, settings.session_max_tokens)
+        db.commit()
+    return stored
+
+
+def _store_locked(factory: sessionmaker[Session], settings: Settings, session_id: str, idx: int,
+                  values: dict[str, Any], n_tokens: int | None, broken: bool, aborted: bool) -> None:
+    """The answer stored with the session row locked, when it may end the session: the upstream broke or
+    aborted, the tokens reached the limit, or the session ended while the call was in flight (409: its
+    answer discarded, the call kept as not answered)."""
     with factory.begin() as db:
         row = repo.get_session(db, session_id, lock=True)
         assert row is not None
         placeholder = repo.get_call(db, session_id, idx)
         assert placeholder is not None
-        placeholder.attempts, placeholder.latency_ms = max(result.attempts, 1), result.latency_ms
+        placeholder.attempts, placeholder.latency_ms = values["attempts"], values["latency_ms"]
         if row.status != "open":  # the session ended while the call was in flight: nothing of it kept
             placeholder.error = (f"not answered: the session ended ({row.finish_reason}) while this call was in "
                                  "flight; its answer was discarded")
             ended_as = row.finish_reason
         else:
             ended_as = None
-            placeholder.response = (None if tokens is None
-                                    else {"message": tokens.message, "finish_reason": tokens.finish_reason})
-            if tokens is not None:
-                placeholder.prompt_ids = arrays.encode(tokens.prompt_ids, arrays.TOKEN_DTYPE)
-                placeholder.completion_ids = arrays.encode(tokens.completion_ids, arrays.TOKEN_DTYPE)
-                placeholder.logprobs = arrays.encode(tokens.logprobs, arrays.LOGPROB_DTYPE)
-                placeholder.finish_reason = tokens.finish_reason
-            placeholder.policy_version = (result.policy_version if result.policy_version is not None
-                                          else policy_version)
-            placeholder.error, placeholder.misuse = error, misuse
-            if tokens is not None:
-                row.n_tokens = len(tokens.prompt_ids) + len(tokens.completion_ids)
-            if misuse is not None and row.misuse is None:
-                row.misuse = misuse
-            broken = result.error is not None or (tokens is None and 200 <= result.status < 300)
-            aborted = tokens is not None and tokens.finish_reason in ABORT_REASONS
+            for field, value in values.items():
+                setattr(placeholder, field, value)
+            if n_tokens is not None:
+                row.n_tokens = n_tokens
+            if values["misuse"] is not None and row.misuse is None:
+                row.misuse = values["misuse"]
             ended = ("env_error" if broken else "aborted" if aborted
                      else "length" if row.n_tokens >= settings.session_max_tokens else None)
             if ended is not None:
                 repo.lock_group(db, row.group_id)
-                why = error if broken else f"the upstream aborted call {idx}" if aborted else None
+                why = values["error"] if broken else f"the upstream aborted call {idx}" if aborted else None
                 service.close(db, row, ended, why)
                 group_service.ingest_if_complete(db, row.group_id, settings)
     if ended_as is not None:
         raise Conflict(f"session_id: the session ended ({ended_as}) while this call was in flight; its answer "
                        "was not kept", detail={"finish_reason": ended_as})
-    if broken:
-        return Answer(502, {"error": {"message": error, "type": "upstream_error"}}, {})
-    headers = {"x-grpo-curator-call": str(idx)}
-    return Answer(result.status, for_agent(kind, body, result.payload), headers)

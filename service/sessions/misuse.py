@@ -3,10 +3,12 @@ not offered, arguments that are not a JSON object, or arguments that break the t
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 import jsonschema
+import orjson
 
 
 def _offered(tools: Any) -> dict[str, Any]:
@@ -38,11 +40,23 @@ def tool_misuse(tools: Any, tool_calls: Any) -> str | None:
         if not isinstance(args, dict):
             return f"tool_calls[{i}].arguments: not a JSON object"
         schema = offered[name]
-        if isinstance(schema, dict):
-            try:
-                jsonschema.validate(args, schema)
-            except jsonschema.ValidationError as exc:
-                return f"tool_calls[{i}].arguments: against {name!r}'s schema: {exc.message[:200]}"
-            except jsonschema.SchemaError:
-                continue  # this tool's own schema is broken (not the model's mistake): check the next calls
+        validator = _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)) if isinstance(schema, dict) else None
+        if validator is None:
+            continue  # no schema, or this tool's own schema is broken (not the model's mistake): the next calls
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))  # as jsonschema.validate reports it
+        if error is not None:
+            return f"tool_calls[{i}].arguments: against {name!r}'s schema: {error.message[:200]}"
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(schema: bytes) -> Any:
+    """The validator of a tool's JSON schema (None when the schema itself is broken), built once per schema:
+    an agent sends the same tools with every call (checking a schema costs more than a call's arguments)."""
+    parsed = orjson.loads(schema)
+    cls = jsonschema.validators.validator_for(parsed)
+    try:
+        cls.check_schema(parsed)
+    except jsonschema.SchemaError:
+        return None
+    return cls(parsed)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Integer, Text, bindparam, func, insert, literal, select, text, true, update
+from sqlalchemy.orm import Session, aliased
 
 from service.store.models import AgentSession, Prompt, SessionCall
 
@@ -39,6 +41,94 @@ def get_session(db: Session, session_id: str, lock: bool = False) -> AgentSessio
 def insert_call(db: Session, row: dict[str, Any]) -> None:
     db.add(SessionCall(**row))
     db.flush()
+
+
+@dataclass(frozen=True)
+class CallSlot:
+    """What a call's checks read, in one round trip: the session's row, the clock (``now()``), its group's first
+    session's creation time (the group deadline) and its group's first call's temperature."""
+
+    row: Any  # locked: the ORM row (AgentSession); else a plain row of ``SLOT_COLUMNS``
+    now: datetime
+    group_started: datetime | None
+    made: bool  # whether the group made a call (segment marks are no calls)
+    first_temperature: Any  # that call's ``temperature`` (None when it gave none)
+
+
+def _call_slot_statement(lock: bool) -> Any:
+    peer, call = aliased(AgentSession), aliased(SessionCall)
+    started = select(func.min(peer.created_at)).where(peer.group_id == AgentSession.group_id).scalar_subquery()
+    # the group's first call: each of its sessions' first call (one primary-key probe a session), the earliest
+    # of those; never a sort of every call of the group, nor their requests read (only that one's temperature)
+    own = (select(call.created_at, call.session_id, call.idx, call.request["temperature"].label("temperature"))
+           .where(call.session_id == peer.id, call.kind != SEGMENT_MARK).order_by(call.idx).limit(1).lateral("own"))
+    first = (select(own.c.temperature, literal(True).label("made")).select_from(peer).join(own, true())
+             .where(peer.group_id == AgentSession.group_id)
+             .order_by(own.c.created_at, own.c.session_id, own.c.idx).limit(1).lateral("first"))
+    # locked (the path that may end the session): the ORM row; else a plain row of the columns the checks read
+    session = [AgentSession] if lock else [AgentSession.__table__.c[name] for name in SLOT_COLUMNS]
+    stmt = (select(*session, func.now().label("now"), started.label("group_started"), first.c.made,
+                   first.c.temperature).outerjoin(first, true()).where(AgentSession.id == bindparam("session_id")))
+    return stmt.with_for_update(of=AgentSession) if lock else stmt
+
+
+def _reserve_call_statement() -> Any:
+    s, c = AgentSession.__table__, SessionCall.__table__
+    as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"))
+    bump = update(s).where(*as_read).values(n_calls=s.c.n_calls + 1).returning(s.c.id).cte("bump")
+    values = select(*(bindparam(f"r_{name}", type_=c.c[name].type) for name in RESERVED)).select_from(bump)
+    return insert(c).from_select(list(RESERVED), values).returning(c.c.idx)
+
+
+def _store_answer_statement() -> Any:
+    s, c = AgentSession.__table__, SessionCall.__table__
+    n_tokens = func.coalesce(bindparam("n_tokens", type_=Integer), s.c.n_tokens)
+    opened = (update(s).where(s.c.id == bindparam("a_session_id"), s.c.status == "open",
+                              n_tokens < bindparam("max_tokens", type_=Integer))
+              .values(n_tokens=n_tokens, misuse=func.coalesce(s.c.misuse, bindparam("session_misuse", type_=Text)))
+              .returning(s.c.id).cte("open_session"))
+    return (update(c).where(c.c.session_id == opened.c.id, c.c.idx == bindparam("a_idx"))
+            .values({name: bindparam(f"a_{name}", type_=c.c[name].type) for name in ANSWERED}).returning(c.c.idx))
+
+
+# what a call's checks read of its session (service.sessions.gateway); a call's placeholder's columns, and
+# those its answer sets
+SLOT_COLUMNS = ("id", "secret_hash", "dataset", "group_id", "upstream", "policy_version", "status", "finish_reason",
+                "n_calls", "n_tokens", "created_at")
+RESERVED = ("session_id", "idx", "kind", "request", "upstream", "attempts", "latency_ms")
+ANSWERED = ("attempts", "latency_ms", "response", "prompt_ids", "completion_ids", "logprobs", "finish_reason",
+            "policy_version", "error", "misuse")
+# built once: a call's statements are the same every call, so none is built (nor its cache key) per call
+_CALL_SLOT, _CALL_SLOT_LOCKED = _call_slot_statement(lock=False), _call_slot_statement(lock=True)
+_RESERVE_CALL, _STORE_ANSWER = _reserve_call_statement(), _store_answer_statement()
+
+
+def call_slot(db: Session, session_id: str, lock: bool = False) -> CallSlot | None:
+    """The session's row (``lock``: locked, ``FOR UPDATE``), with ``now()``, ``group_started_at`` and
+    ``group_temperature`` read by the same statement; None for an unknown session."""
+    found = db.execute(_CALL_SLOT_LOCKED if lock else _CALL_SLOT, {"session_id": session_id}).first()
+    if found is None:
+        return None
+    return CallSlot(found[0] if lock else found, found.now, found.group_started, bool(found.made), found.temperature)
+
+
+def reserve_call(db: Session, call: dict[str, Any]) -> bool:
+    """The call's placeholder (``RESERVED``'s columns) inserted and counted on its session (``n_calls`` + 1),
+    in one statement, only while the session is open with ``call["idx"]`` calls (as it was read): False,
+    with nothing written, when another call, a segment mark or the session's end came first. The session's
+    ORM row, when loaded, keeps its old ``n_calls``."""
+    return db.execute(_RESERVE_CALL, {f"r_{name}": call[name] for name in RESERVED}).first() is not None
+
+
+def store_answer(db: Session, session_id: str, idx: int, n_tokens: int | None, misuse: str | None,
+                 call: dict[str, Any], max_tokens: int) -> bool:
+    """The answer of call ``idx`` (``ANSWERED``'s columns) written in one statement, only while its session is
+    open with fewer than ``max_tokens`` tokens (``n_tokens``, or as it was when None): the session's row
+    first (its ``n_tokens``, its first ``misuse``; locked as the statement runs, as ``finish`` locks it), then
+    the call's. False when the session is not (nothing is written)."""
+    params = {f"a_{name}": call[name] for name in ANSWERED}
+    params.update(a_session_id=session_id, a_idx=idx, n_tokens=n_tokens, session_misuse=misuse, max_tokens=max_tokens)
+    return db.execute(_STORE_ANSWER, params).first() is not None
 
 
 def calls(db: Session, session_id: str) -> list[SessionCall]:
@@ -89,19 +179,6 @@ def segment_marks(db: Session, session_id: str) -> int:
 
 def get_call(db: Session, session_id: str, idx: int) -> SessionCall | None:
     return db.get(SessionCall, (session_id, idx))
-
-
-def group_temperature(db: Session, group_id: str) -> tuple[bool, Any]:
-    """(whether the group made a call, the temperature its first call asked for, None when it gave none)."""
-    stmt = (select(SessionCall.request["temperature"]).join(AgentSession, AgentSession.id == SessionCall.session_id)
-            .where(AgentSession.group_id == group_id, SessionCall.kind != SEGMENT_MARK)
-            .order_by(SessionCall.created_at, SessionCall.session_id, SessionCall.idx).limit(1))
-    row = db.execute(stmt).first()
-    return (False, None) if row is None else (True, row[0])
-
-
-def group_started_at(db: Session, group_id: str) -> Any:
-    return db.execute(select(func.min(AgentSession.created_at)).where(AgentSession.group_id == group_id)).scalar_one()
 
 
 def answered_texts(db: Session, session_id: str) -> list[str]:

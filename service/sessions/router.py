@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -29,12 +30,17 @@ def create_session(body: SessionIn, request: Request, session: SessionDep, setti
 
 
 async def _body(request: Request) -> Any:
-    import orjson
-
+    """The request's JSON: as the request guard parsed and checked it (``service.api.middleware``), else parsed here."""
+    parsed = request.scope.get("state", {}).get("json_body", _UNPARSED)
+    if parsed is not _UNPARSED:
+        return parsed
     try:
         return orjson.loads(await request.body())
     except orjson.JSONDecodeError:
         raise BadRequest("body: not JSON") from None
+
+
+_UNPARSED = object()
 
 
 async def _call(request: Request, session_id: str, kind: str) -> JSONResponse:

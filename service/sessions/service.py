@@ -146,6 +146,15 @@ def authorize(request: Request, db: Session, session_id: str, need: Role, lock: 
     """The session row, when the caller holds its key (or an API key of ``need`` or admin whose datasets
     include the session's). Unknown session: 404 for every caller (ids are 128-bit random)."""
     row = repo.get_session(db, session_id, lock=lock)
+    if admit(request, db, row, session_id, need):
+        return row
+    return repo.get_session(db, session_id, lock=lock)
+
+
+def admit(request: Request, db: Session, row: Any, session_id: str, need: Role) -> bool:
+    """``authorize``'s check of a row already read (None: an unknown session, 404). True for the session's
+    own key (the transaction goes on); False for an API key, whose lookup ended the transaction
+    (``authenticate``): the caller reads the row again, and locks it again."""
     if row is None:
         raise NotFound(f"session_id: no session {session_id!r}")
     token = _bearer(request)
@@ -155,14 +164,14 @@ def authorize(request: Request, db: Session, session_id: str, need: Role, lock: 
             raise Forbidden("authorization: this session key belongs to another session")
         if not sep or not hmac.compare_digest(hash_secret(secret), row.secret_hash):
             raise Unauthorized("authorization: wrong session key")
-        return row
+        return True
     key = authenticate(request, db)  # an API key (or auth off); ends the read transaction
     if not (key.is_admin or key.role == need or (need == VIEWER and key.role in (PRODUCER, Role.trainer))):
         raise Forbidden(f"authorization: role {key.role.value!r} may not use this route (session key, "
                         f"{need.value} or admin)")
     if row.dataset is not None and not key.allows_dataset(row.dataset):
         raise NotFound(f"session_id: no session {session_id!r}")
-    return repo.get_session(db, session_id, lock=lock)
+    return False
 
 
 # -- finish ----------------------------------------------------------------------------------------------

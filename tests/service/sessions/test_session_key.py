@@ -115,3 +115,18 @@ def test_a_session_key_is_spent_once_its_session_finished(keyed: tuple[LiveServe
     assert state.status_code == 200
     assert state.json()["n_calls"] == 1 and state.json()["final_answer"] == "fak" and state.json()["status"] == "finished"
     assert httpx.get(server.url + "/v1/groups/" + state.json()["group_id"], headers=key).status_code == 403
+
+
+def test_a_producer_key_calls_a_session_and_every_answered_call_is_stored(
+    keyed: tuple[LiveServer, dict[str, str], str],
+) -> None:
+    """The gateway's other credential: a producer API key (its check ends the reservation's first transaction,
+    and what follows is still committed before the answer)."""
+    server, tokens, _ = keyed
+    session = _open(server.url, tokens["prod"])
+    for _ in range(2):
+        r = httpx.post(session["base_url"] + "/chat/completions", json=CHAT, headers=bearer(tokens["prod"]))
+        assert r.status_code == 200, r.text
+    state = httpx.get(session["base_url"], params={"include_tokens": "true"}, headers=bearer(tokens["ops"])).json()
+    assert state["n_calls"] == 2 and [c["index"] for c in state["calls"]] == [0, 1]
+    assert all(c["completion_token_ids"] and c["error"] is None for c in state["calls"])
