@@ -19,6 +19,7 @@ from filters.rules import baseline_actions, check_component_present, overlong_pe
 from filters.segments import with_segment_advantages
 from filters.types import (
     ACTIONS,
+    BUDGET_REASONS,
     DROP_REASONS,
     FINISH_REASONS,
     REASON_OK,
@@ -45,6 +46,7 @@ REASONS: tuple[str, ...] = tuple(
 _R = {name: code for code, name in enumerate(REASONS)}
 _FR_REASON = np.array([_R[finish_reason_reason(f)] for f in FINISH_REASONS])
 _FR_INDEX = {f: i for i, f in enumerate(FINISH_REASONS)}
+_BUDGET_CODES = np.array(sorted(_FR_INDEX[f] for f in BUDGET_REASONS))
 _ACTION_NAMES = np.array(ACTIONS, dtype=object)
 _REASON_NAMES = np.array(REASONS, dtype=object)
 _READY = -1
@@ -104,7 +106,7 @@ class _Inputs:
     )  # (values, missing, present) of a component metric
     num_tokens: np.ndarray
     num_turns: np.ndarray
-    max_tokens: np.ndarray  # (B,), 0 when unknown
+    max_tokens: np.ndarray  # (B, G) each member's budget (its own, else its group's), 0 when unknown
     policy_version: np.ndarray  # (B,)
 
 
@@ -144,7 +146,9 @@ def _read(groups: Sequence[GroupScore], policy: CurationPolicy, lay: _Layout) ->
         component=comp,
         num_tokens=lay.pad(num_tokens, 0),
         num_turns=lay.pad(np.array([t.num_turns for t in flat], dtype=np.int64), 1),
-        max_tokens=np.array([g.max_tokens or 0 for g in groups], dtype=np.int64),
+        max_tokens=lay.pad(
+            np.array([t.max_tokens or g.max_tokens or 0 for g in groups for t in g.trajectories], dtype=np.int64), 0
+        ),
         policy_version=np.array([g.policy_version for g in groups], dtype=np.int64),
     )
 
@@ -164,11 +168,12 @@ def _penalties(x: _Inputs, act: np.ndarray, base: np.ndarray, policy: CurationPo
         codes = act[rows, cols]
         out[rows, cols] = overlong_penalties(
             x.num_tokens[rows, cols],
-            x.max_tokens[rows],
+            x.max_tokens[rows, cols],
             codes == PENALIZE,
             policy,
             x.num_turns[rows, cols],
             codes == MASK,
+            np.isin(x.fr[rows, cols], _BUDGET_CODES),
         )
     return out
 

@@ -142,8 +142,9 @@ def _baseline(
         if i in errors:
             continue
         total = float(trajs[i].total)  # type: ignore[arg-type]
+        budget = trajs[i].max_tokens or group.max_tokens  # a replacement's own (larger) budget
         used[i] = total + overlong_penalty(
-            trajs[i].num_tokens, group.max_tokens, actions[i], policy, trajs[i].num_turns
+            trajs[i].num_tokens, budget, actions[i], policy, trajs[i].num_turns, trajs[i].finish_reason
         )
     return used, errors, metric, has_outcome
 

@@ -141,7 +141,8 @@ class CurationPolicySpec(BaseModel):
         for reason, action in actions.items():
             name = normalize_finish_reason(reason)
             if name in out and out[name] != action:
-                raise ValueError(f"{reason!r} is the old name of {name!r}; they are given different actions")
+                old = next(k for k in actions if k != name and normalize_finish_reason(k) == name)
+                raise ValueError(f"{old!r} is the old name of {name!r}; they are given different actions")
             out[name] = action
         return out
 

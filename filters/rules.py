@@ -8,6 +8,7 @@ import numpy as np
 
 from filters.overlong import buffer_tokens, soft_overlong_penalties
 from filters.types import (
+    BUDGET_REASONS,
     FINISH_REASONS,
     Action,
     CurationPolicy,
@@ -61,6 +62,7 @@ def overlong_penalties(
     policy: CurationPolicy,
     num_turns: np.ndarray | None = None,
     masked: np.ndarray | None = None,
+    cut: np.ndarray | None = None,
 ) -> np.ndarray:
     """Overlong penalty added to the reward of baseline members: (N,) x3 -> (N,) floats.
 
@@ -77,10 +79,16 @@ def overlong_penalties(
     policy to stop calling tools. A `penalize` member (its last turn was cut) is shaped as before.
     A `mask` member (masked (N,) bool) is never shaped: masking a cut means not punishing it, so with
     masked_in_baseline it enters the baseline at its raw reward, never at the ramp's -1.
+    A `penalize` member cut by a budget (cut (N,) bool: finish_reason length / max_turns) reached that budget
+    whatever token count it was posted with (a context window, a turn limit, a count that excludes
+    something): it gets the full -1 (the policy's `penalty` when the budget is unknown), never 0 for being
+    short -- penalizing a cut exactly means training it as the worst outcome.
     """
     n = np.asarray(num_tokens, dtype=np.int64)
     m = np.asarray(max_tokens, dtype=np.int64)
     pen = np.asarray(penalize, dtype=bool)
+    if cut is not None:
+        n = np.where(pen & np.asarray(cut, dtype=bool) & (n > 0), np.maximum(n, m), n)
     known = (m > 0) & (n > 0)
     safe_m = np.where(known, m, 1)
     soft = soft_overlong_penalties(n, safe_m, buffer_tokens(policy.overlong_buffer, safe_m))
@@ -93,7 +101,8 @@ def overlong_penalties(
 
 
 def overlong_penalty(
-    num_tokens: int, max_tokens: int | None, action: str, policy: CurationPolicy, num_turns: int = 1
+    num_tokens: int, max_tokens: int | None, action: str, policy: CurationPolicy, num_turns: int = 1,
+    finish_reason: str = "stop",
 ) -> float:
     """`overlong_penalties` for one baseline member of `action` (max_tokens None: unknown)."""
     one = overlong_penalties(
@@ -103,6 +112,7 @@ def overlong_penalty(
         policy,
         np.array([num_turns]),
         np.array([action == "mask"]),
+        np.array([finish_reason in BUDGET_REASONS]),
     )
     return float(one[0])
 

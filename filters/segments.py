@@ -12,12 +12,12 @@ its share by the policy's `segment_advantage`:
 - `discount` (AReaL's summarizing agents): segment k gets A * gamma^(K-1-k), gamma = `segment_discount`
   in (0, 1]; the last segment gets A, each earlier one gamma times the next.
 
-The trainer divides by K exactly once (docs/training.md, "Segmented trajectories"; `segment_weight`):
+The trainer counts every trajectory once in the loss's denominator (each of K segments a share 1/K) and
+divides by K exactly once in the numerator (docs/training.md, "Segmented trajectories"; `segment_weight`):
 segments that each *carry* A (`broadcast`, `discount`) are averaged -- weight 1/K each, the per-rollout
 mean -- while segments that *share* A (`divide`: their advantages sum to A, the division by K is already
-in them) are weighed 1, each a sample of its own as in slime. Either way a K-segment trajectory's weight in
-the loss does not grow with K, and a `divide` trajectory of K segments is not trained at 1/K (or 1/K^2) of
-the same reward unsegmented. The mode comes with the leased batch (each segmented trajectory's
+in them) are weighed 1. So a K-segment trajectory's weight in the loss does not grow with K, and `divide`
+trains exactly as `broadcast` (it differs only for a consumer that treats segments as separate samples). The mode comes with the leased batch (each segmented trajectory's
 ``segment_advantage``, its group's curation policy's): it cannot be read off the advantages, since
 `discount`'s trained ones can sum to A too (gamma = (sqrt 5 - 1) / 2 and an untrained last segment:
 A gamma^2 + A gamma = A). `guess_segment_advantage` guesses it only for a batch without it (from a service
@@ -79,8 +79,9 @@ def with_segment_advantages(decisions: Sequence[Any], scores: Sequence[Any], mod
 
 
 def segment_weight(mode: str, trained: int) -> float:
-    """The trainer's weight of each of a trajectory's K = ``trained`` trained segments under its policy's
-    ``segment_advantage``: 1 for ``divide`` (each segment already has A / K: divided once), 1/K for
+    """The trainer's numerator weight of each of a trajectory's K = ``trained`` trained segments under its
+    policy's ``segment_advantage`` (the denominator share is 1/K for every mode): 1 for ``divide`` (each
+    segment already has A / K: divided once), 1/K for
     ``broadcast`` and ``discount`` (each segment carries A, times gamma^(K-1-k): the per-rollout mean).
     (mode, K) -> weight; K = 1 gives 1."""
     check_segment_mode(mode)

@@ -288,7 +288,8 @@ class TrajectoryScore:
     """One scored trajectory. `total` / `outcome` / component values are None when not computable.
 
     num_tokens: generated tokens; 0 means unknown. num_turns: model turns (the group's max_tokens is a
-    per-turn budget: the producer samples every turn with it).
+    per-turn budget: the producer samples every turn with it). max_tokens: the member's own budget (see
+    the field), which its length is shaped against.
     """
 
     index: int
@@ -298,6 +299,9 @@ class TrajectoryScore:
     outcome: float | None
     num_tokens: int = 0
     num_turns: int = 1
+    # the member's own per-turn budget when it differs from the group's (a replacement sampled at the larger
+    # budget its resample / resume request asked for); None: the group's max_tokens
+    max_tokens: int | None = None
     segments: int = 0  # K ordered segments (0: not segmented)
     # of them, those the trainer trains on (a mask-1 target); None: all K. `divide`'s K (filters.segments)
     trained_segments: int | None = None
@@ -305,7 +309,8 @@ class TrajectoryScore:
 
 @dataclass(frozen=True)
 class GroupScore:
-    """A scored group: G trajectories sampled for one prompt by policy `policy_version`."""
+    """A scored group: G trajectories sampled for one prompt by policy `policy_version` (for staleness the
+    oldest version that generated any of its tokens: a replacement or resumed member may be older)."""
 
     group_id: str
     policy_version: int

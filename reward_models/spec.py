@@ -104,10 +104,17 @@ class ScoredSample:
 
 
 def _finite(r: ComponentResult) -> ComponentResult:
-    """A NaN / inf value is a component error (it would poison totals and advantages), never a score."""
-    if r.value is None or math.isfinite(r.value):
+    """A NaN / inf value is a component error (it would poison totals and advantages), never a score; so is
+    a value beyond +-MAX_REWARD_MAGNITUDE (a reported 1e300 is finite, but its square in the reward
+    statistics is not: the bound keeps every sum of products finite)."""
+    if r.value is None:
         return r
-    return error_result(f"non-finite value {r.value!r}", r.details, r.latency_ms)
+    if not math.isfinite(r.value):
+        return error_result(f"non-finite value {r.value!r}", r.details, r.latency_ms)
+    if abs(r.value) > MAX_REWARD_MAGNITUDE:
+        return error_result(f"value {r.value!r} outside [-{MAX_REWARD_MAGNITUDE:g}, {MAX_REWARD_MAGNITUDE:g}], the "
+                            "range of a reward", {**r.details, "value": r.value}, r.latency_ms)
+    return r
 
 
 def combine(spec: RewardSpec, results: dict[str, ComponentResult], finish_reason: str | None = None) -> ScoredSample:

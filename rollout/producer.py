@@ -273,7 +273,7 @@ def fill_slots(client: Any, policy: Policy, requests: list[dict[str, Any]], cfg:
             skipped(policy, r, exc)
             continue
         try:
-            client.fill_slot(r["group_id"], r["index"], body["policy_version"], body["trajectory"])
+            client.fill_slot(r["group_id"], r["index"], body["policy_version"], body["trajectory"], r.get("request_id"))
         except CuratorError as exc:
             if exc.status_code == 409:
                 log.info("slot %s/%s no longer awaited: %s", r["group_id"], r["index"], exc.message)

@@ -160,9 +160,13 @@ class CuratorClient:
     def get_group(self, group_id: str, *, include_tokens: bool = False) -> dict[str, Any]:
         return self._json("GET", f"/v1/groups/{segment(group_id)}", params={"include_tokens": include_tokens})
 
-    def fill_slot(self, group_id: str, index: int, policy_version: int, trajectory: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/groups/{group_id}/trajectories/{index}: the replacement a resample / resume request asked for."""
-        body = {"policy_version": policy_version, "trajectory": trajectory}
+    def fill_slot(self, group_id: str, index: int, policy_version: int, trajectory: dict[str, Any],
+                  request_id: int | None = None) -> dict[str, Any]:
+        """POST /v1/groups/{group_id}/trajectories/{index}: the replacement a resample / resume request asked for
+        (``request_id``: that request's, so a fill sent to the wrong slot is a 409)."""
+        body: dict[str, Any] = {"policy_version": policy_version, "trajectory": trajectory}
+        if request_id is not None:
+            body["request_id"] = request_id
         return self._json("POST", f"/v1/groups/{segment(group_id)}/trajectories/{index}", json=body)
 
     def list_groups(self, **filters: Any) -> dict[str, Any]:

@@ -148,14 +148,14 @@ class Denominator:
     seqs: float
 
 
-def count_denominator(mask: Tensor, weights: Tensor | None = None) -> Denominator:
-    """mask (B, T), weights (B,) or None -> the Denominator of this batch alone (weighted counts: each
-    sequence counts `weights[s]` times; a segment of a K-segment trajectory weighs 1/K)."""
+def count_denominator(mask: Tensor, shares: Tensor | None = None) -> Denominator:
+    """mask (B, T), shares (B,) or None -> the Denominator of this batch alone (shared counts: sequence s
+    counts `shares[s]` times; each of a trajectory's K trained segments is 1/K of it, so it counts once)."""
     m = mask > 0
-    if weights is None:
+    if shares is None:
         return Denominator(tokens=float(m.sum()), seqs=float(m.any(dim=-1).sum()))
-    w = weights.to(torch.float64)
-    return Denominator(tokens=float((m.sum(dim=-1) * w).sum()), seqs=float((m.any(dim=-1) * w).sum()))
+    c = shares.to(torch.float64)
+    return Denominator(tokens=float((m.sum(dim=-1) * c).sum()), seqs=float((m.any(dim=-1) * c).sum()))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -178,37 +178,48 @@ def _nonzero(count: float) -> float:
     return count if count > 0 else 1.0
 
 
-def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None, w: Tensor | None) -> Tensor:
+@dataclass(frozen=True)
+class Segments:
+    """Per-sequence weights of segmented trajectories (B,) each (docs/training.md, "Segmented trajectories"):
+    `weights` w_s multiply sequence s's loss in the numerator (1/K for segments that each carry the
+    trajectory's advantage, 1 for `divide`'s shares A/K); `shares` c_s are its part of its trajectory in the
+    denominator (1/K for each of K trained segments, 1 unsegmented), so every trajectory counts once."""
+
+    weights: Tensor
+    shares: Tensor
+
+
+def _token_mean(values: Tensor, mask: Tensor, denom: Denominator | None, seg: Segments | None) -> Tensor:
     m = mask > 0
     vals = torch.where(m, values, 0.0)
-    if w is None:
+    if seg is None:
         return vals.sum() / (m.sum().clamp_min(1) if denom is None else _nonzero(denom.tokens))
-    total = (vals.sum(dim=-1) * w).sum()
-    local = (m.sum(dim=-1) * w).sum()
+    total = (vals.sum(dim=-1) * seg.weights).sum()
+    local = (m.sum(dim=-1) * seg.shares).sum()
     return total / (local.clamp_min(1e-12) if denom is None else _nonzero(denom.tokens))
 
 
 def _seq_mean(values: Tensor, mask: Tensor, denom: Denominator | None, per_token_mean: bool, norm: float,
-              w: Tensor | None) -> Tensor:
+              seg: Segments | None) -> Tensor:
     sums, n, has = _seq_sums(values, mask)  # (B,), (B,), (B,)
     per_seq = sums / n.clamp_min(1) if per_token_mean else sums / norm  # (B,)
-    if w is None:
+    if seg is None:
         return per_seq.sum() / (has.sum().clamp_min(1) if denom is None else _nonzero(denom.seqs))
-    local = (has * w).sum()
-    return (per_seq * w).sum() / (local.clamp_min(1e-12) if denom is None else _nonzero(denom.seqs))
+    local = (has * seg.shares).sum()
+    return (per_seq * seg.weights).sum() / (local.clamp_min(1e-12) if denom is None else _nonzero(denom.seqs))
 
 
-_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None, float, Tensor | None], Tensor]] = {
-    "token-mean": lambda v, m, d, _, w: _token_mean(v, m, d, w),
-    "seq-mean-token-mean": lambda v, m, d, _, w: _seq_mean(v, m, d, True, 1.0, w),
-    "seq-mean-token-sum": lambda v, m, d, _, w: _seq_mean(v, m, d, False, 1.0, w),
-    "seq-mean-token-sum-norm": lambda v, m, d, norm, w: _seq_mean(v, m, d, False, norm, w),
+_AGGREGATORS: dict[str, Callable[[Tensor, Tensor, Denominator | None, float, Segments | None], Tensor]] = {
+    "token-mean": lambda v, m, d, _, s: _token_mean(v, m, d, s),
+    "seq-mean-token-mean": lambda v, m, d, _, s: _seq_mean(v, m, d, True, 1.0, s),
+    "seq-mean-token-sum": lambda v, m, d, _, s: _seq_mean(v, m, d, False, 1.0, s),
+    "seq-mean-token-sum-norm": lambda v, m, d, norm, s: _seq_mean(v, m, d, False, norm, s),
 }
 
 
 def aggregate(
     values: Tensor, mask: Tensor, mode: str, denom: Denominator | None = None, norm_tokens: float | None = None,
-    weights: Tensor | None = None,
+    segments: Segments | None = None,
 ) -> Tensor:
     """Reduce per-token losses to a scalar: values (B, T), mask (B, T) -> ().
 
@@ -217,16 +228,15 @@ def aggregate(
     seq-mean-token-sum: mean over sequences of each sequence's token sum.
     seq-mean-token-sum-norm: mean over sequences of each sequence's token sum / norm_tokens (Dr. GRPO).
     `denom` replaces this batch's counts by those of the whole accumulated batch.
-    weights (B,) (segmented trajectories, the per-rollout mean): sequence s counts weights[s] times in
-    numerator and denominator; a segment of a trajectory with K trained segments has weight 1/K, so
-    token-mean = sum_s w_s sum_t m_st l_st / sum_s w_s n_s and the seq modes = sum_s w_s l_s / sum_s w_s
-    (= the mean over trajectories of the mean over their segments). None: every weight 1.
+    `segments` (segmented trajectories, the per-rollout mean; `Segments`): token-mean =
+    sum_s w_s sum_t m_st l_st / sum_s c_s n_s and the seq modes = sum_s w_s l_s / sum_s c_s [n_s > 0], so a
+    K-segment trajectory counts once in the denominator whatever K. None: every w_s = c_s = 1.
     """
     check_choice("aggregation mode", mode, tuple(_AGGREGATORS))
     if mode == "seq-mean-token-sum-norm" and not (norm_tokens and norm_tokens > 0):
         raise ValueError("seq-mean-token-sum-norm needs norm_tokens > 0")
-    w = None if weights is None else weights.to(values.dtype)
-    return _AGGREGATORS[mode](values, mask, denom, float(norm_tokens or 1.0), w)
+    seg = None if segments is None else Segments(segments.weights.to(values.dtype), segments.shares.to(values.dtype))
+    return _AGGREGATORS[mode](values, mask, denom, float(norm_tokens or 1.0), seg)
 
 
 _KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -341,7 +351,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     denom: Denominator | None = None,
     behaviour_rows: Tensor | None = None,
-    seq_weights: Tensor | None = None,
+    segments: Segments | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss of one (micro-)batch and its metrics.
 
@@ -349,7 +359,7 @@ def policy_loss(
     behaviour_logp (B, T) enables TIS when cfg.tis_cap is set; behaviour_rows (B,) bool marks the
     sequences that have behaviour log-probs (None: all do): the others get TIS weight 1 and count in
     neither `tis_weight` nor `behaviour_mismatch` (absent when no sequence has them); entropy (B, T) is
-    reported and used when cfg.entropy_coef > 0; seq_weights (B,) weighs segments (see `aggregate`).
+    reported and used when cfg.entropy_coef > 0; `segments` weighs segments (see `aggregate`).
     -> (loss (), metrics of 0-dim detached tensors).
     """
     m = mask > 0
@@ -387,7 +397,7 @@ def policy_loss(
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
         if cfg.entropy_coef > 0:
             per_tok = per_tok - cfg.entropy_coef * torch.where(m, entropy, 0.0)
-    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens, seq_weights)
+    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens, segments)
     metrics.update(_ratio_metrics(logp.detach(), old_logp, ratio.detach(), adv, mask, cfg))
     return loss, metrics
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from filters.segments import guess_segment_advantage, segment_weight
-from trainer.loss import check_choice
+from trainer.loss import Segments, check_choice
 
 PackMode = Literal["pad", "pack"]
 
@@ -44,8 +44,9 @@ class TrainSeq:
     advantage: float
     policy_version: int
     temperature: float = 1.0  # the group's sampling temperature
-    weight: float = 1.0  # a segmented trajectory's trained segments: `filters.segments.segment_weight` (1/K or 1)
-    unit: int = -1  # sequences with the same unit >= 0 (one trajectory's segments) share a micro-batch
+    weight: float = 1.0  # numerator weight of a segmented trajectory's segment: `filters.segments.segment_weight`
+    share: float = 1.0  # its part of its trajectory in the denominator: 1/K of K trained segments
+    unit: int = -1  # sequences with the same unit >= 0 (one trajectory's segments) share a mini-batch
     versions: list[int] | None = None  # the policy version that generated each target, -1: not generated
 
 
@@ -70,9 +71,19 @@ class MicroBatch:
     advantages: Tensor  # (S,) float
     temperature: Tensor | None = None  # (R, L) float, each position's sampling temperature (None: the policy's)
     has_behaviour: Tensor | None = None  # (S,) bool, the sequence came with sampler log-probs (None: all did)
-    seq_weights: Tensor | None = None  # (S,) float, per-rollout weights of segments (None: all 1)
+    seq_weights: Tensor | None = None  # (S,) float, numerator weights of segments (None: all 1)
+    seq_shares: Tensor | None = None  # (S,) float, denominator shares of segments (None: all 1)
     versions: Tensor | None = None  # (S, Tm) long, each target's policy version, -1 unknown (None: none given)
     mixed: Tensor | None = None  # (S,) bool, the sequence's trained tokens come from several versions (resumed)
+
+    @property
+    def segments(self) -> Segments | None:
+        """The per-rollout weights of its segmented trajectories' sequences (None: none is segmented)."""
+        if self.seq_weights is None and self.seq_shares is None:
+            return None
+        ones = torch.ones(self.advantages.shape[0], device=self.advantages.device)
+        return Segments(ones if self.seq_weights is None else self.seq_weights,
+                        ones if self.seq_shares is None else self.seq_shares)
 
     @property
     def n_input_tokens(self) -> int:
@@ -114,10 +125,11 @@ def _shift(traj: dict[str, Any], version: int, where: str, temperature: float = 
 
 def _segments(traj: dict[str, Any], version: int, where: str, temperature: float, unit: int) -> list[TrainSeq]:
     """A segmented trajectory -> one TrainSeq per trained segment (K: its segments with a mask-1 target),
-    all of one packing unit, each with its segment's advantage and weight `filters.segments.segment_weight`
-    of the trajectory's ``segment_advantage`` (sent with the batch: its group's curation policy's): 1/K when
-    each segment carries the trajectory's advantage (the per-rollout mean), 1 when the segments share it
-    (``divide``: already A / K), so K divides once. A batch without it (a service that did not send it) gets
+    all of one unit (kept in one mini-batch), each with its segment's advantage, denominator share 1/K (the
+    trajectory counts once) and numerator weight `filters.segments.segment_weight` of the trajectory's
+    ``segment_advantage`` (sent with the batch: its group's curation policy's): 1/K when each segment carries
+    the trajectory's advantage (the per-rollout mean), 1 when the segments share it (``divide``: already
+    A / K), so K divides once. A batch without it (a service that did not send it) gets
     `filters.segments.guess_segment_advantage`, which takes a ``discount`` trajectory whose advantages sum
     to A for ``divide``."""
     seqs = []
@@ -137,7 +149,7 @@ def _segments(traj: dict[str, Any], version: int, where: str, temperature: float
         weight = segment_weight(mode, len(seqs))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    return [replace(s, weight=weight, unit=unit) for s in seqs]
+    return [replace(s, weight=weight, share=1.0 / len(seqs), unit=unit) for s in seqs]
 
 
 def sequences_from_batch(batch: dict[str, Any], default_temperature: float = 1.0) -> list[TrainSeq]:
@@ -213,10 +225,12 @@ def _loss_side(seqs: Sequence[TrainSeq], offsets: list[int]) -> dict[str, Any]:
                 versions[i, : len(seq.versions)] = torch.tensor(seq.versions, dtype=torch.long)
     mixed = torch.tensor([mixed_versions(s.versions, s.loss_mask) for s in seqs])  # (S,)
     weights = torch.tensor([s.weight for s in seqs], dtype=torch.float32)  # (S,)
+    shares = torch.tensor([s.share for s in seqs], dtype=torch.float32)  # (S,)
     return {
         "gather_index": index, "loss_mask": mask, "old_logp": old, "advantages": adv,
         "has_behaviour": None if bool(has.all()) else has,
         "seq_weights": None if bool((weights == 1).all()) else weights,
+        "seq_shares": None if bool((shares == 1).all()) else shares,
         "versions": versions, "mixed": mixed if bool(mixed.any()) else None,
     }
 
@@ -270,10 +284,21 @@ def _units(seqs: Sequence[TrainSeq]) -> list[list[int]]:
     return out
 
 
+def _cost(seqs: Sequence[TrainSeq], unit: list[int], mode: str) -> int:
+    """Input tokens a unit takes in a micro-batch of its own (pad: rows x the longest; pack: the sum)."""
+    lengths = [len(seqs[i].inputs) for i in unit]
+    return len(lengths) * max(lengths) if mode == "pad" else sum(lengths)
+
+
 def _plan_units(seqs: Sequence[TrainSeq], token_budget: int, mode: str) -> list[list[int]]:
-    """Micro-batch plans that never split a unit: pad rows cost len(rows) * the longest; pack bins the sum.
-    A unit over the budget gets a micro-batch of its own (like a sequence over it)."""
-    units = _units(seqs)
+    """Micro-batch plans that keep a unit (a trajectory's segments) together when it fits the budget: pad
+    rows cost len(rows) * the longest; pack bins the sum. A unit over the budget is split into its
+    sequences (the loss is additive over sequences given the whole batch's denominators, so a trajectory of
+    many segments never forces one micro-batch over the budget); a single sequence over it gets a
+    micro-batch of its own."""
+    units: list[list[int]] = []
+    for u in _units(seqs):
+        units.extend([u] if len(u) == 1 or _cost(seqs, u, mode) <= token_budget else [[i] for i in u])
     if all(len(u) == 1 for u in units):
         lengths = [len(s.inputs) for s in seqs]
         return _plan_pad(lengths, token_budget) if mode == "pad" else _plan_pack(lengths, token_budget)
@@ -297,7 +322,8 @@ def pack_sequences(seqs: Sequence[TrainSeq], token_budget: int, mode: str = "pad
     """Shifted sequences -> micro-batches whose input tokens (padding included) fit `token_budget`.
 
     A sequence longer than the budget gets a micro-batch of its own; a segmented trajectory's segments
-    (one `unit`) always share one micro-batch (so one mini-batch too), alone when over the budget.
+    (one `unit`) share one micro-batch when they fit the budget together, else they are spread over several
+    (`_plan_units`); `split_mini_batches` keeps them in one mini-batch either way.
     """
     check_choice("pack mode", mode, get_args(PackMode))
     if token_budget < 1:

@@ -90,7 +90,7 @@ def global_denominator(mbs: Sequence[MicroBatch], device: torch.device) -> Denom
     """Mask-1 tokens and sequences over all micro-batches and ranks, divided by the world size."""
     local = torch.zeros(2, dtype=torch.float64, device=device)  # (tokens, seqs)
     for mb in mbs:
-        d = count_denominator(mb.loss_mask, mb.seq_weights)  # weighted: a K-segment trajectory counts once
+        d = count_denominator(mb.loss_mask, mb.seq_shares)  # shared: a K-segment trajectory counts once
         local[0] += d.tokens
         local[1] += d.seqs
     total = all_reduce(local, "sum") / world_size()
@@ -129,7 +129,7 @@ def _micro_step(
     logp, ent = sequence_logprobs(policy, mb)  # (S, Tm) x2
     loss, metrics = policy_loss(
         logp, frozen.old, mb.advantages, mb.loss_mask, cfg.loss, frozen.ref, frozen.behaviour,
-        entropy=ent, denom=denom, behaviour_rows=mb.has_behaviour, seq_weights=mb.seq_weights,
+        entropy=ent, denom=denom, behaviour_rows=mb.has_behaviour, segments=mb.segments,
     )
     loss.backward()
     return loss.detach(), metrics

@@ -17,7 +17,8 @@
   slots are ``expired`` and the group trains with what it has (scored again when some slot was filled).
 - **Bounds.** A slot is resampled once; it is resumed at most ``policy.max_resumes`` times (a member cut
   again is resumed again while that holds, then stays out of training like a resample member); an expired
-  slot is never asked for again.
+  slot is never asked for again. A segmented member whose action is resume is resampled instead
+  (``slot_remedy``).
 
 Every step is a decision row (``rule``: remedy_requested, remedy_filled, remedy_unfilled, remedy_exhausted),
 so ``GET /v1/groups/{id}`` shows the history and ``GET /v1/stats`` counts it by remedy.
@@ -99,8 +100,17 @@ def checkpoint_of(g: Group, t: Trajectory) -> dict[str, Any]:
     }
 
 
+def slot_remedy(action: str, t: Trajectory) -> str:
+    """The remedy a slot is asked for: its member's action, except that a segmented member is resampled, not
+    resumed -- its last complete state is its last segment's context, while its earlier segments were
+    trained from contexts a continuation would never see; resuming it would join them into one that never
+    existed."""
+    return "resample" if action == "resume" and t.segments else action
+
+
 def request_row(g: Group, idx: int, action: str, budget: dict[str, Any], dataset: str) -> dict[str, Any]:
     trajectory = next(t for t in g.trajectories if t.idx == idx)
+    action = slot_remedy(action, trajectory)
     return {"prompt_id": g.prompt_id, "dataset": dataset, "reason": action, "n": 1, "budget": budget,
             "priority": 2.0, "source_group_pk": g.pk, "idx": idx,
             "checkpoint": checkpoint_of(g, trajectory) if action == "resume" else None}
@@ -160,6 +170,62 @@ def _check_resume_logprobs(t: TrajectoryIn, checkpoint_has: bool) -> None:
                          "trajectory has none (null): values for the checkpoint's tokens would be made up")
 
 
+def _check_trainable(t: TrajectoryIn) -> None:
+    """A replacement is there to be trained: it carries token_ids and a loss_mask (or segments). A waiting
+    group is trainable (untrainable ones never reach curation), so one without them would drop the whole
+    group as untrainable after a 201."""
+    if t.segments is not None:
+        return
+    missing = [k for k in ("token_ids", "loss_mask") if getattr(t, k) is None]
+    if missing:
+        raise BadRequest(f"trajectory.{missing[0]}: required in a replacement (it is trained with its group: "
+                         f"token_ids and loss_mask, or segments)")
+
+
+def prompt_tokens(ids: list[int] | None, mask: list[int] | None) -> list[int] | None:
+    """The tokens before the first generated one (loss_mask 1): the prompt the model answered; None when
+    unknown (no arrays, or nothing generated)."""
+    if ids is None or mask is None or 1 not in mask:
+        return None
+    return ids[: mask.index(1)]
+
+
+def _check_same_prompt(g: Group, idx: int, t: TrajectoryIn) -> None:
+    """A replacement answers its group's prompt: when every other member with token arrays begins with the
+    same prompt tokens, the fill's must be those (422 naming the first differing position): group A's
+    answer posted into group B's slot is refused, not trained with B's advantages."""
+    shared: list[int] | None = None
+    for x in g.trajectories:
+        if x.idx == idx:
+            continue
+        p = prompt_tokens(arrays.decode_list(x.token_ids, arrays.TOKEN_DTYPE),
+                          arrays.decode_list(x.loss_mask, arrays.MASK_DTYPE))
+        if p is None or (shared is not None and p != shared):
+            return  # members that differ (or are unknown) say nothing about the group's prompt
+        shared = p
+    ids, mask, _ = t.flat_arrays()
+    mine = prompt_tokens(ids, mask)
+    if shared is None or mine is None or mine == shared:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(mine, shared, strict=False)) if a != b), min(len(mine), len(shared)))
+    field = "segments[0].token_ids" if t.segments is not None else "token_ids"
+    raise BadRequest(f"trajectory.{field}[{at}]: the replacement's prompt tokens (before its first loss_mask 1) "
+                     f"differ from those every other member of group {g.id!r} begins with ({len(shared)} tokens); "
+                     "a replacement answers its group's prompt")
+
+
+def _check_request(session: Session, g: Group, idx: int, req: SamplingRequest, request_id: int | None) -> None:
+    """A fill naming the request it answers (``request_id``) must name this slot's open one (409 otherwise)."""
+    if request_id is None or request_id == req.pk:
+        return
+    other = session.get(SamplingRequest, request_id)
+    where = ""
+    if other is not None and other.source_group_pk is not None and other.idx is not None:
+        where = " (it asked for another slot)" if other.source_group_pk == g.pk else " (it asked for another group)"
+    raise Conflict(f"request_id: request {request_id} is not the open request of slot {idx} of group {g.id!r}{where}; "
+                   f"that is request {req.pk}", detail={"group_id": g.id, "index": idx, "request_id": req.pk})
+
+
 def _with_versions(t: TrajectoryIn, policy_version: int) -> TrajectoryIn:
     if t.versions is not None or t.token_ids is None or t.loss_mask is None:
         return t
@@ -172,7 +238,8 @@ def _answer(g: Group, idx: int, req: SamplingRequest, open_left: int) -> dict[st
 
 
 def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t: TrajectoryIn, *,
-              max_sequence_tokens: int, key: Principal = OPEN) -> tuple[dict[str, Any], bool]:
+              max_sequence_tokens: int, key: Principal = OPEN, request_id: int | None = None
+              ) -> tuple[dict[str, Any], bool]:
     """Store a producer's replacement for slot ``idx`` of a waiting group -> (answer, created?)."""
     g = ingest.lock_group(session, group_id)
     if g is None or not key.allows_dataset(g.dataset):  # out of scope: exactly like an unknown id
@@ -196,8 +263,11 @@ def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t:
                        f"{g.wait_until.isoformat()}; it is not awaiting a replacement any more",
                        detail={"group_id": group_id, "index": idx, "status": g.status})
     req = waiting[-1]
+    _check_request(session, g, idx, req, request_id)
+    _check_trainable(t)
     if req.reason == "resume":  # first: a differing checkpoint part is named as such
         _check_resume(t, req.checkpoint or {}, policy_version)
+    _check_same_prompt(g, idx, t)
     ingest.check_versions(t, policy_version, "trajectory.")
     t = _with_versions(t, policy_version)
     ingest.replace_trajectory(session, g.pk, idx, t)
@@ -211,7 +281,10 @@ def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t:
     }])
     n_tokens = sum(len(t.token_ids or ()) if x.idx == idx else x.seq_len for x in g.trajectories)
     open_left = curate_repo.count_open_slots(session, g.pk)
-    update: dict[str, Any] = {"pk": g.pk, "n_tokens": n_tokens}
+    own = t.versions if t.versions is not None else [policy_version]  # a segmented fill: all its policy's
+    versions = [own if x.idx == idx else token_versions(x, g.policy_version) for x in g.trajectories]
+    update: dict[str, Any] = {"pk": g.pk, "n_tokens": n_tokens,  # staleness by its oldest token, the fill's too
+                              "oldest_version": ingest.oldest_version(versions, g.policy_version)}
     if open_left == 0:
         update |= _rescore_fields()
         g.status = "received"

@@ -23,9 +23,11 @@ router = APIRouter(prefix="/v1", tags=["curation"])
     responses={
         200: {"description": "the same replacement again (idempotent): nothing stored twice"},
         404: {"description": "no such group (or outside the key's datasets)"},
-        409: {"description": "the slot is not awaiting a replacement, or was filled with a different one"},
-        422: {"description": "bad input (naming the field): an index outside the group, a trajectory that does "
-                              "not extend its resume checkpoint, token arrays of different lengths"},
+        409: {"description": "the slot is not awaiting a replacement, was filled with a different one, or "
+                              "request_id names another request"},
+        422: {"description": "bad input (naming the field): an index outside the group, a trajectory without "
+                              "token arrays, prompt tokens other than its group's, one that does not extend its "
+                              "resume checkpoint, token arrays of different lengths"},
     },
     dependencies=[allow(PRODUCER, dataset=SERVICE)],
 )
@@ -39,7 +41,8 @@ def fill_slot(
     response: Response,
 ) -> SlotFillOut:
     out, created = curation.fill_slot(session, group_id, index, body.policy_version, body.trajectory,
-                                      max_sequence_tokens=settings.max_sequence_tokens, key=key)
+                                      max_sequence_tokens=settings.max_sequence_tokens, key=key,
+                                      request_id=body.request_id)
     if not created:
         response.status_code = 200
     return SlotFillOut(**out)

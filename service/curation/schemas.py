@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
-from service.api.schemas import Int4, Strict
+from service.api.schemas import INT8_MAX, Int4, Strict
 from service.ingest.schemas import TrajectoryIn
+
+Int8Id = Annotated[int, Field(ge=1, le=INT8_MAX)]
 
 
 class SlotFillIn(Strict):
@@ -13,6 +17,8 @@ class SlotFillIn(Strict):
 
     policy_version: Int4 = Field(description="the policy version that sampled the replacement (its new tokens)")
     trajectory: TrajectoryIn
+    request_id: Int8Id | None = Field(default=None, description="the sampling request this answers (its "
+                                      "request_id): a 409 unless it is this slot's open request")
 
 
 class SlotFillOut(BaseModel):

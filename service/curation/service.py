@@ -57,12 +57,31 @@ def trained_segments(t: Any) -> int | None:
     return count
 
 
-def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | None]]) -> GroupScore:
-    max_tokens = g.sampling.get("max_tokens") if isinstance(g.sampling, dict) else None
+def _int_budget(sampling: Any) -> int | None:
+    max_tokens = sampling.get("max_tokens") if isinstance(sampling, dict) else None
+    return max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None
+
+
+def member_budgets(history: remedies.SlotHistory) -> dict[tuple[int, int], int]:
+    """(group pk, index) -> the max_tokens a slot's replacement was sampled with (its newest filled request's
+    budget): a resampled member is shaped against the larger budget it was asked for, not its group's."""
+    out: dict[tuple[int, int], int] = {}
+    for slot, requests in history.items():
+        filled = [r for r in requests if r.filled_at is not None]
+        budget = _int_budget(filled[-1].budget) if filled else None
+        if budget is not None:
+            out[slot] = budget
+    return out
+
+
+def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | None]],
+                 budgets: dict[tuple[int, int], int] | None = None) -> GroupScore:
+    max_tokens = _int_budget(g.sampling)
+    budgets = budgets or {}
     return GroupScore(
         group_id=g.id,
-        policy_version=g.policy_version,
-        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        policy_version=g.policy_version if g.oldest_version is None else g.oldest_version,  # staleness: oldest token
+        max_tokens=max_tokens,
         trajectories=[
             TrajectoryScore(
                 index=t.idx,
@@ -72,6 +91,7 @@ def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | N
                 outcome=t.outcome,
                 num_tokens=t.num_tokens,
                 num_turns=t.num_turns,
+                max_tokens=budgets.get((g.pk, t.idx)),
                 segments=len(t.segments or ()),
                 trained_segments=trained_segments(t),
             )
@@ -135,8 +155,10 @@ class _Writes:
             max_tokens = remedies_budget(g, rules)
             budget = {**g.sampling, "max_tokens": max_tokens} if max_tokens else dict(g.sampling)
             self.requests.append(remedies.request_row(g, t.index, t.action, budget, dataset))
-            self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": remedies.REQUESTED,
-                                   "reason": f"slot {t.index}: {by_idx[t.index].finish_reason} -> {t.action} "
+            asked = remedies.slot_remedy(t.action, by_idx[t.index])
+            why = "" if asked == t.action else " (a segmented member is resampled: it has no single context to resume)"
+            self.decisions.append({**log, "idx": t.index, "action": asked, "rule": remedies.REQUESTED,
+                                   "reason": f"slot {t.index}: {by_idx[t.index].finish_reason} -> {asked}{why} "
                                              f"(max_tokens {budget.get('max_tokens')}); the group waits until "
                                              f"{until.isoformat()}"})
         self.counts["waiting"] = self.counts.get("waiting", 0) + 1
@@ -149,7 +171,9 @@ class _Writes:
         history = self.history
         remedy = [t for t in d.trajectories if t.action in REMEDY_ACTIONS]
         if d.drop_reason != "stale":
-            slots = [t.index for t in remedy if remedies.can_remedy(history.get((g.pk, t.index), []), t.action, rules)]
+            members = {t.idx: t for t in g.trajectories}
+            slots = [t.index for t in remedy if remedies.can_remedy(
+                history.get((g.pk, t.index), []), remedies.slot_remedy(t.action, members[t.index]), rules)]
             if slots:
                 self.wait(g, d, policy, rules, dataset, slots)
                 return
@@ -174,7 +198,8 @@ class _Writes:
         # no wait: a fresh group of the prompt instead of the resample / resume members (the pre-0010 behaviour)
         fresh = [t.index for t in remedy] if rules.resample_wait_seconds <= 0 else []
         if fresh:
-            budget = {**g.sampling, "max_tokens": d.resample_max_tokens} if d.resample_max_tokens else dict(g.sampling)
+            larger = remedies_budget(g, rules)  # resume members too: a fresh group is their remedy here
+            budget = {**g.sampling, "max_tokens": larger} if larger else dict(g.sampling)
             self.requests.append({"prompt_id": g.prompt_id, "dataset": dataset, "reason": "resample",
                                   "n": len(fresh), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
         if d.outcome_mean is not None and d.drop_reason != "below_min_group_size":  # too few to say
@@ -197,8 +222,8 @@ class _Writes:
         curate_repo.record_outcomes(session, self.outcomes)
 
 
-def _decide(session: Session, policy: CurationPolicy, members: list[Group], current: int | None
-            ) -> list[GroupDecision | str]:
+def _decide(session: Session, policy: CurationPolicy, members: list[Group], current: int | None,
+            budgets: dict[tuple[int, int], int] | None = None) -> list[GroupDecision | str]:
     """Decisions for ``members`` in one call; when that raises, group by group, so one group that
     cannot be curated (a metric its spec lacks, bad data) gets its error and the others go on."""
 
@@ -211,13 +236,13 @@ def _decide(session: Session, policy: CurationPolicy, members: list[Group], curr
 
     try:
         comps = components(members)
-        return list(curate_groups([_group_score(g, comps) for g in members], policy, current))
+        return list(curate_groups([_group_score(g, comps, budgets) for g in members], policy, current))
     except Exception:  # noqa: BLE001 - isolate below
         pass
     out: list[GroupDecision | str] = []
     for g in members:
         try:
-            out.append(curate_groups([_group_score(g, components([g]))], policy, current)[0])
+            out.append(curate_groups([_group_score(g, components([g]), budgets)], policy, current)[0])
         except Exception as exc:  # noqa: BLE001 - this group's error, recorded as its decision
             out.append(f"curation: {type(exc).__name__}: {exc}"[:2000])
     return out
@@ -268,8 +293,9 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
         writes.untrainable(g, reason, named)
     by_policy = _resolve(session, trainable, prompts, writes)
     writes.history = curate_repo.slot_history(session, [g.pk for g in trainable])
+    budgets = member_budgets(writes.history)
     for version, policy, members in by_policy.values():
-        for g, d in zip(members, _decide(session, policy, members, current), strict=True):
+        for g, d in zip(members, _decide(session, policy, members, current, budgets), strict=True):
             if isinstance(d, str):
                 writes.error(g, d, version)
             else:
@@ -281,7 +307,8 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
 
 
 def remedies_budget(g: Group, rules: CurationPolicy) -> int | None:
-    """The larger max_tokens of a resume request (the group's budget times the multiplier)."""
+    """The larger max_tokens of a resample / resume request, in place or as a fresh group (the group's
+    budget times the multiplier; None when the group's budget is unknown)."""
     from filters.rules import resample_budget
 
     max_tokens = g.sampling.get("max_tokens") if isinstance(g.sampling, dict) else None
@@ -295,10 +322,10 @@ def expire_waits(session: Session) -> dict[str, int]:
 
 
 def fill_slot(session: Session, group_id: str, index: int, policy_version: int, trajectory: Any, *,
-              max_sequence_tokens: int, key: Any) -> tuple[dict[str, Any], bool]:
+              max_sequence_tokens: int, key: Any, request_id: int | None = None) -> tuple[dict[str, Any], bool]:
     """``POST /v1/groups/{group_id}/trajectories/{index}`` (see ``service.curation.remedies``)."""
     return remedies.fill_slot(session, group_id, index, policy_version, trajectory,
-                              max_sequence_tokens=max_sequence_tokens, key=key)
+                              max_sequence_tokens=max_sequence_tokens, key=key, request_id=request_id)
 
 
 def open_resume_request(session: Session, group_pk: int, index: int) -> Any:

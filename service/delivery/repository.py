@@ -18,7 +18,7 @@ from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, upda
 from sqlalchemy.orm import Session, selectinload
 
 from service.store.arrays import TOKEN_DTYPE, decode
-from service.store.models import Decision, Group, Lease, Trajectory
+from service.store.models import STALENESS_VERSION, Decision, Group, Lease, Trajectory
 
 # trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
 DELIVERABLE_ACTIONS = ("keep", "penalize")
@@ -96,8 +96,8 @@ def lock_ready_groups(
     policy_version descending, then pk.
     """
     stmt = select(Group.pk, Group.policy_version).where(Group.status == "ready")
-    if min_version is not None:
-        stmt = stmt.where(Group.policy_version >= min_version)
+    if min_version is not None:  # by the group's oldest token (a fill or a resume may be older than the group)
+        stmt = stmt.where(STALENESS_VERSION >= min_version)
     if datasets is not None:
         stmt = stmt.where(Group.dataset.in_(sorted(datasets)))
     if need_logprobs:
@@ -214,14 +214,15 @@ def count_held(session: Session, lease_id: str) -> int:
 
 
 def consume_groups(session: Session, lease_id: str, current_version: int) -> int:
-    """Held groups -> 'consumed', with consumed_at and staleness = current version - group version."""
+    """Held groups -> 'consumed', with consumed_at and staleness = current version - the version of the
+    group's oldest token (``STALENESS_VERSION``)."""
     stmt = (
         update(Group)
         .where(Group.lease_id == lease_id, Group.status == "leased")
         .values(
             status="consumed",
             consumed_at=func.clock_timestamp(),
-            staleness=current_version - Group.policy_version,
+            staleness=current_version - STALENESS_VERSION,
         )
         .execution_options(synchronize_session=False)
     )
@@ -306,13 +307,13 @@ stale AS (
       ON c.name = g.curation_policy_name AND c.version = g.curation_policy_version
    WHERE g.status = 'ready'
      AND (CAST(:ms AS numeric) IS NOT NULL OR jsonb_typeof(c.body->'max_staleness') = 'number')
-     AND (SELECT v FROM cur) - g.policy_version
+     AND (SELECT v FROM cur) - coalesce(g.oldest_version, g.policy_version)
          > coalesce(CAST(:ms AS numeric), (c.body->>'max_staleness')::numeric)
      AND (CAST(:all_datasets AS boolean) OR g.dataset = ANY(CAST(:datasets AS text[])))
    ORDER BY g.pk LIMIT :n FOR UPDATE OF g SKIP LOCKED)
 UPDATE groups g SET status = 'dropped', drop_reason = 'stale'
   FROM stale WHERE g.pk = stale.pk
-RETURNING g.pk, g.policy_version, stale.ms, stale.v
+RETURNING g.pk, g.policy_version, g.oldest_version, stale.ms, stale.v
 """
 
 
@@ -334,8 +335,10 @@ def drop_stale_ready(
     rows = session.execute(text(_STALE_SQL), params).all()
     source = "curation policy" if max_staleness is None else "lease"
     _decisions(session, [
-        (pk, "stale", f"stale: sampled at policy version {pv}, trainer at {v}, {source} max_staleness {ms}")
-        for pk, pv, ms, v in rows
+        (pk, "stale", f"stale: sampled at policy version {pv}"
+                      + ("" if oldest is None else f" (its oldest token by version {oldest})")
+                      + f", trainer at {v}, {source} max_staleness {ms}")
+        for pk, pv, oldest, ms, v in rows
     ])
     return [pk for pk, *_ in rows]
 

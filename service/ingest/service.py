@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -242,6 +243,14 @@ def ingest_groups(
     return acks
 
 
+def oldest_version(versions: Iterable[Iterable[int] | None], policy_version: int) -> int | None:
+    """The ``groups.oldest_version`` of a group posted at ``policy_version`` whose trajectories carry these
+    per-token ``versions`` (None: every generated token is the group's): the oldest version >= 0 when it is
+    older than ``policy_version``, else None. The one rule for a post and a slot fill."""
+    oldest = min((v for vs in versions if vs is not None for v in vs if v >= 0), default=policy_version)
+    return oldest if oldest < policy_version else None
+
+
 def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer_key: str | None) -> GroupAck:
     digest = body_hash(g)
     row = {
@@ -249,6 +258,7 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer
         "prompt_id": g.prompt_id,
         "dataset": dataset,
         "policy_version": g.policy_version,
+        "oldest_version": oldest_version((t.versions for t in g.trajectories), g.policy_version),
         "sampling": g.sampling,
         "metadata": g.metadata,
         "body_hash": digest,

@@ -112,6 +112,10 @@ class Group(Base):
     prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.id"), index=True)
     dataset: Mapped[str] = mapped_column(Text)
     policy_version: Mapped[int] = mapped_column(Integer)
+    # the oldest policy version that generated any of its tokens, when older than policy_version (per-token
+    # versions, a fill by an older policy; migration 0014); NULL: policy_version. Staleness reads
+    # coalesce(oldest_version, policy_version) (``staleness_version``)
+    oldest_version: Mapped[int | None] = mapped_column(Integer)
     sampling: Mapped[dict[str, Any]] = mapped_column(JSONB)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
     body_hash: Mapped[str] = mapped_column(String(64))
@@ -151,6 +155,10 @@ class Group(Base):
     trajectories: Mapped[list[Trajectory]] = relationship(
         back_populates="group", lazy="raise", order_by="Trajectory.idx"
     )
+
+
+# The version a group's staleness is measured from: its oldest token's (see Group.oldest_version).
+STALENESS_VERSION = func.coalesce(Group.oldest_version, Group.policy_version)
 
 
 class Trajectory(Base):

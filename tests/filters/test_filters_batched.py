@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from filters.curate import curate_group, curate_groups
 from filters.types import (
+    BUDGET_REASONS,
     FINISH_REASONS,
     AdvantageConfig,
     CurationPolicy,
@@ -196,7 +197,9 @@ def test_small_budgets_every_action_match_reference(
             # soft_overlong leaves a member longer than the per-turn budget it was not cut by unshaped
             shaped = (soft and t.num_tokens <= group.max_tokens and not masked) or penalize
             unknown = -1.0 if penalize else 0.0  # num_tokens 0: length unknown, the policy's fixed penalty
-            penalty = _dapo(t.num_tokens, group.max_tokens, buffer) if t.num_tokens else unknown
+            # a penalized member cut by a budget reached it, whatever count it was posted with
+            length = max(t.num_tokens, group.max_tokens) if penalize and t.finish_reason in BUDGET_REASONS else t.num_tokens
+            penalty = _dapo(length, group.max_tokens, buffer) if t.num_tokens else unknown
             want = t.total + (penalty if shaped else 0.0)
             assert d.reward_used == pytest.approx(want, abs=1e-12), (t, group.max_tokens, buffer)
 
@@ -246,8 +249,8 @@ def test_mixed_sizes_and_reasons_match_reference() -> None:
     ]
     cut = got[5].trajectories
     assert [t.action for t in cut] == ["keep", "mask", "drop", "keep", "penalize"]
-    # 900 tokens, 200-token buffer; the masked cut is outside the baseline
-    assert [t.reward_used for t in cut] == [1.0, None, None, 0.0, 0.5]
+    # the penalized max_turns cut reached its budget: 1 + (-1); the masked cut is outside the baseline
+    assert [t.reward_used for t in cut] == [1.0, None, None, 0.0, 0.0]
     assert [t.reason for t in got[6].trajectories] == ["ok", "reward_error", "ok"]
 
 

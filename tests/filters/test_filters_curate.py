@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from filters.advantages import grpo_advantages
-from filters.curate import curate_group
+from filters.curate import curate_group, curate_groups
 from filters.types import (
     ACTIONS,
+    BUDGET_REASONS,
     ENVIRONMENT_ACTIONS,
     ENVIRONMENT_REASONS,
     FINISH_REASONS,
@@ -186,7 +187,9 @@ def test_every_finish_reason_and_action(finish_reason: str, action: str, masked_
     baseline = {
         "keep": [1.0, 0.0, 1.0, 0.5],
         "mask": [1.0, 0.0, 1.0, 0.5] if masked_in_baseline else [1.0, 0.0, 1.0],
-        "penalize": [1.0, 0.0, 1.0, 0.0],
+        # a stop member in the buffer gets the ramp (-0.5); one cut by a budget reached it, whatever its
+        # posted count: the full -1
+        "penalize": [1.0, 0.0, 1.0, -0.5 if finish_reason in BUDGET_REASONS else 0.0],
         "drop": [1.0, 0.0, 1.0],
         "resample": [1.0, 0.0, 1.0],
         "resume": [1.0, 0.0, 1.0],  # out of the baseline like resample until its continuation fills the slot
@@ -346,7 +349,9 @@ class TestPenalizeAndResample:
             [1.0, 1.0, 1.0], finish_reasons=["stop", "length", "length"], num_tokens=[10, 950, 0]
         )
         soft = curate_group(dataclasses.replace(group, max_tokens=1000), policy, None)
-        assert [t.reward_used for t in soft.trajectories] == [1.0, 0.5, -1.0]  # 950: 50 into a 100 buffer
+        # a penalized `length` member reached its budget whatever count it was posted with: -1, not the ramp's
+        # -0.5 at 950 of 1000 (the ramp shapes members that stopped by themselves: soft_overlong)
+        assert [t.reward_used for t in soft.trajectories] == [1.0, 0.0, -1.0]
         fixed = curate_group(group, policy, None)  # max_tokens unknown
         assert [t.reward_used for t in fixed.trajectories] == [1.0, -1.0, -1.0]
         assert fixed.status == "ready" and actions(fixed) == ["keep", "penalize", "penalize"]
@@ -359,6 +364,32 @@ class TestPenalizeAndResample:
                 group = make_group([1.0, 1.0], ["stop", "length"], num_tokens=[1, budget], max_tokens=budget)
                 d = curate_group(group, policy, None)
                 assert d.trajectories[1].reward_used == 0.0, (buffer, budget)  # total 1 + (-1)
+
+    @pytest.mark.parametrize("reason", sorted(BUDGET_REASONS))
+    @pytest.mark.parametrize("buffer", [0.0, 0.2, 1.0, 100.0])
+    def test_penalize_on_a_cut_below_the_budget_is_minus_one(self, reason: str, buffer: float) -> None:
+        # posted with fewer tokens than the budget (a context window, a turn limit, a count without the
+        # last turn): still cut, so the full -1 -- with buffer 0 the ramp alone gave 0 below the budget
+        policy = CurationPolicy(finish_reason_actions={reason: "penalize"}, overlong_buffer=buffer)
+        for budget in (1, 2, 8, 1000):
+            for posted in sorted({1, max(1, budget // 2), budget}):
+                group = make_group([1.0, 1.0], ["stop", reason], num_tokens=[1, posted], max_tokens=budget)
+                d = curate_group(group, policy, None)
+                assert d.trajectories[1].reward_used == 0.0, (buffer, budget, posted)  # total 1 + (-1)
+                assert curate_groups([group], policy, None)[0].trajectories[1].reward_used == 0.0
+
+    def test_a_replacement_is_shaped_against_its_own_larger_budget(self) -> None:
+        # soft_overlong, group budget 100, a resampled member sampled at 200: 190 tokens are 10 into its own
+        # 20-token buffer (-0.5); against the group's 100 it was "longer than the budget" and left unshaped
+        policy = CurationPolicy(soft_overlong=True, overlong_buffer=0.1)
+        members = [
+            TrajectoryScore(0, "stop", 1.0, {}, 1.0, num_tokens=95),  # 5 into the group's 10-token buffer
+            TrajectoryScore(1, "stop", 1.0, {}, 1.0, num_tokens=190, max_tokens=200),
+            TrajectoryScore(2, "stop", 0.0, {}, 0.0, num_tokens=50),
+        ]
+        group = GroupScore("g", 0, members, max_tokens=100)
+        for d in (curate_group(group, policy, None), curate_groups([group], policy, None)[0]):
+            assert [t.reward_used for t in d.trajectories] == pytest.approx([0.5, 0.5, 0.0])
 
     def test_soft_overlong_shapes_stop_members_inside_the_buffer(self) -> None:
         # L_max 10, L_cache 4 (0.4 x 10): lengths 6 -> 0, 7 -> -0.25, 9 -> -0.75, 10 (cut) -> -1

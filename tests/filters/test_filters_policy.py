@@ -23,9 +23,10 @@ def error_locs(exc: pytest.ExceptionInfo[ValidationError]) -> list[tuple]:
 def test_the_old_name_tool_error_reads_as_tool_failure_and_a_contradiction_is_refused() -> None:
     spec = CurationPolicySpec.model_validate({"name": "p", "finish_reason_actions": {"tool_error": "resample"}})
     assert spec.to_policy().finish_reason_actions["tool_failure"] == "resample"
-    with pytest.raises(ValidationError, match="old name of 'tool_failure'"):
-        CurationPolicySpec.model_validate(
-            {"name": "p", "finish_reason_actions": {"tool_error": "drop", "tool_failure": "resample"}})
+    for actions in ({"tool_error": "drop", "tool_failure": "resample"}, {"tool_failure": "resample", "tool_error": "drop"}):
+        # either order names the old name as the old one
+        with pytest.raises(ValidationError, match="'tool_error' is the old name of 'tool_failure'"):
+            CurationPolicySpec.model_validate({"name": "p", "finish_reason_actions": actions})
     assert CurationPolicy(finish_reason_actions={"tool_error": "resample"}).finish_reason_actions[
         "tool_failure"] == "resample"
 

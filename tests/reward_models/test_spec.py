@@ -159,25 +159,32 @@ def test_combine_error_gives_no_total_never_zero() -> None:
 @pytest.mark.parametrize(
     ("weights", "values", "blamed"),
     [
-        ((2.0, 1.0), (1e308, 0.5), "a"),  # one term overflows
-        ((1.0, 1.0), (1e308, 1e308), "a"),  # finite terms, the partial sum overflows (fsum raises)
-        ((2.0, -2.0), (1e308, 1e308), "a"),  # +inf and -inf terms (fsum raises ValueError)
-        ((1e-3, 1e6), (1.0, 1e303), "b"),  # the largest contributor is blamed (weights are bounded by 1e6)
+        ((2.0, 1.0), (1e308, 0.5), "a"),  # a term that would overflow
+        ((1.0, 1.0), (1e308, 1e308), "ab"),  # finite terms whose partial sum would overflow
+        ((2.0, -2.0), (1e308, 1e308), "ab"),  # +inf and -inf terms
+        ((1e-3, 1e6), (1.0, 1e303), "b"),  # a value whose square overflows the statistics' sums
+        ((1.0, 1.0), (-1e300, 0.5), "a"),
+        ((1.0, 1.0), (1e6 * (1 + 1e-15), 0.5), "a"),  # just past the bound
     ],
 )
-def test_combine_a_total_that_is_not_finite_is_a_named_error(weights, values, blamed) -> None:
+def test_combine_a_value_beyond_the_range_of_a_reward_is_a_named_error(weights, values, blamed) -> None:
+    """Every value beyond +-MAX_REWARD_MAGNITUDE (1e6) is an error naming the range (finite, but its weighted
+    sum or its square in the reward statistics is not); with values and weights both bounded, no total can
+    overflow any more, and the bound itself adds up."""
     s = spec({"name": "a", "kind": "external.reported", "weight": weights[0], "outcome": True},
              {"name": "b", "kind": "external.reported", "weight": weights[1], "params": {"key": "b"}})
     scored = combine(s, {"a": ok(values[0]), "b": ok(values[1])})
     assert scored.total is None
-    bad = scored.components[blamed]
-    assert bad.value is None and bad.error.startswith("weighted total not finite")
-    assert bad.details["value"] == values[0 if blamed == "a" else 1]
-    other = scored.components["b" if blamed == "a" else "a"]
-    assert other.error is None
-    assert scored.outcome == (None if blamed == "a" else values[0])
-    # just below the edge the same spec adds up
-    assert combine(s, {"a": ok(1.0), "b": ok(1.0)}).total == pytest.approx(sum(weights))
+    for name, value in zip("ab", values, strict=True):
+        got = scored.components[name]
+        if name in blamed:
+            assert got.value is None and got.error.startswith(f"value {value!r} outside [-1e+06, 1e+06]")
+            assert got.details["value"] == value
+        else:
+            assert got.error is None and got.value == value
+    assert scored.outcome == (None if "a" in blamed else values[0])
+    top = combine(s, {"a": ok(1e6), "b": ok(-1e6)})
+    assert top.total == pytest.approx(weights[0] * 1e6 - weights[1] * 1e6)
 
 
 def test_component_result_value_xor_error() -> None:

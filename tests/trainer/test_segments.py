@@ -1,6 +1,7 @@
 """Segmented trajectories in the trainer: the per-rollout mean (a K-segment trajectory weighs like one
-trajectory, in the loss and in its gradients, on a real tiny Qwen2) and packing that never splits a
-trajectory's segments across micro-batches."""
+trajectory, in the loss and in its gradients, on a real tiny Qwen2; `divide` trains exactly as `broadcast`)
+and packing that keeps a trajectory's segments in one micro-batch when they fit the budget, spreads them
+when they do not (never one micro-batch over the budget), and never splits them across mini-batches."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from tests.trainer.batches import make_trajectory, tiny_model
-from trainer.loss import LossConfig, aggregate, count_denominator
+from trainer.loss import LossConfig, Segments, aggregate, count_denominator
 from trainer.packing import pack_batch, sequences_from_batch
 from trainer.policy import PolicyLogprobs
 from trainer.step import StepConfig, train_step
@@ -36,12 +37,14 @@ def _batch(*trajs: dict) -> dict:
     return {"groups": [{"id": "g", "prompt_id": "p", "policy_version": 0, "trajectories": trajectories}]}
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("seed", range(4))
-def test_weighted_aggregate_and_its_gradient_match_a_per_rollout_loop(agg, seed):
+def test_weighted_aggregate_and_its_gradient_match_a_per_rollout_loop(agg, seed, shared):
     """Random segments of random trajectories: the weighted aggregate equals the hand-written per-rollout
     mean, value and gradient (seq modes: mean over trajectories of the mean over their segments; token
-    mean: sum_s w_s sum_t l / sum_s w_s n_s)."""
+    mean: sum_s w_s sum_t l / sum_s c_s n_s), with numerator weights w_s = 1/K (segments that carry A) or,
+    `shared`, w_s = 1 on values already divided by K (`divide`'s shares): the same loss either way."""
     rng = random.Random(seed)
     ks = [rng.randint(1, 10) for _ in range(rng.randint(1, 5))]  # segments per trajectory
     rows = sum(ks)
@@ -50,9 +53,13 @@ def test_weighted_aggregate_and_its_gradient_match_a_per_rollout_loop(agg, seed)
     mask[:, 0] = 1.0  # every segment trained (K counts trained segments)
     values = torch.randn(rows, t, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     values.requires_grad_(True)
-    weights = torch.tensor([1.0 / k for k in ks for _ in range(k)], dtype=torch.float64)
+    shares = torch.tensor([1.0 / k for k in ks for _ in range(k)], dtype=torch.float64)
     norm = 7.0
-    got = aggregate(values, mask, agg, None, norm if agg.endswith("norm") else None, weights)
+    if shared:  # divide: each segment's values carry 1/K already, weighed 1 in the numerator
+        got = aggregate(values * shares[:, None], mask, agg, None, norm if agg.endswith("norm") else None,
+                        Segments(torch.ones_like(shares), shares))
+    else:
+        got = aggregate(values, mask, agg, None, norm if agg.endswith("norm") else None, Segments(shares, shares))
     (g_got,) = torch.autograd.grad(got, values)
 
     ref_vals = values.detach().clone().requires_grad_(True)
@@ -74,7 +81,7 @@ def test_weighted_aggregate_and_its_gradient_match_a_per_rollout_loop(agg, seed)
     (g_ref,) = torch.autograd.grad(ref, ref_vals)
     assert float(got) == pytest.approx(float(ref), rel=1e-12)
     torch.testing.assert_close(g_got, g_ref, rtol=1e-10, atol=1e-12)
-    d = count_denominator(mask, weights)
+    d = count_denominator(mask, shares)
     assert d.seqs == pytest.approx(len(ks))  # each trajectory counts once
 
 
@@ -155,9 +162,11 @@ def test_an_unknown_delivered_mode_is_refused_naming_the_trajectory():
 
 @pytest.mark.parametrize("mode", ["pad", "pack"])
 @pytest.mark.parametrize("seed", range(3))
-def test_packing_never_splits_a_trajectorys_segments(mode, seed):
-    """Budgets from below one segment to above the whole batch: every micro-batch holds all or none of a
-    trajectory's segments, and every sequence is packed exactly once."""
+def test_packing_keeps_a_trajectorys_segments_together_when_they_fit(mode, seed):
+    """Budgets from below one segment to above the whole batch: a trajectory whose segments fit the budget
+    together is in one micro-batch, all or none; one that does not is spread, and then no micro-batch of more
+    than one sequence is over the budget (a 256-segment trajectory cannot force one huge micro-batch); every
+    sequence is packed exactly once, and the denominator shares still sum to one per trajectory."""
     rng = random.Random(seed)
     trajs = []
     for i in range(6):
@@ -175,46 +184,55 @@ def test_packing_never_splits_a_trajectorys_segments(mode, seed):
     for q in seqs:
         trained[int(q.advantage // 100)] = trained.get(int(q.advantage // 100), 0) + 1
     total = sum(len(q.inputs) for q in seqs)
-    longest_unit = max(sum(len(q.inputs) for q in seqs if q.unit == u) for u in {q.unit for q in seqs if q.unit >= 0})
+    lengths: dict[int, list[int]] = {}
+    for q in seqs:
+        lengths.setdefault(int(q.advantage // 100), []).append(len(q.inputs))
+    cost = {i: (len(ls) * max(ls) if mode == "pad" else sum(ls)) for i, ls in lengths.items()}
+    longest_unit = max(cost.values())
     for budget in sorted({1, 2, 5, 8, longest_unit - 1, longest_unit, longest_unit + 1, total - 1, total, total + 1}):
         if budget < 1:
             continue
         mbs = pack_batch(copy.deepcopy(batch), budget, mode)
-        # identify each packed sequence by its advantage + weight signature per micro-batch: count units
-        seen = 0
+        seen, shares = 0, {}
         for mb in mbs:
             here = {}
             for a in mb.advantages.tolist():
                 here[int(a // 100)] = here.get(int(a // 100), 0) + 1
-            assert all(here[i] == trained[i] for i in here), (budget, mode)  # all of a trajectory or none
-            w = mb.seq_weights if mb.seq_weights is not None else torch.ones(mb.advantages.shape[0])
-            # the weights of one trajectory's segments sum to 1: a micro-batch's weights sum to a whole number
-            assert float(w.sum()) == pytest.approx(round(float(w.sum())), abs=1e-5), (budget, mode)
-            seen += mb.advantages.shape[0]
+            for i in here:  # all of a trajectory that fits, or none of it
+                assert here[i] == trained[i] or cost[i] > budget, (budget, mode, i)
+            n = mb.advantages.shape[0]
+            used = mb.input_ids.numel() if mode == "pad" else mb.input_ids.shape[1]
+            assert n == 1 or used <= budget, (budget, mode, used)
+            c = mb.seq_shares if mb.seq_shares is not None else torch.ones(n)
+            for a, share in zip(mb.advantages.tolist(), c.tolist(), strict=True):
+                shares[int(a // 100)] = shares.get(int(a // 100), 0.0) + share
+            seen += n
         assert seen == len(seqs)
+        assert all(v == pytest.approx(1.0, abs=1e-6) for v in shares.values()), (budget, mode, shares)
 
 
 def _loop_loss(model, trajs: list[dict], mode: str, agg: str) -> torch.Tensor:
-    """The intended loss at ratio 1, written out: every trained sequence s has advantage a_s and weight
-    c_s -- 1 unsegmented, 1 for a `divide` trajectory's segments (A / K each: divided once, in the
-    advantages), 1/K for `broadcast` / `discount` (the per-rollout mean); token-mean
-    sum_s c_s sum_t -a_s logp_st / sum_s c_s n_s, seq-mean-token-mean sum_s c_s mean_t(-a_s logp_st) / sum_s c_s."""
+    """The intended loss at ratio 1, written out: every trained sequence s has advantage a_s, numerator
+    weight w_s -- 1 unsegmented, 1 for a `divide` trajectory's segments (A / K each: divided once, in the
+    advantages), 1/K for `broadcast` / `discount` (the per-rollout mean) -- and denominator share c_s (1/K
+    for each of K segments: a trajectory counts once); token-mean sum_s w_s sum_t -a_s logp_st / sum_s c_s n_s,
+    seq-mean-token-mean sum_s w_s mean_t(-a_s logp_st) / sum_s c_s."""
     rows = []
     for t in trajs:
         parts = t.get("segments") or [t]
         k = len(parts)
-        c = 1.0 if t.get("segments") is None or mode == "divide" else 1.0 / k
-        rows += [(p, c) for p in parts]
+        w = 1.0 if t.get("segments") is None or mode == "divide" else 1.0 / k
+        rows += [(p, w, 1.0 / k) for p in parts]
     num, den = 0.0, 0.0
-    for p, c in rows:
+    for p, w, c in rows:
         ids = torch.tensor([p["token_ids"]])
         logp = torch.log_softmax(model(ids[:, :-1]).logits.float(), -1).gather(-1, ids[:, 1:, None])[0, :, 0]
         m = torch.tensor(p["loss_mask"][1:], dtype=torch.float32)
         tok = -p["advantage"] * logp * m  # (T,)
         if agg == "token-mean":
-            num, den = num + c * tok.sum(), den + c * float(m.sum())
+            num, den = num + w * tok.sum(), den + c * float(m.sum())
         else:
-            num, den = num + c * tok.sum() / m.sum(), den + c
+            num, den = num + w * tok.sum() / m.sum(), den + c
     return num / den
 
 
@@ -261,9 +279,34 @@ def test_a_ten_segment_trajectory_trains_with_the_gradient_of_the_same_reward_un
         s["advantage"] = a
     seqs = sequences_from_batch(_batch(ten, {**one, "advantage": 1.0}))
     weights = torch.tensor([s.weight for s in seqs], dtype=torch.float64)  # (11,)
+    shares = torch.tensor([s.share for s in seqs], dtype=torch.float64)  # (11,)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float64)[:, None]  # (11, 1)
     mask = torch.tensor([s.loss_mask for s in seqs], dtype=torch.float64)  # (11, T)
     logp = torch.zeros_like(mask, requires_grad=True)
-    aggregate(-(adv * logp), mask, agg, weights=weights).backward()
+    aggregate(-(adv * logp), mask, agg, segments=Segments(weights, shares)).backward()
     segmented, unsegmented = float(logp.grad[:10].abs().sum()), float(logp.grad[10].abs().sum())
     assert segmented == pytest.approx(unsegmented, rel=1e-9)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("k", [2, 5])
+def test_divide_trains_exactly_as_broadcast_next_to_other_trajectories(agg, k):
+    """Real tiny Qwen2, one SGD step: a trajectory of K distinct segments with `divide`'s shares A / K gives
+    the same update as with `broadcast`'s copies A -- the model's whole update, so the other trajectories'
+    gradients too (divide's segments once took K tokens' room in the denominator under token-mean and
+    trained at 1/K beside them) -- and both differ from treating the segments as K trajectories."""
+    from filters.segments import segment_advantages
+
+    rng = random.Random(k)
+    whole = {**make_trajectory(rng, 0, 3, 5), "advantage": 0.8}
+    segs = [make_trajectory(rng, 0, 2 + j, 3 + j) for j in range(k)]
+    other = {**make_trajectory(rng, 1, 4, 5), "advantage": -0.5}
+    updates = {}
+    for mode in ("broadcast", "divide"):
+        seg = _segmented(whole, segs, mode)
+        for s, a in zip(seg["segments"], segment_advantages(0.8, k, mode), strict=True):
+            s["advantage"] = a
+        updates[mode] = _step(_batch(seg, other), agg)
+    assert _max_diff(updates["broadcast"], updates["divide"]) < 2e-6
+    apart = _step(_batch(*[{**s, "advantage": 0.8} for s in segs], other), agg)  # K trajectories
+    assert _max_diff(updates["broadcast"], apart) > 1e-4

@@ -134,6 +134,9 @@ def test_no_wait_resume_asks_for_a_fresh_group(api, scorer):
     reqs = api.get("/v1/sampling/requests", params={"producer_id": "p", "n": 10, "dataset": "nowait"}).json()
     fresh = [(r["reason"], r["prompt_id"], r["n"], r.get("group_id")) for r in reqs["requests"]]
     assert fresh == [("resample", "p-n", 1, None)]
+    # at the larger budget, like a resample member's fresh group: a member cut again at the same budget is
+    # the likely outcome of the original one
+    assert reqs["requests"][0]["budget"]["max_tokens"] == 32  # 16 x the default multiplier 2
 
 
 def test_pass_rate_leaves_masked_members_out(api, scorer):
@@ -175,3 +178,123 @@ def test_an_untrainable_groups_drop_names_its_policy(api, scorer):
     assert (out["status"], out["drop_reason"]) == ("dropped", "untrainable")
     [d] = [d for d in out["decisions"] if d["rule"] == "untrainable"]
     assert d["policy"] is not None and "untr" in str(d["policy"]), d
+
+
+# -- a fill is trainable, answers its group's prompt and the request it names --------------------------
+SHARED_PROMPT = [11, 12, 13, 14]
+
+
+def _same_prompt_group(gid: str, dataset: str, policy_version: int = 0) -> dict:
+    """Every member begins with the same prompt tokens (as a real producer's do); member 3 cut."""
+    g = _cut_group(gid, dataset)
+    g["policy_version"] = policy_version
+    for t in g["trajectories"]:
+        t["token_ids"][:4] = SHARED_PROMPT
+    return g
+
+
+@pytest.mark.parametrize(("drop", "field"), [
+    (("token_ids", "loss_mask", "logprobs"), "trajectory.token_ids"),
+    (("loss_mask",), "trajectory.loss_mask"),
+])
+def test_a_fill_without_token_arrays_is_a_422_not_a_group_dropped_later(api, scorer, drop, field):
+    _setup(api, "bare")
+    _waiting(api, scorer, "b", "bare")
+    t = make_trajectory(answer="42", seed=8)
+    for k in drop:
+        del t[k]
+    assert_client_error(api.post("/v1/groups/b/trajectories/3", json={"policy_version": 0, "trajectory": t}),
+                        field, (422,))
+    assert api.get("/v1/groups/b").json()["status"] == "waiting"
+    good = {"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=8)}
+    assert api.post("/v1/groups/b/trajectories/3", json=good).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/b").json()["status"] == "ready"
+
+
+def test_a_fill_answering_another_prompt_is_refused(api, scorer):
+    _setup(api, "prompt")
+    assert api.post("/v1/groups", json=_same_prompt_group("a", "prompt")).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    for at in range(4):  # any one differing prompt token, the position named
+        t = make_trajectory(answer="42", seed=8)
+        t["token_ids"][:4] = SHARED_PROMPT
+        t["token_ids"][at] = 99
+        r = api.post("/v1/groups/a/trajectories/3", json={"policy_version": 0, "trajectory": t})
+        assert_client_error(r, f"trajectory.token_ids[{at}]", (422,))
+    shorter = make_trajectory(answer="42", seed=8, prompt_len=3)
+    shorter["token_ids"][:3] = SHARED_PROMPT[:3]  # a prefix of the prompt, then generated tokens
+    r = api.post("/v1/groups/a/trajectories/3", json={"policy_version": 0, "trajectory": shorter})
+    assert_client_error(r, "trajectory.token_ids[3]", (422,))
+    assert api.get("/v1/groups/a").json()["status"] == "waiting"
+    t = make_trajectory(answer="42", seed=8)
+    t["token_ids"][:4] = SHARED_PROMPT
+    assert api.post("/v1/groups/a/trajectories/3", json={"policy_version": 0, "trajectory": t}).status_code == 201
+
+
+def test_a_fill_naming_another_request_is_a_409(api, scorer):
+    _setup(api, "tied")
+    _waiting(api, scorer, "x", "tied")
+    _waiting(api, scorer, "y", "tied")
+    taken = api.get("/v1/sampling/requests", params={"producer_id": "p", "n": 10, "dataset": "tied"}).json()
+    ids = {r["group_id"]: r["request_id"] for r in taken["requests"] if r.get("group_id")}
+    assert set(ids) == {"x", "y"}
+    body = {"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=8), "request_id": ids["x"]}
+    r = api.post("/v1/groups/y/trajectories/3", json=body)  # x's answer posted to y's slot
+    assert_client_error(r, "request_id", (409,))
+    assert "another group" in r.json()["error"]
+    assert api.get("/v1/groups/y").json()["status"] == "waiting"
+    assert api.post("/v1/groups/x/trajectories/3", json=body).status_code == 201
+    again = api.post("/v1/groups/x/trajectories/3", json=body)
+    assert again.status_code == 200  # the same fill again: idempotent
+
+
+# -- staleness is measured from the oldest token ---------------------------------------------------------
+def _stale_policy(api, name: str) -> None:
+    _setup(api, name, max_staleness=1)
+
+
+def test_a_fill_by_an_older_policy_makes_its_group_as_stale_as_its_tokens(api, scorer):
+    """Group at version 5, trainer at 6, max_staleness 1: fresh enough; a replacement sampled by version 0
+    makes its tokens 6 versions old -- the group is dropped stale, not leased."""
+    _stale_policy(api, "old")
+    assert api.post("/v1/policy", json={"version": 6, "metrics": {}}).status_code == 201
+    for gid in ("fresh", "smuggled"):
+        assert api.post("/v1/groups", json=_cut_group(gid, "old") | {"policy_version": 5}).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    for gid, version in (("fresh", 5), ("smuggled", 0)):
+        body = {"policy_version": version, "trajectory": make_trajectory(answer="42", seed=8)}
+        assert api.post(f"/v1/groups/{gid}/trajectories/3", json=body).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    fresh, smuggled = api.get("/v1/groups/fresh").json(), api.get("/v1/groups/smuggled").json()
+    assert fresh["status"] == "ready"
+    assert (smuggled["status"], smuggled["drop_reason"]) == ("dropped", "stale")
+    lease = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10})
+    assert [g["id"] for g in lease.json()["groups"]] == ["fresh"]
+
+
+@pytest.mark.parametrize(("oldest", "stale"), [(5, False), (4, True), (0, True)])
+def test_per_token_versions_of_a_post_count_for_staleness(api, scorer, oldest, stale):
+    """A trajectory whose tokens name an older policy (a partial rollout) is as stale as its oldest token:
+    the curation policy's limit and a lease's max_staleness both read it."""
+    register_spec(api, SPEC)
+    assert api.put("/v1/datasets/tok", json={"reward_spec": "math"}).status_code == 200
+    assert api.post("/v1/policy", json={"version": 6, "metrics": {}}).status_code == 201
+    g = make_group("v", prompt_id="p-v", dataset="tok", answers=["42", "41", "42", "41"], policy_version=5)
+    mask = g["trajectories"][2]["loss_mask"]
+    g["trajectories"][2]["versions"] = [-1 if m == 0 else (oldest if i == len(mask) - 1 else 5)
+                                        for i, m in enumerate(mask)]
+    assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/v").json()["status"] == "ready"  # the dataset's policy has no max_staleness
+    lease = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "max_staleness": 1})
+    if stale:
+        assert lease.status_code == 204
+        v = api.get("/v1/groups/v").json()
+        assert (v["status"], v["drop_reason"]) == ("dropped", "stale")
+        [d] = [d for d in v["decisions"] if d["rule"] == "stale"]
+        assert f"its oldest token by version {oldest}" in d["reason"]
+    else:
+        assert [x["id"] for x in lease.json()["groups"]] == ["v"]
+        assert api.post(f"/v1/batches/{lease.json()['batch_id']}/ack").status_code == 200
+        assert api.get("/v1/groups/v").json()["staleness"] == 1

@@ -175,3 +175,33 @@ def test_a_checkpoint_without_logprobs_is_resumed_without_any_never_half(api, sc
     t = after["trajectories"][3]
     assert t["logprobs"] is None and t["versions"] == ckpt["versions"] + [1, 1]
     assert after["status"] == "ready"
+
+
+def test_a_segmented_cut_member_is_resampled_not_resumed_and_the_bound_holds(api, scorer) -> None:
+    """Its last complete state is its last segment's context; its earlier segments were trained from
+    contexts a continuation never sees, so there is no single checkpoint to continue: the slot asks for a
+    resample (no checkpoint, flattened or otherwise), the decision says why, and a replacement cut again is
+    not asked for a second time."""
+    _setup(api, "segcut", max_resumes=3)
+    g = _cut_group("s", "segcut")
+    cut = g["trajectories"][3]
+    for k in ("token_ids", "loss_mask", "logprobs"):
+        del cut[k]
+    cut["segments"] = [{"token_ids": [3, 4, 5], "loss_mask": [0, 1, 1]},
+                       {"token_ids": [6, 7, 8, 9], "loss_mask": [0, 0, 1, 1]}]
+    assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    got = api.get("/v1/groups/s").json()
+    assert got["status"] == "waiting"
+    [req] = [r for r in api.get("/v1/sampling/requests", params={"n": 20}).json()["requests"]
+             if r.get("group_id") == "s"]
+    assert (req["reason"], req["index"], req["checkpoint"]) == ("resample", 3, None)
+    [asked] = [d for d in got["decisions"] if d["rule"] == "remedy_requested"]
+    assert asked["action"] == "resample" and "segmented member is resampled" in asked["reason"]
+    again = make_trajectory(answer="7", finish_reason="length", seed=5)  # the replacement is cut too
+    assert api.post("/v1/groups/s/trajectories/3", json={"policy_version": 1, "trajectory": again}).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    # unsegmented now: it may be resumed (max_resumes 3) -- a resume request with its real checkpoint
+    reqs = [r for r in api.get("/v1/sampling/requests", params={"n": 20}).json()["requests"]
+            if r.get("group_id") == "s"]
+    assert [(r["reason"], r["checkpoint"]["token_ids"]) for r in reqs] == [("resume", again["token_ids"])]
