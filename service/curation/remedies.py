@@ -190,14 +190,13 @@ def prompt_tokens(ids: list[int] | None, mask: list[int] | None) -> list[int] | 
     return ids[: mask.index(1)]
 
 
-def _check_same_prompt(g: Group, idx: int, t: TrajectoryIn) -> None:
-    """A replacement answers its group's prompt: when every other member with token arrays begins with the
-    same prompt tokens, the fill's must be those (422 naming the first differing position): group A's
-    answer posted into group B's slot is refused, not trained with B's advantages."""
+def _check_same_prompt(g: Group, t: TrajectoryIn) -> None:
+    """A replacement answers its group's prompt: when every member (the one it replaces included) begins
+    with the same prompt tokens, the fill's must be those (422 naming the first differing position): group
+    A's answer posted into group B's slot is refused, not trained with B's advantages. Members that differ
+    (a producer that varies the prompt per member) say nothing about the group's prompt: no check."""
     shared: list[int] | None = None
     for x in g.trajectories:
-        if x.idx == idx:
-            continue
         p = prompt_tokens(arrays.decode_list(x.token_ids, arrays.TOKEN_DTYPE),
                           arrays.decode_list(x.loss_mask, arrays.MASK_DTYPE))
         if p is None or (shared is not None and p != shared):
@@ -267,7 +266,7 @@ def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t:
     _check_trainable(t)
     if req.reason == "resume":  # first: a differing checkpoint part is named as such
         _check_resume(t, req.checkpoint or {}, policy_version)
-    _check_same_prompt(g, idx, t)
+    _check_same_prompt(g, t)
     ingest.check_versions(t, policy_version, "trajectory.")
     t = _with_versions(t, policy_version)
     ingest.replace_trajectory(session, g.pk, idx, t)
