@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -40,6 +41,15 @@ def is_stale(policy_version: int, current_policy_version: int | None, max_stalen
     if current_policy_version is None or max_staleness is None:
         return False
     return current_policy_version - policy_version > max_staleness
+
+
+def staleness_version(versions: Iterable[Iterable[int] | None], policy_version: int) -> int:
+    """The version a group's staleness is measured from: its oldest generated token's. ``versions`` are its
+    trajectories' per-token policy versions (-1: not generated; None: every generated token is the
+    group's ``policy_version``), so a member filled by an older policy, or tokens an earlier policy
+    generated, make the group as stale as they are. The one rule for ingest, curation, delivery and the
+    trainer's logged staleness."""
+    return min((v for vs in versions if vs is not None for v in vs if 0 <= v < policy_version), default=policy_version)
 
 
 def finish_reason_action(finish_reason: str, policy: CurationPolicy) -> Action:

@@ -29,6 +29,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from filters.rules import staleness_version
 from trainer import trackers
 from trainer.checkpoint import (
     TrainerState,
@@ -263,9 +264,17 @@ def durable(cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimiz
     return state
 
 
+def _staleness_version(group: dict[str, Any]) -> int:
+    """The leased group's oldest generated token's version (``filters.rules.staleness_version``): a member
+    filled by an older policy, or tokens an earlier policy generated, count."""
+    per = [s.get("versions") for t in group["trajectories"] for s in (t.get("segments") or [t])]
+    return staleness_version(per, group["policy_version"])
+
+
 def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torch.device) -> dict[str, float]:
-    """Staleness (versions behind the weights trained) and size of the batches of all ranks."""
-    versions = [g["policy_version"] for g in batch["groups"]] if batch else []
+    """Staleness (versions behind the weights trained, from each group's oldest generated token, as the
+    service measures it) and size of the batches of all ranks."""
+    versions = [_staleness_version(g) for g in batch["groups"]] if batch else []
     stale = torch.tensor(
         [
             sum(trained_version - v for v in versions),

@@ -214,14 +214,15 @@ def _check_same_prompt(g: Group, t: TrajectoryIn) -> None:
 
 
 def _check_request(session: Session, g: Group, idx: int, req: SamplingRequest, request_id: int | None) -> None:
-    """A fill naming the request it answers (``request_id``) must name this slot's open one (409 otherwise)."""
+    """A fill naming the request it answers (``request_id``) must name this slot's one (409 otherwise): the
+    open request, or for the same fill sent again the request it filled."""
     if request_id is None or request_id == req.pk:
         return
     other = session.get(SamplingRequest, request_id)
     where = ""
     if other is not None and other.source_group_pk is not None and other.idx is not None:
         where = " (it asked for another slot)" if other.source_group_pk == g.pk else " (it asked for another group)"
-    raise Conflict(f"request_id: request {request_id} is not the open request of slot {idx} of group {g.id!r}{where}; "
+    raise Conflict(f"request_id: request {request_id} is not the request of slot {idx} of group {g.id!r}{where}; "
                    f"that is request {req.pk}", detail={"group_id": g.id, "index": idx, "request_id": req.pk})
 
 
@@ -250,6 +251,7 @@ def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t:
     slots = curate_repo.slot_requests(session, g.pk, idx)
     for req in slots:
         if req.fill_hash == digest:  # the same fill again: its answer, nothing stored twice
+            _check_request(session, g, idx, req, request_id)  # ... when it names the request it answered
             return _answer(g, idx, req, curate_repo.count_open_slots(session, g.pk)), False
     waiting = [r for r in slots if r.filled_at is None and r.status != "expired"]
     if g.status != "waiting" or not waiting:

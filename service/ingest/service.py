@@ -10,6 +10,7 @@ import orjson
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
+from filters.rules import staleness_version
 from reward_models.spec import RewardSpec
 from service.api.errors import BadRequest, Conflict, GroupConflict
 from service.api.schemas import Message
@@ -247,7 +248,7 @@ def oldest_version(versions: Iterable[Iterable[int] | None], policy_version: int
     """The ``groups.oldest_version`` of a group posted at ``policy_version`` whose trajectories carry these
     per-token ``versions`` (None: every generated token is the group's): the oldest version >= 0 when it is
     older than ``policy_version``, else None. The one rule for a post and a slot fill."""
-    oldest = min((v for vs in versions if vs is not None for v in vs if v >= 0), default=policy_version)
+    oldest = staleness_version(versions, policy_version)
     return oldest if oldest < policy_version else None
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, or_, select, text, update
+from sqlalchemy import and_, case, exists, literal, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -194,13 +194,16 @@ def insert_taken(session: Session, rows: list[dict[str, Any]]) -> list[int]:
 
 
 def mark_done(session: Session, pks: Sequence[int], datasets: frozenset[str] | None = None) -> list[int]:
-    """Mark the rows done (idempotent); returns the pks that exist (in ``datasets`` when given)."""
+    """Mark the rows done (idempotent); returns the pks that exist (in ``datasets`` when given). An
+    ``expired`` row stays expired: its remedy slot's deadline passed and its group went on without it, and a
+    late "done" must not turn it back into one a fill may still answer (``service.curation.remedies``)."""
     if not pks:
         return []
     stmt = update(SamplingRequest).where(SamplingRequest.pk.in_(list(pks)))
     if datasets is not None:
         stmt = stmt.where(SamplingRequest.dataset.in_(sorted(datasets)))
-    stmt = stmt.values(status="done").returning(SamplingRequest.pk)
+    kept = case((SamplingRequest.status == "expired", SamplingRequest.status), else_=literal("done"))
+    stmt = stmt.values(status=kept).returning(SamplingRequest.pk)
     return list(session.execute(stmt).scalars())
 
 

@@ -26,8 +26,10 @@ _FACTS = text(
     " CAST(extract(epoch FROM date_trunc('hour', g.created_at, 'UTC')) AS bigint) AS bucket,"
     " t.finish_reason, t.num_tokens, t.total_reward, t.outcome,"
     f" CASE WHEN {_GROUP_DROPPED} THEN 'drop' ELSE t.action END AS action,"
-    f" CASE WHEN {_GROUP_DROPPED} THEN g.drop_reason ELSE t.reason END AS reason, c.names, c.vals"
+    f" CASE WHEN {_GROUP_DROPPED} THEN g.drop_reason ELSE t.reason END AS reason, c.names, c.vals,"
+    " t.action AS member_action, t.reason AS member_reason, cp.body_hash AS policy_hash"
     " FROM groups g JOIN trajectories t ON t.group_pk = g.pk"
+    " LEFT JOIN curation_policies cp ON cp.name = g.curation_policy_name AND cp.version = g.curation_policy_version"
     " LEFT JOIN LATERAL (SELECT array_agg(r.component ORDER BY r.component) AS names,"
     "  array_agg(r.value ORDER BY r.component) AS vals FROM rewards r"
     "  WHERE r.group_pk = t.group_pk AND r.idx = t.idx"
@@ -54,12 +56,22 @@ _UPSERT = text(
 
 def trajectory_facts(session: Session, group_pks: Sequence[int], group_drops: bool = True) -> list[Any]:
     """(group_pk, idx, dataset, policy_version, hour as epoch seconds, finish_reason, num_tokens, total,
-    outcome, action, reason, component names | None, component values | None) for every trajectory of
-    the curated groups among ``group_pks`` (a value is None where the component failed). A member of a
-    dropped group reads as action 'drop' with the group's drop reason, unless ``group_drops`` is False."""
+    outcome, action, reason, component names | None, component values | None, the member's own action and
+    reason, its group's curation policy's body hash | None) for every trajectory of the curated groups among
+    ``group_pks`` (a value is None where the component failed). A member of a dropped group reads as action
+    'drop' with the group's drop reason, unless ``group_drops`` is False."""
     if not group_pks:
         return []
     return list(session.execute(_FACTS, {"pks": list(group_pks), "group_drops": group_drops}))
+
+
+def policy_bodies(session: Session, hashes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Curation policy bodies by their hash (a body hash names one body, in any database)."""
+    if not hashes:
+        return {}
+    rows = session.execute(text("SELECT DISTINCT ON (body_hash) body_hash, body FROM curation_policies"
+                                " WHERE body_hash = ANY(CAST(:hashes AS text[]))"), {"hashes": list(hashes)})
+    return {h: body for h, body in rows}
 
 
 def add_to_cells(session: Session, cells: dict[tuple[str, str, str, datetime], dict[str, float]]) -> None:

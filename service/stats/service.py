@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 
 from sqlalchemy.orm import Session
 
-from filters.types import check_choice
+from filters.types import REASON_REWARD_ERROR, check_choice
 from service.api.errors import BadRequest
 from service.stats import repository as repo
 from service.stats.sketch import ALPHA, QUANTILES, bucket_of, bucket_value, quantiles
@@ -74,14 +74,15 @@ def add_trajectory(c: Counters, sign: float, fact: Any, zero_variance: bool) -> 
     """Add (sign +1) or retract (-1) one trajectory's counters into ``c``.
 
     fact: (group_pk, idx, dataset, policy_version, hour, finish_reason, num_tokens, total, outcome,
-    action, reason, component names, component values); a component value None is a failed component.
+    action, reason, component names, component values, ..., in its group's baseline (``facts``)); a
+    component value None is a failed component.
     """
     length, total, outcome, action, reason = float(fact[6]), fact[7], fact[8], fact[9], fact[10]
     _add(c, sign, ("n", f"fin.{fact[5]}", "l.s", f"h.l.{bucket_of(length)}"), (1.0, 1.0, length, 1.0))
     if total is not None:
         _add(c, sign, _TOTAL_KEYS, (1.0, total, total * total, length, length * length, length * total))
         _add(c, sign, (f"h.t.{bucket_of(total)}",), (1.0,))
-    if outcome is not None and action != "mask":  # pass_rate: a masked member is out, as in the baseline
+    if outcome is not None and fact[BASELINE]:  # pass_rate: the baseline's members only, as in curation
         _add(c, sign, ("o.n", "o.s"), (1.0, outcome))
     if zero_variance:
         _add(c, sign, ("zv",), (1.0,))
@@ -94,6 +95,45 @@ def add_trajectory(c: Counters, sign: float, fact: Any, zero_variance: bool) -> 
             continue
         values = (1.0, value, value * value, length, length * length, length * value, 1.0)
         _add(c, sign, (*keys[:7], f"hc.{bucket_of(value)}.{name}"), (*values, 1.0))
+
+
+BASELINE = -1  # the fact's last field: the member took part in its group's baseline (``facts``)
+_BASELINES: dict[str, tuple[Mapping[str, str], frozenset[str]]] = {}  # policy body hash -> its rule
+_BASELINES_LOCK = threading.Lock()
+
+
+def _baseline_rule(body: Mapping[str, Any] | None) -> tuple[Mapping[str, str], frozenset[str]]:
+    """(finish_reason -> action, the actions in the baseline) of a curation policy body (None: the default)."""
+    from filters.policy import CurationPolicySpec
+    from filters.rules import baseline_actions
+
+    try:
+        policy = CurationPolicySpec.model_validate(body or {"name": "default"}).to_policy()
+    except ValueError:  # a body an older release stored that no longer reads: its group counts as the default's
+        policy = CurationPolicySpec(name="default").to_policy()
+    return dict(policy.finish_reason_actions), frozenset(baseline_actions(policy))
+
+
+def facts(session: Session, group_pks: Sequence[int], group_drops: bool = True) -> list[tuple[Any, ...]]:
+    """``repository.trajectory_facts``, each with whether the member was in its group's baseline: the one
+    rule of curation (``filters.rules.baseline_actions`` of the policy its group was curated with, on its
+    finish_reason's action) -- a masked member (unless ``masked_in_baseline``), a resampled or resumed one,
+    an environment failure or a reward error is out; the members of a group dropped as a whole (zero
+    variance, stale) keep their place. So ``pass_rate`` is what the curriculum and the advantages saw."""
+    rows = repo.trajectory_facts(session, group_pks, group_drops)
+    unknown = sorted({r.policy_hash for r in rows if r.policy_hash is not None} - _BASELINES.keys())
+    if unknown:
+        bodies = repo.policy_bodies(session, unknown)
+        with _BASELINES_LOCK:
+            for h, body in bodies.items():
+                _BASELINES[h] = _baseline_rule(body)
+    default = _BASELINES.get("") or _BASELINES.setdefault("", _baseline_rule(None))
+    out = []
+    for r in rows:
+        actions, baseline = _BASELINES.get(r.policy_hash or "", default)
+        own = r.member_action == "drop" and r.member_reason == REASON_REWARD_ERROR
+        out.append((*r, not own and actions.get(r.finish_reason) in baseline))
+    return out
 
 
 @lru_cache(maxsize=1 << 14)
@@ -230,7 +270,7 @@ def summarize(c: Mapping[str, float]) -> dict[str, Any]:
 
 # -- the rollup --------------------------------------------------------------------------------------------
 def _apply(session: Session, group_pks: Sequence[int], sign: float, group_drops: bool = True) -> None:
-    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)), group_drops), sign)
+    cells = cell_counters(facts(session, sorted(set(group_pks)), group_drops), sign)
     repo.add_to_cells(session, cells)
 
 
@@ -238,8 +278,8 @@ def record_late_drops(session: Session, group_pks: Sequence[int]) -> None:
     """Curated groups that were just dropped as a whole after curation (stale in the queue, refused by a
     trainer as untrainable): call it *after* the status change, same transaction. Their members move from
     kept to dropped (by the group's drop reason) in the rollup, so ``drop_fraction`` counts them."""
-    cells = cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)), group_drops=False), -1.0)
-    for key, c in cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)))).items():
+    cells = cell_counters(facts(session, sorted(set(group_pks)), group_drops=False), -1.0)
+    for key, c in cell_counters(facts(session, sorted(set(group_pks)))).items():
         merge_into(cells.setdefault(key, {}), c)
     repo.add_to_cells(session, cells)
 
@@ -260,7 +300,7 @@ def record_archived(session: Session, group_pks: Sequence[int]) -> None:
     """The curated groups among ``group_pks`` are about to leave the hot tables (service.archive): call it
     *before* their rows are deleted, same transaction. Their counters stay in ``stats_cells`` as they are
     and are also kept in ``stats_archived_cells``, which ``rebuild`` starts from."""
-    repo.add_to_archived_cells(session, cell_counters(repo.trajectory_facts(session, sorted(set(group_pks)))))
+    repo.add_to_archived_cells(session, cell_counters(facts(session, sorted(set(group_pks)))))
 
 
 def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
@@ -272,7 +312,7 @@ def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
         merge_into(cells.setdefault((dim, key, dataset, bucket), {}), counters)
     after, groups = 0, 0
     while pks := repo.curated_group_pks(session, after, chunk):
-        part = cell_counters(repo.trajectory_facts(session, pks))
+        part = cell_counters(facts(session, pks))
         for key, c in part.items():
             merge_into(cells.setdefault(key, {}), c)
         after, groups = pks[-1], groups + len(pks)

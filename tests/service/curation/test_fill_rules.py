@@ -152,6 +152,25 @@ def test_pass_rate_leaves_masked_members_out(api, scorer):
     assert rows["pr"]["pass_rate"] == pytest.approx(0.5)
 
 
+def test_pass_rate_counts_the_baseline_members_only(api, scorer):
+    """Attack: /v1/stats' pass_rate counted environment failures and the masked member of a dropped group
+    (their outcome 0). It is the baseline's, as curation and the curriculum see it: an environment failure
+    is out, a cut member is out, the members of a zero-variance group are in."""
+    register_spec(api, SPEC)
+    assert api.put("/v1/datasets/prb", json={"reward_spec": "math"}).status_code == 200
+    env = make_group("env", prompt_id="p-env", dataset="prb", answers=["42", "41", "42", "7", "7"], n=5)
+    env["trajectories"][3]["finish_reason"] = "env_error"
+    env["trajectories"][4]["finish_reason"] = "tool_failure"
+    zero = make_group("zv", prompt_id="p-zv", dataset="prb", answers=["42", "42", "7"], n=3)
+    zero["trajectories"][2]["finish_reason"] = "length"  # masked: out, so the group is zero-variance
+    for g in (env, zero):
+        assert api.post("/v1/groups", json=g).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    assert api.get("/v1/groups/zv").json()["status"] == "dropped"
+    rows = {row["key"]: row for row in api.get("/v1/stats", params={"by": "dataset"}).json()["rows"]}
+    assert rows["prb"]["pass_rate"] == pytest.approx((2 + 2) / (3 + 2))  # not (2 + 2) / 8
+
+
 def _prompt_outcomes(api, prompt_id: str) -> list:
     with api.factory() as s:
         return list(s.execute(text("SELECT recent_outcomes FROM prompts WHERE id = :id"),
@@ -247,6 +266,32 @@ def test_a_fill_naming_another_request_is_a_409(api, scorer):
     assert api.post("/v1/groups/x/trajectories/3", json=body).status_code == 201
     again = api.post("/v1/groups/x/trajectories/3", json=body)
     assert again.status_code == 200  # the same fill again: idempotent
+    # ... but not under another request's id (attack: the replay answered 200 to any request_id)
+    foreign = api.post("/v1/groups/x/trajectories/3", json={**body, "request_id": ids["y"]})
+    assert_client_error(foreign, "request_id", (409,))
+
+
+def test_done_after_the_deadline_leaves_the_slot_expired(api, scorer):
+    """Attack: POST /v1/sampling/requests/done on an expired remedy request turned it back to done, and a
+    late fill then counted as an open slot's (the group waited for it again)."""
+    from service.curation.service import expire_waits
+
+    _setup(api, "expiry")
+    _waiting(api, scorer, "e", "expiry")
+    taken = api.get("/v1/sampling/requests", params={"producer_id": "p", "n": 10, "dataset": "expiry"}).json()
+    (rid,) = [r["request_id"] for r in taken["requests"] if r.get("group_id") == "e"]
+    with api.factory.begin() as s:
+        s.execute(text("UPDATE groups SET wait_until = now() - interval '1 second' WHERE id = 'e'"))
+    with api.factory.begin() as s:
+        expire_waits(s)
+    assert api.post("/v1/sampling/requests/done", json={"request_ids": [rid]}).status_code == 200
+    with api.factory() as s:
+        status = s.execute(text("SELECT status FROM sampling_requests WHERE pk = :pk"), {"pk": rid}).scalar_one()
+    assert status == "expired"
+    with api.factory.begin() as s:  # the group waits again (another slot's remedy, say): slot 3 is not open
+        s.execute(text("UPDATE groups SET status = 'waiting', wait_until = now() + interval '1 hour' WHERE id = 'e'"))
+    late = {"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=3), "request_id": rid}
+    assert_client_error(api.post("/v1/groups/e/trajectories/3", json=late), "index", (409,))
 
 
 # -- staleness is measured from the oldest token ---------------------------------------------------------
