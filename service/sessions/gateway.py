@@ -7,10 +7,11 @@ needs is in its row).
 
 Cost per call (``bench/gateway.py``): two connections from the pool, three statements. The reservation reads
 the locked row together with what the limits need (``repository.call_slot``) and writes the placeholder and
-the session's count in one statement; an answer that ends nothing is stored by one statement that is its own
-transaction (``repository.store_answer``: the session's row, while open, then the call's), any other on the
-locked path (``_store_locked``). The route's access check verified the session key (a positive check is
-cached: ``service.auth``); it is checked again here against the locked row.
+the session's count in one statement, committed without waiting for the WAL flush (the answer's synchronous
+commit flushes it too; ``repository.reserve_call``); an answer that ends nothing is stored by one statement
+that is its own transaction (``repository.store_answer``: the session's row, while open, then the call's), any
+other on the locked path (``_store_locked``). The route's access check verified the session key (a positive
+check is cached: ``service.auth``); it is checked again here against the locked row.
 
 Whose failure is it: the upstream failing after its retries ends the session as ``env_error`` (the
 environment's: never a negative); a tool call the model got wrong (``misuse``) marks the session, which
@@ -33,7 +34,7 @@ import httpx
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.errors import BadRequest, Conflict, NotFound
+from service.api.errors import BadRequest, Conflict, NotFound, ServiceError
 from service.auth.service import PRODUCER
 from service.sessions import group as group_service
 from service.sessions import repository as repo
@@ -308,7 +309,9 @@ def _store_locked(factory: sessionmaker[Session], settings: Settings, session_id
         row = repo.get_session(db, session_id, lock=True)
         assert row is not None
         placeholder = repo.get_call(db, session_id, idx)
-        assert placeholder is not None
+        if placeholder is None:  # its reservation (an asynchronous commit) was lost: PostgreSQL restarted meanwhile
+            raise ServiceError(f"session_id: call {idx}'s reservation was lost (the database restarted while it was "
+                               "in flight); nothing of it was stored, call again", status_code=503)
         placeholder.attempts, placeholder.latency_ms = values["attempts"], values["latency_ms"]
         if row.status != "open":  # the session ended while the call was in flight: nothing of it kept
             placeholder.error = (f"not answered: the session ended ({row.finish_reason}) while this call was in "

@@ -76,7 +76,14 @@ def _reserve_call_statement() -> Any:
     s, c = AgentSession.__table__, SessionCall.__table__
     as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"))
     bump = update(s).where(*as_read).values(n_calls=s.c.n_calls + 1).returning(s.c.id).cte("bump")
-    values = select(*(bindparam(f"r_{name}", type_=c.c[name].type) for name in RESERVED)).select_from(bump)
+    # its own transaction (autocommit), committed without waiting for the WAL flush (synchronous_commit off
+    # for it alone, set as it writes): the answer's store is a synchronous commit, and flushing the WAL up to
+    # it flushes this reservation too, so an answered call is on disk with its placeholder. Only a PostgreSQL
+    # crash while the call is in flight can lose the reservation; the call then fails unanswered
+    # (``reserve_call``)
+    async_commit = func.set_config("synchronous_commit", "off", true()) == "off"
+    values = (select(*(bindparam(f"r_{name}", type_=c.c[name].type) for name in RESERVED)).select_from(bump)
+              .where(async_commit))
     return insert(c).from_select(list(RESERVED), values).returning(c.c.idx)
 
 
@@ -116,7 +123,10 @@ def reserve_call(db: Session, call: dict[str, Any]) -> bool:
     """The call's placeholder (``RESERVED``'s columns) inserted and counted on its session (``n_calls`` + 1),
     in one statement, only while the session is open with ``call["idx"]`` calls (as it was read): False,
     with nothing written, when another call, a segment mark or the session's end came first. The session's
-    ORM row, when loaded, keeps its old ``n_calls``."""
+    ORM row, when loaded, keeps its old ``n_calls``. Its transaction commits asynchronously (``synchronous_commit``
+    off for it alone): the answer's store, a synchronous commit, flushes the WAL up to it, this reservation
+    included, before the answer goes back; a PostgreSQL crash while the call is in flight may lose the
+    reservation, and the call then fails unanswered (503)."""
     return db.execute(_RESERVE_CALL, {f"r_{name}": call[name] for name in RESERVED}).first() is not None
 
 
@@ -179,14 +189,3 @@ def segment_marks(db: Session, session_id: str) -> int:
 
 def get_call(db: Session, session_id: str, idx: int) -> SessionCall | None:
     return db.get(SessionCall, (session_id, idx))
-
-
-def answered_texts(db: Session, session_id: str) -> list[str]:
-    """The text the model generated in each answered call of the session (chat content or completions text)."""
-    out = []
-    for c in calls(db, session_id):
-        if c.completion_ids is None or c.response is None:
-            continue
-        content = (c.response.get("message") or {}).get("content")
-        out.append(content if isinstance(content, str) else "")
-    return out

@@ -53,7 +53,9 @@ class SessionCreated(BaseModel):
 
 
 class FinishIn(Strict):
-    finish_reason: FinishReason | None = None
+    finish_reason: FinishReason | None = Field(
+        default=None, description="checked against the session's record: a cut (length, max_turns) or an "
+                                  "environment failure it contradicts is a 422 naming finish_reason (docs/agents.md)")
     final_answer: str | None = Field(default=None, max_length=1_000_000)
     rewards: dict[str, float] = Field(default_factory=dict, max_length=64)
     error: str | None = Field(default=None, max_length=10_000)

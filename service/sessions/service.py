@@ -19,6 +19,7 @@ from filters.types import ENVIRONMENT_REASONS
 from service.api.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from service.auth.service import PRODUCER, VIEWER, Principal, Role, authenticate, hash_secret
 from service.ingest import service as ingest
+from service.sessions import ending
 from service.sessions import group as group_service
 from service.sessions import repository as repo
 from service.sessions.schemas import (
@@ -181,23 +182,26 @@ GATEWAY_METADATA_KEYS = frozenset({"session_id", "tool_misuse", "calls", "checkp
                                    "missing_sessions", "policy_version_mismatch", "segment_marks"})
 
 
-def end_reason(row: Any, asked: str | None, error: str | None, elapsed_s: float, settings: Settings,
-               answered: bool = True) -> str:
+def end_reason(row: Any, asked: str | None, error: str | None, record: ending.Record, elapsed_s: float,
+               settings: Settings) -> str:
     """The session's finish_reason: the model's tool misuse the gateway saw wins over anything the agent
     claims (a right negative); a session with no answered call is the environment's (nothing the model
-    generated to train on); then an environment failure the agent reports (never a negative); then the
-    wall-time limit; then what the agent said."""
+    generated to train on); then the agent's claim, checked against the record (``ending.check_claim``: a 422
+    naming ``finish_reason`` when it contradicts it): an environment failure (an ``error`` without a reason
+    claims ``env_error``), never a negative; then the wall-time limit, unless the model had ended its episode
+    (a late finish cuts nothing); then what the agent said."""
     if row.misuse is not None:
         return "tool_misuse"
-    if not answered:
+    if not record.answered:
         return "env_error"
-    if asked in ENVIRONMENT_REASONS:
-        return asked
-    if asked is None and error is not None:
-        return "env_error"
-    if elapsed_s > settings.session_max_seconds:
+    claimed = "env_error" if asked is None and error is not None else asked
+    ending.check_claim(claimed, record, row.n_tokens >= settings.session_max_tokens,
+                       named=None if asked is not None else "an error without a finish_reason (env_error)")
+    if claimed in ENVIRONMENT_REASONS:
+        return claimed
+    if elapsed_s > settings.session_max_seconds and not record.final:
         return "timeout"
-    return asked or "stop"
+    return claimed or "stop"
 
 
 def close(db: Session, row: Any, reason: str, error: str | None = None) -> None:
@@ -229,6 +233,17 @@ def _opens_answer(before: str) -> bool:
     return before.isspace() or before in ANSWER_OPENERS
 
 
+def answered_texts(calls: list[Any]) -> list[str]:
+    """The text the model generated in each answered call (chat content or completions text)."""
+    out = []
+    for c in calls:
+        if c.completion_ids is None or c.response is None:
+            continue
+        content = (c.response.get("message") or {}).get("content")
+        out.append(content if isinstance(content, str) else "")
+    return out
+
+
 def check_final_answer(final_answer: str | None, texts: list[str]) -> None:
     """The answer scored is the model's own last word: a ``final_answer`` must be the text of the session's
     last answered completion (both stripped of surrounding whitespace), or a suffix of it right after
@@ -252,17 +267,18 @@ def finish(request: Request, db: Session, session_id: str, body: FinishIn, setti
     repo.lock_group(db, row.group_id)
     row = repo.get_session(db, session_id, lock=True)
     if row.status == "open":
-        texts = repo.answered_texts(db, session_id)
+        calls = repo.calls(db, session_id)
         check_rewards(row, body.rewards)
-        check_final_answer(body.final_answer, texts)
+        check_final_answer(body.final_answer, answered_texts(calls))
+        record = ending.record(calls)
         elapsed = (repo.now(db) - row.created_at).total_seconds()
+        reason = end_reason(row, body.finish_reason, body.error, record, elapsed, settings)  # checked first
         row.final_answer = body.final_answer
         row.rewards = body.rewards
         error = body.error
-        if not texts and row.misuse is None:
+        if not record.answered and row.misuse is None:
             error = error or "no answered call: nothing the model generated to train on"
-        close(db, row, end_reason(row, body.finish_reason, body.error, elapsed, settings, answered=bool(texts)),
-              error)
+        close(db, row, reason, error)
     ingested = group_service.ingest_if_complete(db, row.group_id, settings)
     return FinishOut(session_id=row.id, status=row.status, finish_reason=row.finish_reason or "stop",
                      group_ingested=ingested)

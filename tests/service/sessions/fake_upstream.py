@@ -17,11 +17,14 @@ Hostile answers (an upstream that misbehaves), set at run time with ``POST /fake
 -1e30, below ingest's floor), ``negative-id`` (a
 completion id below 0), ``huge-id`` (2^31), ``list`` (a JSON list, no choices), ``bad-tool`` (a call of
 ``add`` whose arguments are not JSON), ``tools-dict`` (``tool_calls`` an object, not a list), ``slow``
-(answers after 1.5 s), ``version-7`` (an ``x-policy-version: 7`` header). A request's max_tokens is
+(answers after 1.5 s), ``version-7`` (an ``x-policy-version: 7`` header), ``refuse`` (a 400, as vLLM refuses
+a prompt past the model's context). A request's max_tokens is
 echoed as ``usage.max_tokens_seen``, its sampling parameters as ``usage.sampling_seen``, the names of all
 its fields as ``usage.fields_seen`` (what the gateway forwarded). ``POST /fake/say`` (body: the text) makes
-the next answer's text that one (a test picks what the model "said"). ``GET /v1/models`` lists the model
-as ``fake`` and a LoRA adapter of it, ``fake-lora`` (vLLM's way: the adapter's ``parent`` is ``fake``).
+the next answer's text that one (a test picks what the model "said"); ``POST /fake/finish`` (body: a
+finish_reason) the next answer's ``finish_reason``, ``tool_calls`` with a valid call of ``add`` (chat).
+``GET /v1/models`` lists the model as ``fake`` and a LoRA adapter of it, ``fake-lora`` (vLLM's way: the
+adapter's ``parent`` is ``fake``).
 
     python -m tests.service.sessions.fake_upstream --port 8001 [--finish-reason abort] [--flavor sglang]
 """
@@ -82,7 +85,10 @@ def _sglang(kind: str, body: dict[str, Any], choice: dict[str, Any], prompt: lis
             c["bytes"] = list(c["token"].encode())
 
 
-MODES = ("ok", "nan", "positive", "abyss", "negative-id", "huge-id", "list", "bad-tool", "tools-dict", "slow", "version-7")
+MODES = ("ok", "nan", "positive", "abyss", "negative-id", "huge-id", "list", "bad-tool", "tools-dict", "slow",
+         "version-7", "refuse")
+REFUSAL = {"object": "error", "message": "This model's maximum context length is 512 tokens.",
+           "type": "BadRequestError", "code": 400}
 
 
 def _hostile(mode: str, out: dict[str, Any]) -> Any:
@@ -115,6 +121,7 @@ def _dumps(payload: Any) -> bytes:
     return json.dumps(payload).encode()  # NaN as NaN (what a broken server sends), unlike orjson's null
 
 
+ADD_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "root": "fake", "parent": None},
                                      {"id": "fake-lora", "object": "model", "root": "/adapters/lora", "parent": "fake"}]}
 
@@ -122,6 +129,7 @@ MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "root": "
 def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
     mode: dict[str, str] = {"now": "ok"}
     said: list[str] = []  # the next answer's text, once
+    ends: list[str] = []  # the next answer's finish_reason, once
 
     def answer(kind: str, body: dict[str, Any]) -> dict[str, Any]:
         if kind == "chat":
@@ -130,10 +138,13 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
             raw = body.get("prompt")
             prompt = list(raw) if isinstance(raw, list) else [1] + _chars(str(raw))
         lps = [-0.25] * len(COMPLETION_IDS)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        end = ends.pop() if ends else finish_reason
+        choice: dict[str, Any] = {"index": 0, "finish_reason": end, "logprobs": None}
         text = said.pop() if said else COMPLETION_TEXT
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
+            if end == "tool_calls":  # the model calls a tool (a valid call of ``add``)
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [ADD_CALL]}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": [{"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
                                                   for t, lp in zip(COMPLETION_IDS, lps, strict=True)]}
@@ -165,6 +176,8 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
             import asyncio
 
             await asyncio.sleep(1.5)
+        if mode["now"] == "refuse":
+            return Response(orjson.dumps(REFUSAL), status_code=400, media_type="application/json")
         out = _hostile(mode["now"], answer(kind, orjson.loads(await request.body())))
         raw = _dumps(out) if mode["now"] == "nan" else orjson.dumps(out)
         headers = {"x-policy-version": "7"} if mode["now"] == "version-7" else None
@@ -187,6 +200,10 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
         said[:] = [(await request.body()).decode()]
         return Response(b"ok")
 
+    async def end_next(request: Request) -> Response:
+        ends[:] = [(await request.body()).decode()]
+        return Response(b"ok")
+
     async def models(request: Request) -> Response:
         return Response(orjson.dumps(MODELS), media_type="application/json")
 
@@ -196,7 +213,8 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/completions", completions, methods=["POST"]),
                              Route("/v1/models", models), Route("/fake/mode", set_mode, methods=["POST"]),
-                             Route("/fake/say", say, methods=["POST"]), Route("/health", health)])
+                             Route("/fake/say", say, methods=["POST"]),
+                             Route("/fake/finish", end_next, methods=["POST"]), Route("/health", health)])
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Small helpers for the gateway tests: open a session, run an agent turn with the `openai` SDK, post a raw
-call or finish, steer ``fake_vllm`` (its hostile mode, what it says next)."""
+call or finish, steer ``fake_vllm`` (its hostile mode, what it says next, how its next answer ends)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,8 @@ def set_mode(fake_url: str, mode: str) -> None:
 def say(fake_url: str, text: str) -> None:
     """What ``fake_vllm``'s next answer says (a final_answer must be the end of it)."""
     _fake(fake_url, "/fake/say", text)
+
+
+def end_next(fake_url: str, finish_reason: str) -> None:
+    """``fake_vllm``'s next answer's ``finish_reason`` (``tool_calls``: a valid call of ``add``, chat)."""
+    _fake(fake_url, "/fake/finish", finish_reason)

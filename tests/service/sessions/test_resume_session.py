@@ -24,7 +24,7 @@ from tests.conftest import LiveServer, start_server, stop_server
 from tests.helpers import assert_client_error
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import finish, group, open_session, read, say
+from tests.service.sessions.helpers import end_next, finish, group, open_session, read, say
 from tests.service.sessions.upstreams import Upstream
 
 SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
@@ -69,6 +69,7 @@ def _cut_group(fake: Upstream, url: str, gid: str) -> None:
         finish(s, final_answer=answer)
     s = open_session(url, gid, group_size=4)
     _complete(fake, s, PROMPT)
+    end_next(fake.url, "length")  # the upstream cuts it at its max_tokens: a length the record shows
     _complete(fake, s, PROMPT + C + TOOL)
     assert finish(s, finish_reason="length")["group_ingested"] is True
 
@@ -144,6 +145,7 @@ def test_a_resumed_member_cut_again_is_resumed_at_most_max_resumes_times(
     _drain(gateway, scorer)
     r = _resume(gateway.url, {"resume": {"group_id": "m", "index": 3}, "policy_version": 1})
     session = r.json()
+    end_next(fake.url, "length")
     _complete(fake, session, session["checkpoint"]["token_ids"])
     assert finish(session, finish_reason="length")["group_ingested"] is True  # filled, but cut again
     _drain(gateway, scorer)
