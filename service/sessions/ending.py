@@ -26,10 +26,11 @@ from typing import Any
 
 from filters.types import ENVIRONMENT_REASONS
 from service.api.errors import BadRequest
-from service.sessions.repository import SEGMENT_MARK
+from service.sessions.repository import SEGMENT_MARK, calls
 
 CUT_FINISH = "length"  # the upstream's finish_reason for a completion cut at its max_tokens
-TOOLS_FINISH = "tool_calls"
+CUT_REASONS = frozenset({"length", "max_turns"})
+UNFINISHED = frozenset({CUT_FINISH, "tool_calls", "abort"})  # upstream finish_reasons of no final word
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Record:
     last_finish: str | None = None  # its upstream finish_reason
     wants_more: bool = False  # it asked for tool calls, or was cut at its max_tokens
     later: bool = False  # a call came after it (refused by the upstream, failed, or still in flight)
-    refused: bool = False  # the session's last call was answered without anything generated (the upstream's 4xx)
+    refused: bool = False  # the upstream refused the call after an answer that wanted more (the upstream's 4xx)
     sees_tools: bool = False  # a call offered tools: the gateway sees the model's tool calls
     converses: bool = False  # the environment went on after a message without tool calls
 
@@ -51,9 +52,11 @@ class Record:
 
     @property
     def final(self) -> bool:
-        """The model ended its episode: its last word is a message without tool calls, and nothing the
-        session did says its environment would have gone on."""
-        return self.answered and self.sees_tools and not (self.wants_more or self.later or self.converses)
+        """The model ended its episode: its last answered word is a message without tool calls, not cut, and
+        nothing the session did says its environment would have gone on (no answered call followed such a
+        message). A call after it that was not answered -- in flight, refused, failed, or dead with a killed
+        API -- changes nothing: the model's answer stands."""
+        return self.answered and self.sees_tools and not (self.wants_more or self.converses)
 
 
 def _answer(c: Any) -> dict[str, Any] | None:
@@ -65,7 +68,8 @@ def _answer(c: Any) -> dict[str, Any] | None:
 
 
 def _wants_more(c: Any, message: dict[str, Any]) -> bool:
-    return bool(message.get("tool_calls")) or c.finish_reason in (CUT_FINISH, TOOLS_FINISH)
+    """The answer is no final word: it asked for tools, or was cut at its max_tokens or aborted."""
+    return bool(message.get("tool_calls")) or c.finish_reason in UNFINISHED
 
 
 def record(calls: Sequence[Any]) -> Record:
@@ -76,11 +80,16 @@ def record(calls: Sequence[Any]) -> Record:
         return Record(answered=False)
     pos, last, message = answered[-1]
     sees_tools = any(c.kind == "chat" and (c.request or {}).get("tools") for c in made)
-    converses = any(not _wants_more(c, m) for i, c, m in answered if i < len(made) - 1)
+    # the environment went on after a message without tool calls: an *answered* call came after it (a call
+    # in flight, refused or failed is no answer: it never undoes the model's final word)
+    converses = any(not _wants_more(c, m) for i, c, m in answered[:-1])
     later = pos < len(made) - 1
-    return Record(answered=True, last_index=last.idx, last_finish=last.finish_reason,
-                  wants_more=_wants_more(last, message), later=later, refused=later and made[-1].attempts > 0,
-                  sees_tools=sees_tools, converses=converses)
+    wants_more = _wants_more(last, message)
+    # the upstream refused the call that followed an answer that wanted more (a prompt past the context): a
+    # cut; a refusal after a final answer is the agent's extra call, nothing the model did
+    refused = later and made[-1].attempts > 0 and wants_more
+    return Record(answered=True, last_index=last.idx, last_finish=last.finish_reason, wants_more=wants_more,
+                  later=later, refused=refused, sees_tools=sees_tools, converses=converses)
 
 
 def allowed(r: Record, tokens_reached: bool) -> list[str]:
@@ -91,6 +100,24 @@ def allowed(r: Record, tokens_reached: bool) -> list[str]:
     if not r.final:
         out += ["max_turns", *sorted(ENVIRONMENT_REASONS)]
     return out
+
+
+def settled(reason: str, r: Record) -> str:
+    """The reason a session ends with when the gateway or the deadline ends it (a limit, the upstream failing,
+    the group's deadline): after the model's final answer (``Record.final``) a cut or an environment failure
+    can only have hit what came after it -- the agent's extra calls, or time -- so the episode ends as
+    ``stop`` and its answer is scored; otherwise ``reason``."""
+    if r.final and (reason in ENVIRONMENT_REASONS or reason in CUT_REASONS):
+        return "stop"
+    return reason
+
+
+def settle(db: Any, row: Any, reason: str) -> str:
+    """How the gateway or the deadline ends session ``row`` it would end as ``reason``: ``tool_misuse`` when
+    its calls showed one (the model's failure wins over whatever ends it), else ``settled`` on its record."""
+    if row.misuse is not None:
+        return "tool_misuse"
+    return settled(reason, record(calls(db, row.id)))
 
 
 def check_claim(claimed: str | None, r: Record, tokens_reached: bool, named: str | None = None) -> None:

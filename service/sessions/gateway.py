@@ -7,8 +7,7 @@ needs is in its row).
 
 Cost per call (``bench/gateway.py``): two connections from the pool, three statements. The reservation reads
 the locked row together with what the limits need (``repository.call_slot``) and writes the placeholder and
-the session's count in one statement, committed without waiting for the WAL flush (the answer's synchronous
-commit flushes it too; ``repository.reserve_call``); an answer that ends nothing is stored by one statement
+the session's count in one statement (``repository.reserve_call``); an answer that ends nothing is stored by one statement
 that is its own transaction (``repository.store_answer``: the session's row, while open, then the call's), any
 other on the locked path (``_store_locked``). The route's access check verified the session key (a positive
 check is cached: ``service.auth``); it is checked again here against the locked row.
@@ -270,12 +269,26 @@ def _store(factory: sessionmaker[Session], settings: Settings, session_id: str, 
     return Answer(result.status, for_agent(kind, body, result.payload), headers)
 
 
+def storable(value: Any) -> Any:
+    """``value`` with every NUL character in its strings (keys too) replaced by U+FFFD: PostgreSQL's text and
+    jsonb hold no NUL, and a model may well generate one (a byte-level vocabulary has the byte). The token ids
+    stay exact; only the stored text of the answer differs (the agent gets it as the upstream sent it)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
 def _answered(result: Forwarded, tokens: Tokens | None, error: str | None, misuse: str | None,
               policy_version: int) -> dict[str, Any]:
     """The call's row as answered (its placeholder's new values)."""
+    response = None if tokens is None else {"message": tokens.message, "finish_reason": tokens.finish_reason}
     values: dict[str, Any] = {
-        "attempts": max(result.attempts, 1), "latency_ms": result.latency_ms, "error": error, "misuse": misuse,
-        "response": None if tokens is None else {"message": tokens.message, "finish_reason": tokens.finish_reason},
+        "attempts": max(result.attempts, 1), "latency_ms": result.latency_ms, "error": storable(error),
+        "misuse": storable(misuse), "response": storable(response),
         "policy_version": result.policy_version if result.policy_version is not None else policy_version,
     }
     if tokens is not None:
@@ -309,7 +322,7 @@ def _store_locked(factory: sessionmaker[Session], settings: Settings, session_id
         row = repo.get_session(db, session_id, lock=True)
         assert row is not None
         placeholder = repo.get_call(db, session_id, idx)
-        if placeholder is None:  # its reservation (an asynchronous commit) was lost: PostgreSQL restarted meanwhile
+        if placeholder is None:  # never, its reservation committed first; refused rather than stored elsewhere
             raise ServiceError(f"session_id: call {idx}'s reservation was lost (the database restarted while it was "
                                "in flight); nothing of it was stored, call again", status_code=503)
         placeholder.attempts, placeholder.latency_ms = values["attempts"], values["latency_ms"]

@@ -3,8 +3,9 @@
 A group is ingested once every one of its ``group_size`` sessions finished, or once its deadline
 (``session_group_deadline_s`` after its first session) passed: then the finished sessions form the group,
 the open ones are closed as ``timeout`` (left out) -- except one whose calls already showed a tool misuse,
-which ends as ``tool_misuse`` and is a member (the model's failure: a negative) -- and the sessions never
-started are counted as missing.
+which ends as ``tool_misuse`` and is a member (the model's failure: a negative), and one whose model had
+given its final answer, which ends as ``stop`` and is a member (its answer scored: not finishing is no way
+out of a wrong answer, ``ending.settle``) -- and the sessions never started are counted as missing.
 Each session becomes one trajectory (``service.sessions.trajectory`` joins its calls): a session whose
 agent rewrote its history is one trajectory of several ``segments`` (docs/api.md), never a corrupted one.
 
@@ -27,6 +28,7 @@ from service.auth.service import Principal, Role
 from service.curation import service as curation
 from service.ingest import service as ingest
 from service.ingest.schemas import GroupIn, PromptIn, TrajectoryIn
+from service.sessions import ending
 from service.sessions import repository as repo
 from service.sessions import sampling
 from service.sessions.repository import SEGMENT_MARK
@@ -109,9 +111,10 @@ def ingest_if_complete(db: Session, group_id: str, settings: Settings) -> bool:
             if not overdue:
                 return False
             _end(db, first, "timeout")
-            first.error = "the deadline passed before this resume session finished; its slot was not filled"
-            repo.mark_ingested(db, [first.id])
-            return False
+            if first.finish_reason == "timeout":
+                first.error = "the deadline passed before this resume session finished; its slot was not filled"
+                repo.mark_ingested(db, [first.id])
+                return False
         return fill_resume(db, first, settings)
     overdue = (repo.now(db) - first.created_at).total_seconds() > settings.session_group_deadline_s
     finished = [s for s in sessions if s.status == "finished"]
@@ -121,9 +124,9 @@ def ingest_if_complete(db: Session, group_id: str, settings: Settings) -> bool:
     for s in sessions:
         if s.status == "open":  # overdue: ended so it takes no more calls
             _end(db, s, "timeout")
-            if s.misuse is None:  # left out of the group (the environment's deadline: no negative)
+            if s.finish_reason == "timeout":  # left out of the group (the environment's deadline: no negative)
                 s.error = "the group's deadline passed before this session finished"
-            else:  # its calls already showed the model's misuse: a member, scored as a failed outcome
+            else:  # its calls showed the model's misuse or its final answer: a member, scored
                 finished.append(s)
     if not finished:  # nobody finished by the deadline: nothing to post, never retried
         _fail(db, sessions, "the group's deadline passed before any session finished; the group was not posted")
@@ -152,9 +155,10 @@ def ingest_if_complete(db: Session, group_id: str, settings: Settings) -> bool:
 
 
 def _end(db: Session, s: Any, reason: str) -> None:
-    """End an open session as ``reason`` (a tool misuse the gateway saw still ends it as ``tool_misuse``)."""
+    """End an open session as ``reason`` (a tool misuse the gateway saw still ends it as ``tool_misuse``, a
+    session whose model gave its final answer as ``stop``: ``ending.settle``)."""
+    s.finish_reason = ending.settle(db, s, reason)
     s.status, s.finished_at = "finished", repo.now(db)
-    s.finish_reason = "tool_misuse" if s.misuse is not None else reason
 
 
 def _fail(db: Session, sessions: list[Any], error: str) -> None:

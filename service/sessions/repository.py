@@ -76,14 +76,10 @@ def _reserve_call_statement() -> Any:
     s, c = AgentSession.__table__, SessionCall.__table__
     as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"))
     bump = update(s).where(*as_read).values(n_calls=s.c.n_calls + 1).returning(s.c.id).cte("bump")
-    # its own transaction (autocommit), committed without waiting for the WAL flush (synchronous_commit off
-    # for it alone, set as it writes): the answer's store is a synchronous commit, and flushing the WAL up to
-    # it flushes this reservation too, so an answered call is on disk with its placeholder. Only a PostgreSQL
-    # crash while the call is in flight can lose the reservation; the call then fails unanswered
-    # (``reserve_call``)
-    async_commit = func.set_config("synchronous_commit", "off", true()) == "off"
-    values = (select(*(bindparam(f"r_{name}", type_=c.c[name].type) for name in RESERVED)).select_from(bump)
-              .where(async_commit))
+    # its own transaction (autocommit), a synchronous commit: an asynchronous one saved a WAL flush, but a
+    # PostgreSQL crash with the call in flight then lost the placeholder while the answer's statement still
+    # counted its tokens, and a later call could take the same index (attack on issue 21)
+    values = select(*(bindparam(f"r_{name}", type_=c.c[name].type) for name in RESERVED)).select_from(bump)
     return insert(c).from_select(list(RESERVED), values).returning(c.c.idx)
 
 
@@ -123,10 +119,7 @@ def reserve_call(db: Session, call: dict[str, Any]) -> bool:
     """The call's placeholder (``RESERVED``'s columns) inserted and counted on its session (``n_calls`` + 1),
     in one statement, only while the session is open with ``call["idx"]`` calls (as it was read): False,
     with nothing written, when another call, a segment mark or the session's end came first. The session's
-    ORM row, when loaded, keeps its old ``n_calls``. Its transaction commits asynchronously (``synchronous_commit``
-    off for it alone): the answer's store, a synchronous commit, flushes the WAL up to it, this reservation
-    included, before the answer goes back; a PostgreSQL crash while the call is in flight may lose the
-    reservation, and the call then fails unanswered (503)."""
+    ORM row, when loaded, keeps its old ``n_calls``."""
     return db.execute(_RESERVE_CALL, {f"r_{name}": call[name] for name in RESERVED}).first() is not None
 
 

@@ -207,9 +207,9 @@ def end_reason(row: Any, asked: str | None, error: str | None, record: ending.Re
 def close(db: Session, row: Any, reason: str, error: str | None = None) -> None:
     """End the session as ``reason``, except that a tool misuse the gateway saw always ends it as
     ``tool_misuse`` (the model's failure, whatever ends the session after it: a limit, the upstream, the
-    deadline, the agent)."""
-    if row.misuse is not None:
-        reason = "tool_misuse"
+    deadline, the agent), and that after the model's final answer a limit or a failure only hit what came
+    after it: it ends as ``stop``, the answer scored (``ending.settle``)."""
+    reason = ending.settle(db, row, reason)
     row.status, row.finish_reason, row.finished_at = "finished", reason, repo.now(db)
     if error is not None:
         row.error = error

@@ -170,16 +170,6 @@ def test_max_turns_is_refused_after_the_models_final_answer(
     _trained_as(gateway, session, "max_turns")
 
 
-def test_a_call_past_the_limit_after_a_final_answer_still_ends_the_session_as_max_turns(
-    gateway: LiveServer, fake: Upstream
-) -> None:
-    """The gateway's own limit: the agent's environment went on after the model's message."""
-    session = open_session(gateway.url)
-    _calls(fake, session, ["tool_calls", "stop"])
-    assert chat_call(session, tools=TOOLS).status_code == 409
-    assert read(session, tokens=False)["finish_reason"] == "max_turns"
-
-
 @pytest.mark.parametrize("claim", [*({"finish_reason": r, "error": "down"} for r in ENVIRONMENT), {"error": "down"}])
 def test_an_environment_failure_is_refused_after_the_models_final_answer(
     gateway: LiveServer, fake: Upstream, claim: dict[str, Any]

@@ -1,0 +1,169 @@
+"""The model's final answer stands (docs/agents.md): once the session's last answered call is a message
+without tool calls, not cut, in a session that offers tools, nothing that comes after it -- a call in flight,
+a call the upstream refuses, a call past a limit, a late call, never finishing -- turns its (wrong) answer into
+a cut or an environment failure, which curation would mask or drop instead of training as a negative. Each
+test is an attack on issue 21 that escaped before: the finish claim is a 422, or the session ends as ``stop``
+and its answer is scored. Real HTTP, the API in a subprocess on its own database, fake_vllm as the upstream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import LiveServer
+from tests.service.sessions.helpers import (
+    TOOLS,
+    USER,
+    chat_call,
+    end_next,
+    finish_call,
+    group,
+    open_session,
+    read,
+    say,
+    set_mode,
+)
+from tests.service.sessions.upstreams import Upstream
+
+WRONG = "the answer is 7"  # the reference of the gateway's prompt is 5
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="8")
+
+
+def _final_wrong(fake: Upstream, s: dict[str, Any]) -> None:
+    """A tool call, then the model's final (wrong) answer: a message without tool calls."""
+    end_next(fake.url, "tool_calls")
+    assert chat_call(s, tools=TOOLS).status_code == 200
+    say(fake.url, WRONG)
+    r = chat_call(s, tools=TOOLS, messages=[*USER, {"role": "assistant", "content": "x"}])
+    assert r.status_code == 200 and r.json()["choices"][0]["message"].get("tool_calls") is None
+
+
+def _scored_as_stop(url: str, s: dict[str, Any]) -> None:
+    members = [t for t in group(url, s["group_id"])["trajectories"]
+               if t["metadata"].get("session_id") == s["session_id"]]
+    assert [t["finish_reason"] for t in members] == ["stop"], members
+
+
+def test_a_call_in_flight_does_not_undo_the_final_answer(gateway: LiveServer, fake: Upstream) -> None:
+    s = open_session(gateway.url)
+    _final_wrong(fake, s)
+    set_mode(fake.url, "slow")
+    out: dict[str, Any] = {}
+    try:
+        t = threading.Thread(target=lambda: out.setdefault("r", chat_call(s, tools=TOOLS)))
+        t.start()
+        deadline = time.monotonic() + 10
+        while read(s, tokens=False)["n_calls"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert read(s, tokens=False)["n_calls"] == 3  # the extra call is in flight
+        r = finish_call(s, finish_reason="tool_failure", error="backend down")
+        t.join(30)
+    finally:
+        set_mode(fake.url, "ok")
+    assert r.status_code == 422 and r.json()["detail"]["claimed"] == "tool_failure", r.text
+    assert finish_call(s).json()["finish_reason"] == "stop"
+    _scored_as_stop(gateway.url, s)
+
+
+@pytest.mark.parametrize("claim", ["length", "tool_failure"])
+def test_a_refused_call_after_the_final_answer_is_no_cut(gateway: LiveServer, fake: Upstream, claim: str) -> None:
+    s = open_session(gateway.url)
+    _final_wrong(fake, s)
+    set_mode(fake.url, "refuse")
+    try:
+        assert chat_call(s, tools=TOOLS).status_code == 400
+    finally:
+        set_mode(fake.url, "ok")
+    r = finish_call(s, finish_reason=claim)
+    assert r.status_code == 422 and r.json()["detail"]["claimed"] == claim, r.text
+
+
+def test_a_refused_call_after_a_tool_call_is_a_cut(gateway: LiveServer, fake: Upstream) -> None:
+    """The other side: the model asked for a tool and the next prompt was past the context (vLLM's 400)."""
+    s = open_session(gateway.url)
+    end_next(fake.url, "tool_calls")
+    assert chat_call(s, tools=TOOLS).status_code == 200
+    set_mode(fake.url, "refuse")
+    try:
+        assert chat_call(s, tools=TOOLS).status_code == 400
+    finally:
+        set_mode(fake.url, "ok")
+    r = finish_call(s, finish_reason="length")
+    assert r.status_code == 200 and r.json()["finish_reason"] == "length", r.text
+
+
+@pytest.mark.parametrize(("env", "after", "status"), [
+    ({"GRPO_CURATOR_SESSION_MAX_CALLS": "2"}, {}, 409),  # one call past the call limit
+    ({"GRPO_CURATOR_SESSION_CALL_TIMEOUT_S": "1"}, {"slow": True}, 502),  # a call that times out upstream
+])
+def test_a_limit_or_failure_after_the_final_answer_ends_it_as_stop(gateway_for: Callable[..., LiveServer],
+        fake: Upstream, env: dict[str, str], after: dict[str, Any], status: int) -> None:
+    gw = gateway_for(fake.url, **env)
+    s = open_session(gw.url)
+    _final_wrong(fake, s)
+    slow = after.pop("slow", False)
+    if slow:
+        set_mode(fake.url, "slow")
+    try:
+        r = chat_call(s, tools=TOOLS, **after)
+        assert r.status_code == status, r.text
+    finally:
+        set_mode(fake.url, "ok")
+    state = read(s, tokens=False)
+    assert state["status"] == "finished" and state["finish_reason"] == "stop", state
+    _scored_as_stop(gw.url, s)
+
+
+def test_a_late_call_after_the_final_answer_ends_it_as_stop(gateway_for: Callable[..., LiveServer],
+                                                            fake: Upstream) -> None:
+    gw = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_SECONDS="3")
+    t0 = time.monotonic()
+    late, cut = open_session(gw.url), open_session(gw.url)
+    _final_wrong(fake, late)
+    end_next(fake.url, "tool_calls")  # the control: an episode still asking for tools when the time ran out
+    assert chat_call(cut, tools=TOOLS).status_code == 200
+    time.sleep(max(0.0, t0 + 3.5 - time.monotonic()))
+    assert chat_call(late, tools=TOOLS).status_code == 409
+    assert read(late, tokens=False)["finish_reason"] == "stop"
+    _scored_as_stop(gw.url, late)
+    assert chat_call(cut, tools=TOOLS).status_code == 409
+    assert read(cut, tokens=False)["finish_reason"] == "timeout"
+
+
+def test_never_finishing_after_the_final_answer_is_scored_at_the_deadline(gateway_for: Callable[..., LiveServer],
+                                                                          fake: Upstream) -> None:
+    gw = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="3")
+    gid = f"g-deadline-{time.monotonic_ns()}"
+    t0 = time.monotonic()
+    silent, other, cut = (open_session(gw.url, gid, 3) for _ in range(3))
+    _final_wrong(fake, silent)  # the agent never finishes it
+    _final_wrong(fake, other)
+    end_next(fake.url, "tool_calls")  # cut by the deadline while asking for a tool: left out, no negative
+    assert chat_call(cut, tools=TOOLS).status_code == 200
+    time.sleep(max(0.0, t0 + 3.5 - time.monotonic()))
+    assert finish_call(other).status_code == 200  # after the deadline: the group is posted now
+    g = group(gw.url, gid)
+    by_session = {t["metadata"]["session_id"]: t["finish_reason"] for t in g["trajectories"]}
+    assert by_session == {silent["session_id"]: "stop", other["session_id"]: "stop"}, g
+    assert g["metadata"]["left_out_sessions"] == [cut["session_id"]]
+    assert read(cut, tokens=False)["finish_reason"] == "timeout"
+
+
+def test_a_nul_the_model_generated_is_stored_not_a_500(gateway: LiveServer, fake: Upstream) -> None:
+    s = open_session(gateway.url)
+    say(fake.url, "the answer is\u0000 7")
+    r = chat_call(s, tools=TOOLS)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "the answer is\u0000 7"
+    (call,) = read(s)["calls"]
+    assert call["attempts"] == 1 and call["error"] is None and call["completion_token_ids"]
+    assert finish_call(s, finish_reason="tool_failure").status_code == 422  # a final answer, wrong as any
+    assert finish_call(s).json()["finish_reason"] == "stop"
+    _scored_as_stop(gateway.url, s)
