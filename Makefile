@@ -57,9 +57,12 @@ serve: install
 # in parallel (pytest-xdist), one test file per worker at a time (module fixtures are built once);
 # --durations names the slowest tests, so a slow new one shows up in CI's log; one intra-op thread per
 # process: TEST_WORKERS workers and their servers share the cores, and torch's own threads on top of them
-# only spin (measured: the suite's summed test time 2518 s -> 2318 s, a model-training test 95 s -> 20 s)
+# only spin (measured: the suite's summed test time 2518 s -> 2318 s, a model-training test 95 s -> 20 s);
+# bytecode is cached (__pycache__, git-ignored) even where the environment sets PYTHONDONTWRITEBYTECODE (this
+# 2-core machine's did): else every worker compiles and assert-rewrites each test module again (collection
+# 20 s -> 12 s a worker) and each of the suite's hundreds of service subprocesses compiles the project again
 test: install-dev
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 	  $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: install-dev

@@ -80,8 +80,18 @@ def make_db(server_url: str, template_db: str) -> Iterator[Callable[..., str]]:
         return url
 
     yield make
-    for url in made:
-        drop_database(server_url, url)
+    drop_databases(server_url, made)
+
+
+def drop_databases(server_url: str, urls: list[str]) -> None:
+    """Drop ``urls``, several at once: each DROP DATABASE waits for a checkpoint, and concurrent drops share
+    one (measured: 20 drops one by one 2.2 s, 8 at a time 0.36 s; a worker's few hundred databases took up to
+    55 s at the end of a loaded run, in the last test's teardown)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in pool.map(lambda url: drop_database(server_url, url), urls):
+            pass
 
 
 @pytest.fixture(scope="session")

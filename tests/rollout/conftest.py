@@ -1,10 +1,15 @@
-"""vLLM fixtures: the tiny random Qwen2 of ``rollout.vllm_server`` saved to a temp dir (with its character
-tokenizer, no download), and vLLM's real OpenAI server on it, started once per test session (per xdist
-worker; every test that uses it is in ``test_vllm.py``, so with ``--dist loadfile`` one worker starts one).
-Tests marked ``vllm`` skip, with the reason, where vLLM's virtualenv is absent (``make vllm``)."""
+"""vLLM fixtures: the tiny random Qwen2 of ``rollout.vllm_server`` (with its character tokenizer, no
+download) at a path named by its content, and vLLM's real OpenAI server on it, started once: every test that
+uses it is in ``test_vllm.py`` (with ``--dist loadfile`` one worker runs them all), and it stops when that
+module ends instead of idling to the end of the run. Tests marked ``vllm`` skip, with the reason, where vLLM's
+virtualenv is absent (``make vllm``)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,10 +43,31 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gc_path = path / "generation_config.json"
     gc = json.loads(gc_path.read_text()) if gc_path.exists() else {}
     gc_path.write_text(json.dumps({**gc, **GENERATION_PENALTIES}))
-    return path
+    return content_addressed(path)
 
 
-@pytest.fixture(scope="session")
+def content_addressed(path: Path) -> Path:
+    """A copy of the model folder ``path`` at a path named by a hash of its files (under the cache folder of
+    ``make vllm``'s virtualenv; no test writes into it), the same in every run while the model is the same.
+    vLLM keys its torch.compile cache by the model's path: on a new temp path every run the server compiled
+    again (measured: a server start 52 s on a new path, 36 s on a path it had served before)."""
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-curator" / "test-models"
+    target = cache / f"tiny-qwen2-{digest.hexdigest()[:20]}"
+    if not target.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
+        shutil.copytree(path, staging, dirs_exist_ok=True)
+        try:
+            staging.rename(target)  # atomic: a concurrent run sees all of it or none
+        except OSError:  # another run put the same files there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="module")
 def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     reason = unavailable_reason()
     if reason is not None:

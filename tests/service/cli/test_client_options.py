@@ -39,9 +39,10 @@ def test_not_an_http_url_is_refused(prompts):
     assert proc.returncode == 1 and "GRPO_CURATOR_URL 'curator:8000': expected an http:// or https:// URL" in proc.stderr
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_api_key_from_the_environment_and_the_flag(command, prompts, make_db, tmp_path):
-    """With auth on, the key comes from GRPO_CURATOR_API_KEY or --api-key; a wrong one is the service's 401."""
+@pytest.fixture(scope="module")
+def authed_server(make_db):
+    """A real service with auth on (an admin key exists) -> (server, the key); one for the three commands of
+    the test below (each only reads, or imports the same prompt again: an upsert)."""
     from service.auth.keys import create_key
     from service.store.db import get_engine, make_sessionmaker
     from tests.conftest import start_server, stop_server
@@ -51,11 +52,18 @@ def test_api_key_from_the_environment_and_the_flag(command, prompts, make_db, tm
         token = create_key(session, "cli-admin", "admin", None)
     server = start_server(db)
     try:
-        ok = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
-        assert ok.returncode == 0, ok.stderr
-        ok = run_cli([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
-        assert ok.returncode == 0, ok.stderr
-        bad = run_cli([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
-        assert bad.returncode == 1 and ("401" in bad.stderr or "API key" in bad.stderr), bad.stderr
+        yield server, token
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_api_key_from_the_environment_and_the_flag(command, prompts, authed_server):
+    """With auth on, the key comes from GRPO_CURATOR_API_KEY or --api-key; a wrong one is the service's 401."""
+    server, token = authed_server
+    ok = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
+    assert ok.returncode == 0, ok.stderr
+    ok = run_cli([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
+    assert bad.returncode == 1 and ("401" in bad.stderr or "API key" in bad.stderr), bad.stderr
