@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     retention: str = "7d"
     archive_every_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     archive_batch_groups: int = Field(default=500, ge=1)
+    # partitioned hot tables (service.store.partitions): group pks per range of trajectories / rewards /
+    # decisions; the worker keeps one whole range ahead of the newest group and drops a range none of whose
+    # groups is hot any more
+    partition_groups: int = Field(default=100_000, ge=1)
 
     # bounds of a score / curate worker's transactions, set on its connections (service.store.db.worker_options):
     # one left idle this long (its worker frozen: SIGSTOP, a VM pause, a partition) is ended by the server with

@@ -1,6 +1,7 @@
 """The archive's statements: which finished groups are due, their rows as written to Parquet (with a content
 fingerprint per row), and the one transaction that re-checks the fingerprints under row locks, records the
-files and tombstones and deletes the hot rows."""
+files and tombstones and deletes the groups rows (their trajectories, rewards and decisions go with their
+partition, service.store.partitions)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ def _content(pks: Sequence[int]) -> tuple[Any, Any]:
         select(*_COLUMNS, rewards_column().label("rewards"))
         .join(Trajectory, Trajectory.group_pk == Group.pk)
         .outerjoin(Prompt, Prompt.id == Group.prompt_id)
-        .where(Group.pk == any_(array_param("pks", list(pks), BigInteger)))
+        # the same pks on trajectories too: their partitions are pruned, and each is probed by its key
+        # (joined on group_pk alone, the planner hashes a whole partition of the range)
+        .where(Group.pk == any_(array_param("pks", list(pks), BigInteger)),
+               Trajectory.group_pk == any_(array_param("pks", list(pks), BigInteger)))
         .subquery("content")
     )
     hashed = tuple_(*(c for c in sub.c if c.name not in _UNHASHED))
@@ -137,7 +141,9 @@ def insert_tombstones(session: Session, pks: Sequence[int], file_pk: int) -> Non
 
 
 def delete_groups(session: Session, pks: Sequence[int]) -> int:
-    """Delete the groups (their trajectories, rewards and decisions go with them: ON DELETE CASCADE)."""
+    """Delete the groups rows, and only those: their trajectories, rewards and decisions (the bytes) stay in
+    their partitions, unreachable (every read goes through a live group), until the partition is dropped whole
+    (``service.store.partitions.retire``): no bulk DELETE of the large rows."""
     return session.execute(Group.__table__.delete().where(Group.__table__.c.pk.in_(list(pks)))).rowcount
 
 

@@ -13,7 +13,12 @@ The protocol, one batch of groups (pk order) at a time, under one advisory lock 
 3. in ONE transaction: lock the groups and their trajectories (FOR UPDATE), check every group is still there
    with the content written (the same fingerprints, computed again under the locks), record the files
    (``archive_files``), insert the tombstones, move their stats share to ``stats_archived_cells`` and delete
-   the hot rows.
+   the groups rows.
+
+The groups' trajectories, rewards and decisions are not deleted row by row: the tables are partitioned by
+group pk range (migration 0015), and after its batches a run drops every range none of whose groups is hot any
+more (``service.store.partitions.retire``; the worker does too). Until then those rows stay, unreachable:
+every read (GET /v1/groups, export, leases, stats) reaches trajectories through a live group's pk.
 
 A group changed between 1 and 3 (a rescore or recurate that took a dropped group back through scoring and
 curation to a final status again, with other rewards: same status, other content) fails the check: the
@@ -49,6 +54,7 @@ from service.archive import repository as repo
 from service.policy import service as policy
 from service.settings import Settings, get_settings
 from service.stats import service as stats
+from service.store import partitions
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,7 @@ class ArchiveResult:
     files: int = 0
     orphans_removed: int = 0
     skipped: int = 0  # groups that changed between read and record (left hot)
+    partitions_dropped: int = 0  # ranges of the partitioned hot tables dropped after the run (all archived)
     locations: list[str] = field(default_factory=list)
 
 
@@ -172,6 +179,15 @@ def remove_orphans(session: Session, target: files.Target) -> int:
     return removed
 
 
+def _retire(factory: sessionmaker[Session]) -> int:
+    """Drop the partitions whose groups are all archived now; a failure only waits for the next pass."""
+    try:
+        return len(partitions.retire(factory))
+    except Exception:  # noqa: BLE001 - the groups are archived either way; their bytes go at the next pass
+        log.exception("archive: dropping the archived partitions failed; the next pass tries again")
+        return 0
+
+
 def keep_from(session: Session, window_versions: int) -> int:
     """The oldest policy version the monitors still read (``current - window_versions``): groups sampled at it
     or later stay hot."""
@@ -208,6 +224,7 @@ def archive(engine: Engine, to: str, older_than: timedelta, *, batch_groups: int
                 after = due[-1][0]
                 if _archive_batch(factory, target, due, rows, result, before_record) and on_batch is not None:
                     on_batch(result)
+            result.partitions_dropped = _retire(factory)
         finally:
             repo.unlock(lock_conn)
             lock_conn.commit()

@@ -37,10 +37,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from reward_models.scoring import Scorer
 from service.curation.service import curate
 from service.scoring import service as scoring
-from service.settings import MIN_BEAT_S
+from service.settings import MIN_BEAT_S, get_settings
+from service.store import partitions
 from service.worker import repository as repo
 
 log = logging.getLogger(__name__)
+_PARTITIONS = partitions.Throttle()  # this process's partition maintenance: at most every CHECK_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,9 @@ def run_once(factory: sessionmaker[Session], scorer: Scorer, cfg: PipelineConfig
 
 def _maintain(factory: sessionmaker[Session]) -> None:
     """Expired leases go back to ready; ready groups past their policy's staleness leave the queue;
-    session groups past their deadline enter scoring with the sessions they have.
+    session groups past their deadline enter scoring with the sessions they have; every
+    ``partitions.CHECK_EVERY_S``, the hot tables' partitions are created ahead and retired
+    (``service.store.partitions``).
     Each task in its own transaction, and a failing one is logged, never raised: maintenance must not
     undo the other task's work or block scoring."""
     from service.alerts.service import evaluate_due
@@ -211,6 +215,11 @@ def _maintain(factory: sessionmaker[Session]) -> None:
                 task(session)
         except Exception:  # noqa: BLE001 - the next pass tries again; scoring goes on
             log.exception("maintenance task %s failed", task.__name__)
+    if _PARTITIONS.due():  # ranges of the partitioned hot tables: created ahead, retired by DROP
+        try:
+            partitions.maintain(factory, get_settings().partition_groups)
+        except Exception:  # noqa: BLE001 - a lock timeout, say: the next check tries again
+            log.exception("maintenance task partitions failed")
 
 
 def run_forever(factory: sessionmaker[Session], scorer: Scorer, stop: threading.Event,
