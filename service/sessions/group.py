@@ -28,9 +28,8 @@ from service.auth.service import Principal, Role
 from service.curation import service as curation
 from service.ingest import service as ingest
 from service.ingest.schemas import GroupIn, PromptIn, TrajectoryIn
-from service.sessions import ending
+from service.sessions import ending, sampling
 from service.sessions import repository as repo
-from service.sessions import sampling
 from service.sessions.repository import SEGMENT_MARK
 from service.sessions.trajectory import Segment, TracedCall, segments
 from service.settings import Settings

@@ -91,3 +91,12 @@ def say(fake_url: str, text: str) -> None:
 def end_next(fake_url: str, finish_reason: str) -> None:
     """``fake_vllm``'s next answer's ``finish_reason`` (``tool_calls``: a valid call of ``add``, chat)."""
     _fake(fake_url, "/fake/finish", finish_reason)
+
+
+def call_in_mode(fake_url: str, session: dict[str, Any], mode: str, **extra: Any) -> httpx.Response:
+    """One chat call answered by ``fake_vllm`` in hostile ``mode`` (back to ``ok`` after it, whatever happens)."""
+    set_mode(fake_url, mode)
+    try:
+        return chat_call(session, **extra)
+    finally:
+        set_mode(fake_url, "ok")

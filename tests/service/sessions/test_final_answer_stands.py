@@ -18,6 +18,7 @@ from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
     USER,
+    call_in_mode,
     chat_call,
     end_next,
     finish_call,
@@ -77,27 +78,9 @@ def test_a_call_in_flight_does_not_undo_the_final_answer(gateway: LiveServer, fa
 def test_a_refused_call_after_the_final_answer_is_no_cut(gateway: LiveServer, fake: Upstream, claim: str) -> None:
     s = open_session(gateway.url)
     _final_wrong(fake, s)
-    set_mode(fake.url, "refuse")
-    try:
-        assert chat_call(s, tools=TOOLS).status_code == 400
-    finally:
-        set_mode(fake.url, "ok")
+    assert call_in_mode(fake.url, s, "refuse", tools=TOOLS).status_code == 400
     r = finish_call(s, finish_reason=claim)
     assert r.status_code == 422 and r.json()["detail"]["claimed"] == claim, r.text
-
-
-def test_a_refused_call_after_a_tool_call_is_a_cut(gateway: LiveServer, fake: Upstream) -> None:
-    """The other side: the model asked for a tool and the next prompt was past the context (vLLM's 400)."""
-    s = open_session(gateway.url)
-    end_next(fake.url, "tool_calls")
-    assert chat_call(s, tools=TOOLS).status_code == 200
-    set_mode(fake.url, "refuse")
-    try:
-        assert chat_call(s, tools=TOOLS).status_code == 400
-    finally:
-        set_mode(fake.url, "ok")
-    r = finish_call(s, finish_reason="length")
-    assert r.status_code == 200 and r.json()["finish_reason"] == "length", r.text
 
 
 @pytest.mark.parametrize(("env", "after", "status"), [
@@ -109,14 +92,9 @@ def test_a_limit_or_failure_after_the_final_answer_ends_it_as_stop(gateway_for: 
     gw = gateway_for(fake.url, **env)
     s = open_session(gw.url)
     _final_wrong(fake, s)
-    slow = after.pop("slow", False)
-    if slow:
-        set_mode(fake.url, "slow")
-    try:
-        r = chat_call(s, tools=TOOLS, **after)
-        assert r.status_code == status, r.text
-    finally:
-        set_mode(fake.url, "ok")
+    mode = "slow" if after.pop("slow", False) else "ok"
+    r = call_in_mode(fake.url, s, mode, tools=TOOLS, **after)
+    assert r.status_code == status, r.text
     state = read(s, tokens=False)
     assert state["status"] == "finished" and state["finish_reason"] == "stop", state
     _scored_as_stop(gw.url, s)

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
+    call_in_mode,
     chat_call,
     end_next,
     finish_call,
@@ -115,11 +116,7 @@ def test_length_after_a_call_the_upstream_refused_is_taken(gateway: LiveServer, 
     """The model asked for a tool; its next prompt was past the model's context (vLLM's 400)."""
     session = open_session(gateway.url)
     _calls(fake, session, ["tool_calls"])
-    set_mode(fake.url, "refuse")
-    try:
-        assert chat_call(session, tools=TOOLS).status_code == 400
-    finally:
-        set_mode(fake.url, "ok")
+    assert call_in_mode(fake.url, session, "refuse", tools=TOOLS).status_code == 400
     r = finish_call(session, finish_reason="length")
     assert r.status_code == 200 and r.json()["finish_reason"] == "length", r.text
 
@@ -193,11 +190,7 @@ def test_a_misuse_the_gateway_saw_is_never_refused_nor_erased(
 ) -> None:
     """The model's tool misuse, then its final answer: whatever the claim, the negative stays (no 422)."""
     session = open_session(gateway.url)
-    set_mode(fake.url, "bad-tool")
-    try:
-        assert chat_call(session, tools=TOOLS).status_code == 200
-    finally:
-        set_mode(fake.url, "ok")
+    assert call_in_mode(fake.url, session, "bad-tool", tools=TOOLS).status_code == 200
     _calls(fake, session, ["stop"])
     r = finish_call(session, finish_reason=claim, error="backend down")
     assert r.status_code == 200 and r.json()["finish_reason"] == "tool_misuse", r.text
