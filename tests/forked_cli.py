@@ -1,0 +1,165 @@
+"""Real ``grpo-curator`` command processes without paying Python's start-up for each: a zygote process
+imports the CLI (and what its commands import) once, then forks one child per command. Each child is a
+separate process running ``service.cli.main.main(argv)`` with its own environment, stdout and stderr
+(pipes the test reads), and exit status: what ``python -m service.cli ARGV`` does after its imports.
+
+Used where a test starts many short-lived command processes to SIGKILL them (tests/service/archive/
+test_archive_kill.py): each ``python -m service.cli`` start took ~2 s of imports before the command's first
+line, and the kills land after that line anyway.
+
+Nothing is connected, configured or cached in the zygote before a fork (it only imports modules); the
+child clears the cached settings after taking its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from typing import IO, Any
+
+# what ``grpo-curator archive`` imports (imports only: no thread pool, connection or setting is made by them)
+PRELOAD = ("service.cli.main", "service.cli.archive", "service.archive.service", "service.store.db",
+           "service.store.migrate", "alembic.command", "alembic.config", "sqlalchemy", "psycopg", "numpy",
+           "pyarrow", "pyarrow.fs", "pyarrow.parquet")
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the tests use: pid, stdout, stderr (text), send_signal, wait."""
+
+    def __init__(self, zygote: Zygote, pid: int, stdout: IO[str], stderr: IO[str]) -> None:
+        self._zygote, self.pid, self.stdout, self.stderr = zygote, pid, stdout, stderr
+        self.returncode: int | None = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._zygote._wait(self.pid, timeout)
+        return self.returncode
+
+
+class Zygote:
+    """``with Zygote() as z: proc = z.spawn(argv, env)``: argv as after ``python -m service.cli``."""
+
+    def __init__(self, cwd: str | None = None) -> None:
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", str(theirs.fileno())],
+                                      pass_fds=[theirs.fileno()], cwd=cwd)
+        theirs.close()
+        ready = self._recv(120)
+        assert ready == {"ready": True}, ready
+
+    def _recv(self, timeout: float | None) -> dict[str, Any]:
+        if not select.select([self._sock], [], [], timeout)[0]:
+            raise TimeoutError
+        data = self._sock.recv(65536)
+        if not data:
+            raise RuntimeError(f"the zygote exited ({self._proc.poll()})")
+        return json.loads(data)
+
+    def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
+        r_out, w_out = os.pipe()
+        r_err, w_err = os.pipe()
+        try:
+            socket.send_fds(self._sock, [json.dumps({"spawn": argv, "env": env}).encode()], [w_out, w_err])
+        finally:
+            os.close(w_out)
+            os.close(w_err)
+        pid = self._recv(60)["pid"]
+        return ForkedProcess(self, pid, os.fdopen(r_out, "r"), os.fdopen(r_err, "r"))
+
+    def _wait(self, pid: int, timeout: float | None) -> int:
+        self._sock.send(json.dumps({"wait": pid}).encode())
+        try:
+            return self._recv(timeout)["returncode"]
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(f"forked command {pid}", timeout or 0) from None
+
+    def close(self) -> None:
+        self._sock.close()  # the zygote ends at EOF
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _child(argv: list[str], env: dict[str, str], out: int, err: int) -> None:
+    """In the forked child: never returns."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in (devnull, out, err):
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(env)
+        from service.settings import get_settings
+
+        get_settings.cache_clear()
+        sys.argv = [sys.argv[0], *argv]
+        from service.cli.main import main
+
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - what an uncaught exception does: a traceback, exit status 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve(fd: int) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    sock = socket.socket(fileno=fd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sock.send(json.dumps({"ready": True}).encode())
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 65536, 2)
+        if not msg:
+            return
+        req = json.loads(msg)
+        if "spawn" in req:
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                _child(req["spawn"], req["env"], fds[0], fds[1])
+            for f in fds:
+                os.close(f)
+            sock.send(json.dumps({"pid": pid}).encode())
+        else:
+            _, status = os.waitpid(req["wait"], 0)
+            sock.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
