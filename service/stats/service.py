@@ -131,7 +131,8 @@ def facts(session: Session, group_pks: Sequence[int], group_drops: bool = True) 
     out = []
     for r in rows:
         actions, baseline = _BASELINES.get(r.policy_hash or "", default)
-        own = r.member_action == "drop" and r.member_reason == REASON_REWARD_ERROR
+        # its own reward error (no total: a component failed), not a member taken down with its group
+        own = r.member_reason == REASON_REWARD_ERROR and r.total_reward is None
         out.append((*r, not own and actions.get(r.finish_reason) in baseline))
     return out
 

@@ -67,3 +67,17 @@ def test_the_upgrade_recomputes_a_rollup_written_before_group_drops_counted(api,
     assert "agent" not in _drops(api)
     upgrade(fresh_db)
     assert _drops(api)["agent"] == {"untrainable": 1.0}
+
+
+def test_a_stored_policy_body_that_no_longer_reads_counts_as_the_defaults_both_ways():
+    """A body an older release stored that this one refuses must not raise out of the rollup (a group
+    curated with it could then never be retracted), and must give the same rule at every call, so a
+    retraction removes exactly what the addition added."""
+    from service.stats.service import _baseline_rule
+
+    default = _baseline_rule(None)
+    for body in ({"name": "old", "finish_reason_actions": {"length": "truncate_and_pray"}},
+                 {"name": "old", "retired_field": 1}, {"finish_reason_actions": []}):
+        assert _baseline_rule(body) == default == _baseline_rule(body)
+    masked_in = _baseline_rule({"name": "in", "masked_in_baseline": True})
+    assert "mask" in masked_in[1] and "mask" not in default[1]

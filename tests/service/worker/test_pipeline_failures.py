@@ -204,6 +204,13 @@ class TestRetries:
         assert [t["action"] for t in g["trajectories"]] == actions
         assert g["trajectories"][1]["reason"] == "reward_error" and g["trajectories"][1]["total_reward"] is None
         assert g["trajectories"][0]["total_reward"] is not None
+        # attack: under drop_group every member carries reason reward_error, and /v1/stats took that as
+        # each member's own error, so the group's pass_rate vanished while the curriculum counted the
+        # members that scored. pass_rate counts the members that scored, either way.
+        scored = [t["outcome"] for t in g["trajectories"] if t["total_reward"] is not None]
+        assert len(scored) == 3 and None not in scored
+        rows = {r["key"]: r for r in api.get("/v1/stats", params={"by": "dataset"}).json()["rows"]}
+        assert rows["toy"]["pass_rate"] == pytest.approx(sum(scored) / 3)
 
 
 def test_reordered_keys_retry_is_the_same_group(api):
