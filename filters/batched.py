@@ -217,13 +217,14 @@ def _members(groups: Sequence[GroupScore], x: _Inputs, stale: np.ndarray, policy
     rerr = cand & missing
     base = cand & ~rerr
     used = x.total + _penalties(x, act, base, policy)
+    shift = np.where(base & (act == PENALIZE), used - x.total, 0.0)  # a penalized member's metric carries it
     if zv.metric == "outcome":
-        metric = np.where(has_outcome, x.outcome, used)
+        metric = np.where(has_outcome, x.outcome + shift, used)
     elif zv.metric == "total":
         metric = used
     else:
         assert x.component is not None  # read whenever the metric is a component
-        metric = x.component[0]
+        metric = x.component[0] + shift
     outcome = np.where(has_outcome, x.outcome, x.total)
     has_out = base & ~(has_outcome & x.outcome_missing)
     masked = live & (act == MASK) & ~cand

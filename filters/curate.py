@@ -73,13 +73,17 @@ from filters.types import (
 )
 
 
-def _metric_value(t: TrajectoryScore, metric: str, used: float) -> float | None:
-    """The zero-variance metric of one member; `metric` is already resolved (no outcome fallback)."""
+def _metric_value(t: TrajectoryScore, metric: str, used: float, action: Action) -> float | None:
+    """The zero-variance metric of one member; `metric` is already resolved (no outcome fallback). A
+    `penalize` member's carries its penalty (``used - total``) whatever the metric: penalizing a cut trains
+    it as a failure, so [correct, correct, cut] is not zero-variance because the cut one happened to reach
+    the right outcome before the budget (the outcome metric alone would drop the group, penalty unseen)."""
     if metric == "total":
         return used
-    if metric == "outcome":
-        return t.outcome
-    return t.components.get(metric)
+    raw = t.outcome if metric == "outcome" else t.components.get(metric)
+    if action == "penalize" and raw is not None:
+        return raw + (used - t.total)  # type: ignore[operator]  # a baseline member has a total
+    return raw
 
 
 def _resolve_metric(
@@ -150,7 +154,7 @@ def _baseline(
 
 
 def _stats(
-    group: GroupScore, used: dict[int, float], metric: str, has_outcome: bool
+    group: GroupScore, used: dict[int, float], metric: str, has_outcome: bool, actions: list[Action]
 ) -> tuple[float | None, float | None]:
     """(population std of the metric, outcome mean) over the baseline members; None when empty.
 
@@ -159,7 +163,7 @@ def _stats(
     if not used:
         return None, None
     trajs = group.trajectories
-    values = [_metric_value(trajs[i], metric, u) for i, u in used.items()]
+    values = [_metric_value(trajs[i], metric, u, actions[i]) for i, u in used.items()]
     outcomes = [trajs[i].outcome if has_outcome else trajs[i].total for i in used]
     known = [o for o in outcomes if o is not None]
     mean = float(np.mean(known)) if known else None
@@ -180,7 +184,7 @@ def curate_group(
     trajs = group.trajectories
     actions = [finish_reason_action(t.finish_reason, policy) for t in trajs]
     used, errors, metric, has_outcome = _baseline(group, actions, policy)
-    metric_std, outcome_mean = _stats(group, used, metric, has_outcome)
+    metric_std, outcome_mean = _stats(group, used, metric, has_outcome, actions)
     members = {i: actions[i] for i in used}
     drop_reason = _group_drop_reason(members, metric_std, outcome_mean, policy)
     if errors and policy.reward_error == "drop_group":

@@ -51,6 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.archive import duration, files
 from service.archive import repository as repo
+from service.delivery.repository import DELIVERABLE_ACTIONS
 from service.policy import service as policy
 from service.settings import Settings, get_settings
 from service.stats import service as stats
@@ -59,7 +60,6 @@ from service.store import partitions
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = repo.FINAL_STATUSES
-_EXCLUDED = ("drop", "resample", "resume")  # actions that leave a trajectory out of training
 parse_duration = duration.parse_duration
 
 
@@ -79,7 +79,9 @@ class ArchiveResult:
 
 
 def _effective(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["status"] == "consumed" and (r["action"] or "") not in _EXCLUDED]
+    """The trajectories a trainer trained on: a consumed group's members that a lease delivers (a masked cut
+    member, a dropped or remedied one never reaches a trainer)."""
+    return [r for r in rows if r["status"] == "consumed" and r["action"] in DELIVERABLE_ACTIONS]
 
 
 def _partitions(due: list[tuple[int, str, date, str]]) -> dict[tuple[str, date], list[int]]:

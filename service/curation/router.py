@@ -33,14 +33,15 @@ router = APIRouter(prefix="/v1", tags=["curation"])
 )
 def fill_slot(
     group_id: PathId,
-    index: Annotated[int, Path(ge=0, le=32_767)],
+    index: Annotated[str, Path(pattern=r"^(0|[1-9][0-9]{0,4})$", description="the slot: a trajectory index, "
+                                "in plain decimal (no sign, leading zero, space or fraction)")],
     body: SlotFillIn,
     session: SessionDep,
     settings: SettingsDep,
     key: KeyDep,
     response: Response,
 ) -> SlotFillOut:
-    out, created = curation.fill_slot(session, group_id, index, body.policy_version, body.trajectory,
+    out, created = curation.fill_slot(session, group_id, int(index), body.policy_version, body.trajectory,
                                       max_sequence_tokens=settings.max_sequence_tokens, key=key,
                                       request_id=body.request_id)
     if not created:

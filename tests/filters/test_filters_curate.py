@@ -421,3 +421,28 @@ class TestPenalizeAndResample:
         d = curate_group(group, policy, None)
         assert (d.drop_reason, d.resample, d.resample_max_tokens) == ("below_min_group_size", (1, 2), 1502)
         assert actions(d) == ["drop", "resample", "resample"]
+
+
+@pytest.mark.parametrize("metric", ["outcome", "correct"])
+@pytest.mark.parametrize(("outcomes", "used"), [
+    ([1.0, 1.0, 1.0], [1.0, 1.0, 0.0]),  # the cut one reached the right outcome before its budget
+    ([0.0, 0.0, 0.0], [0.0, 0.0, -1.0]),  # all wrong: the cut one is the worst
+])
+def test_a_penalized_cut_is_a_failure_in_the_zero_variance_check_too(metric, outcomes, used) -> None:
+    """Attack: with the default zero-variance metric (outcome) the penalty never reached training --
+    [correct, correct, cut] has rewards used [1, 1, 0] but outcomes [1, 1, 1], so the group was dropped as
+    zero variance. A penalized member's metric carries its penalty, per-group and vectorised alike; a
+    group without a penalized member is judged as before."""
+    policy = CurationPolicy(finish_reason_actions={"length": "penalize"},
+                            zero_variance=ZeroVariance(metric=metric, eps=1e-6, action="drop"))
+    comps = [{"correct": o} for o in outcomes]
+    group = make_group(outcomes, ["stop", "stop", "length"], outcomes=outcomes, components=comps,
+                       num_tokens=[3, 4, 8], max_tokens=8)
+    for d in (curate_group(group, policy, None), curate_groups([group], policy, None)[0]):
+        assert d.status == "ready", d
+        assert [t.reward_used for t in d.trajectories] == used
+        adv = advantages(d)
+        assert adv[2] < 0 and adv[2] == min(adv)
+    plain = make_group(outcomes, outcomes=outcomes, components=comps, num_tokens=[3, 4, 8], max_tokens=8)
+    for d in (curate_group(plain, policy, None), curate_groups([plain], policy, None)[0]):
+        assert (d.status, d.drop_reason) == ("dropped", "zero_variance")

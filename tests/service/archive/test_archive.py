@@ -32,8 +32,10 @@ SPEC = {"name": "arc", "components": [{"name": "correct", "kind": "verifier.math
 
 
 def _groups() -> list[dict]:
+    cut = make_group("a-1", prompt_id="p-1", answers=["42", "41", "42", "7"], policy_version=1)
+    cut["trajectories"][3]["finish_reason"] = "length"  # masked (the default): never delivered, never trained
     return [
-        make_group("a-1", prompt_id="p-1", answers=["42", "41", "42", "7"], policy_version=1),
+        cut,
         make_group("a-2", prompt_id="p-1", answers=["42", "0"], policy_version=2),
         make_group("a-3", prompt_id="p-2", answers=["1", "42", "42"], dataset="other/ds", policy_version=2),
         make_group("a-zero", prompt_id="p-1", answers=["42", "42"], policy_version=3),  # zero variance: dropped
@@ -113,8 +115,12 @@ def test_round_trip_local_dir(seeded, fresh_db: str, tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["dataset=other%2Fds", "dataset=toy"]
     assert all(p.name.startswith("date=") for p in (tmp_path / "all" / "dataset=toy").iterdir())
     eff = pl.read_parquet(tmp_path / "effective", hive_partitioning=True)
-    assert set(eff["status"]) == {"consumed"} and set(eff["action"]) <= {"keep", "mask", "penalize", None}
+    # effective/: what a trainer trained on -- a lease delivers keep and penalize members only (attack: the
+    # masked cut member of a consumed group was there too)
+    assert set(eff["status"]) == {"consumed"} and set(eff["action"]) <= {"keep", "penalize"}
     assert "a-zero" not in set(eff["group_id"])
+    assert ("a-1", 3) in set(zip(df["group_id"], df["index"], strict=True))
+    assert sorted(eff.filter(pl.col("group_id") == "a-1")["index"]) == [0, 1, 2]
 
     # GET: archived, and where to
     r = api.get("/v1/groups/a-1")

@@ -299,23 +299,78 @@ def _stale_policy(api, name: str) -> None:
     _setup(api, name, max_staleness=1)
 
 
-def test_a_fill_by_an_older_policy_makes_its_group_as_stale_as_its_tokens(api, scorer):
-    """Group at version 5, trainer at 6, max_staleness 1: fresh enough; a replacement sampled by version 0
-    makes its tokens 6 versions old -- the group is dropped stale, not leased."""
+def test_a_fill_older_than_its_group_is_refused_and_the_group_still_trains(api, scorer):
+    """Group at version 5, trainer at 6, max_staleness 1: fresh enough. Attack: a replacement sampled by
+    version 0 was taken (201) and made the whole group stale -- any producer could drop any waiting group's
+    completers by answering its request with old tokens, worse than ignoring it. Now a fill older than every
+    member is a 422 naming policy_version, nothing stored; the slot stays open for a fresh one."""
     _stale_policy(api, "old")
     assert api.post("/v1/policy", json={"version": 6, "metrics": {}}).status_code == 201
     for gid in ("fresh", "smuggled"):
         assert api.post("/v1/groups", json=_cut_group(gid, "old") | {"policy_version": 5}).status_code == 201
     drain(api.factory, scorer, timeout_s=60)
-    for gid, version in (("fresh", 5), ("smuggled", 0)):
-        body = {"policy_version": version, "trajectory": make_trajectory(answer="42", seed=8)}
+    old = api.post("/v1/groups/smuggled/trajectories/3",
+                   json={"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=8)})
+    assert_client_error(old, "policy_version")
+    assert "older than every member" in old.json()["error"]
+    # the same by per-token versions: a fill posted at 5 whose generated tokens say version 4
+    t = make_trajectory(answer="42", seed=8)
+    t["versions"] = [4 if m else -1 for m in t["loss_mask"]]
+    assert_client_error(api.post("/v1/groups/smuggled/trajectories/3", json={"policy_version": 5, "trajectory": t}),
+                        "policy_version")
+    assert api.get("/v1/groups/smuggled").json()["status"] == "waiting"  # nothing of the refusals stored
+    for gid in ("fresh", "smuggled"):
+        body = {"policy_version": 5, "trajectory": make_trajectory(answer="42", seed=8)}
         assert api.post(f"/v1/groups/{gid}/trajectories/3", json=body).status_code == 201
     drain(api.factory, scorer, timeout_s=60)
-    fresh, smuggled = api.get("/v1/groups/fresh").json(), api.get("/v1/groups/smuggled").json()
-    assert fresh["status"] == "ready"
-    assert (smuggled["status"], smuggled["drop_reason"]) == ("dropped", "stale")
+    assert [api.get(f"/v1/groups/{gid}").json()["status"] for gid in ("fresh", "smuggled")] == ["ready", "ready"]
     lease = api.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10})
-    assert [g["id"] for g in lease.json()["groups"]] == ["fresh"]
+    assert sorted(g["id"] for g in lease.json()["groups"]) == ["fresh", "smuggled"]
+
+
+def test_a_fill_that_generated_nothing_is_refused_before_its_prompt_escapes_the_check(api, scorer):
+    """Attack: a replacement with a foreign prompt and one loss_mask 1 was refused, but the same tokens with an
+    all-zero loss_mask have no prompt to compare (nothing generated) and were taken, its wrong answer moving
+    the completers' advantages. A replacement generates at least one token: 422 naming loss_mask."""
+    _setup(api, "zero")
+    assert api.post("/v1/groups", json=_same_prompt_group("z", "zero")).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    foreign = {"messages": [{"role": "assistant", "content": "The answer is \\boxed{41}"}],
+               "token_ids": [400 + i for i in range(10)], "loss_mask": [0] * 10, "finish_reason": "stop"}
+    assert_client_error(api.post("/v1/groups/z/trajectories/3", json={"policy_version": 0, "trajectory": foreign}),
+                        "trajectory.loss_mask")
+    seg = _segmented("41")
+    for x in seg["segments"]:
+        x["loss_mask"] = [0] * len(x["token_ids"])
+    assert_client_error(api.post("/v1/groups/z/trajectories/3", json={"policy_version": 0, "trajectory": seg}),
+                        "trajectory.segments[].loss_mask")
+    assert api.get("/v1/groups/z").json()["status"] == "waiting"
+
+
+def test_a_segmented_fill_counts_every_segments_tokens_in_its_group(api, scorer):
+    """Attack: the group's n_tokens after a segmented fill counted the fill's (absent) top-level token_ids."""
+    _setup(api, "segn")
+    _waiting(api, scorer, "n", "segn")
+    def listed() -> int:
+        [row] = [x for x in api.get("/v1/groups", params={"dataset": "segn"}).json()["groups"] if x["id"] == "n"]
+        return row["n_tokens"]
+
+    before = listed()
+    assert api.post("/v1/groups/n/trajectories/3",
+                    json={"policy_version": 0, "trajectory": _segmented("42")}).status_code == 201
+    cut = len(_cut_group("n", "segn")["trajectories"][3]["token_ids"])
+    assert listed() == before - cut + 3 + 4
+
+
+@pytest.mark.parametrize("index", ["03", "3.0", "%203", "+3", "3e0"])
+def test_a_fill_index_is_plain_decimal(api, scorer, index):
+    """Attack: /trajectories/03, /3.0 and /%203 were all read as slot 3."""
+    _setup(api, "idx")
+    _waiting(api, scorer, "i", "idx")
+    r = api.post(f"/v1/groups/i/trajectories/{index}",
+                 json={"policy_version": 0, "trajectory": make_trajectory(answer="42", seed=8)})
+    assert_client_error(r, "index")
+    assert api.get("/v1/groups/i").json()["status"] == "waiting"
 
 
 @pytest.mark.parametrize(("oldest", "stale"), [(5, False), (4, True), (0, True)])
