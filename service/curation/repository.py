@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import func, select, text, update
+from sqlalchemy import BigInteger, any_, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, selectinload
 
 from service.store.models import Decision, Group, Prompt, Reward, SamplingRequest
+from service.store.queries import array_param
 
 
 def update_trajectory_decisions(session: Session, rows: list[tuple[int, int, float, str, str]]) -> None:
@@ -172,3 +173,12 @@ def expire_slots(session: Session, group_pk: int) -> list[SamplingRequest]:
                    SamplingRequest.status != "expired")
             .values(status="expired").returning(SamplingRequest))
     return list(session.execute(stmt).scalars())
+
+
+def with_decision(session: Session, pks: list[int], rules: tuple[str, ...]) -> set[int]:
+    """Of ``pks``, the groups with a decision row of one of ``rules`` (e.g. the markers a rescore / recurate leaves)."""
+    if not pks:
+        return set()
+    stmt = select(Decision.group_pk).where(
+        Decision.group_pk == any_(array_param("pks", pks, BigInteger)), Decision.rule.in_(rules)).distinct()
+    return set(session.execute(stmt).scalars())

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from filters import curate_groups
+from filters.rules import finish_reason_action, staleness_version
 from filters.types import REMEDY_ACTIONS, CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
 from service.curation import remedies
 from service.curation import repository as curate_repo
@@ -25,6 +26,13 @@ from service.store.db import db_now
 from service.store.models import Group
 
 _PLAIN_METRICS = ("outcome", "total")
+# the finish_reason actions whose members train: only their tokens' versions make a group stale
+TRAINING_ACTIONS = ("keep", "penalize")
+# groups dropped for one of these add nothing to their prompt's recent outcomes (too few members to say)
+NO_OUTCOME_DROPS = ("below_min_group_size",)
+# the rule of a member's decision when its group was sent back by a rescore / recurate (no new rollouts)
+NO_NEW_ROLLOUTS = "no_new_rollouts"
+SENT_BACK = ("rescore", "recurate")  # the rules of the decision rows that mark a curated group sent back
 
 
 def _policy_for(session: Session, g: Group, prompts: dict, cache: dict) -> tuple[specs.Versioned, CurationPolicy]:
@@ -74,13 +82,41 @@ def member_budgets(history: remedies.SlotHistory) -> dict[tuple[int, int], int]:
     return out
 
 
+def training_version(g: Group, policy: CurationPolicy) -> int:
+    """The version ``g``'s staleness is measured from under ``policy``: ``staleness_version`` over the members
+    that will train (their finish_reason's action is keep or penalize). A cut or failed member trains
+    nothing, so its tokens' versions never decide its completers' fate. Reads the ``versions`` column only
+    (of each member, its oldest generated token's version: all the rule needs); a member without versions has
+    every generated token at the group's policy_version."""
+    versions = [_oldest_generated(t.versions) for t in g.trajectories
+                if t.versions is not None and _action(t.finish_reason, policy) in (*TRAINING_ACTIONS, None)]
+    return staleness_version(versions, g.policy_version)
+
+
+def _oldest_generated(raw: bytes) -> list[int]:
+    """A member's stored versions (T,) -> [its oldest generated token's version] ([] when it generated none):
+    all ``staleness_version`` takes from it (the minimum of its versions >= 0), without a Python loop over T."""
+    versions = arrays.decode(raw, arrays.VERSION_DTYPE)
+    generated = versions[versions >= 0] if versions is not None else None
+    return [int(generated.min())] if generated is not None and generated.size else []
+
+
+def _action(finish_reason: str, policy: CurationPolicy) -> str | None:
+    """``finish_reason_action``; None for a reason the policy does not know (curate_groups then refuses the
+    group by name: curation_error)."""
+    try:
+        return finish_reason_action(finish_reason, policy)
+    except ValueError:
+        return None
+
+
 def _group_score(g: Group, components: dict[tuple[int, int], dict[str, float | None]],
-                 budgets: dict[tuple[int, int], int] | None = None) -> GroupScore:
+                 budgets: dict[tuple[int, int], int] | None = None, version: int | None = None) -> GroupScore:
     max_tokens = _int_budget(g.sampling)
     budgets = budgets or {}
     return GroupScore(
         group_id=g.id,
-        policy_version=g.policy_version if g.oldest_version is None else g.oldest_version,  # staleness: oldest token
+        policy_version=g.policy_version if version is None else version,  # staleness: its training members'
         max_tokens=max_tokens,
         trajectories=[
             TrajectoryScore(
@@ -120,6 +156,7 @@ class _Writes:
         self.curated: list[tuple[int, datetime]] = []
         self.waiting: list[dict[str, Any]] = []
         self.history: remedies.SlotHistory = {}
+        self.sent_back: set[int] = set()  # groups a rescore / recurate sent back after they were curated
 
     def untrainable(self, g: Group, reason: str, policy: specs.Versioned | None = None) -> None:
         """A group the trainer could not use never reaches the ready queue (dropped, with its decision naming
@@ -156,7 +193,7 @@ class _Writes:
             budget = {**g.sampling, "max_tokens": max_tokens} if max_tokens else dict(g.sampling)
             self.requests.append(remedies.request_row(g, t.index, t.action, budget, dataset))
             asked = remedies.slot_remedy(t.action, by_idx[t.index])
-            why = "" if asked == t.action else " (a segmented member is resampled: it has no single context to resume)"
+            why = remedies.remedy_note(t.action, by_idx[t.index])
             self.decisions.append({**log, "idx": t.index, "action": asked, "rule": remedies.REQUESTED,
                                    "reason": f"slot {t.index}: {by_idx[t.index].finish_reason} -> {asked}{why} "
                                              f"(max_tokens {budget.get('max_tokens')}); the group waits until "
@@ -166,49 +203,65 @@ class _Writes:
                              "curation_policy_name": policy.name, "curation_policy_version": policy.version})
 
     def add(self, g: Group, d: GroupDecision, policy: specs.Versioned, dataset: str,
-            rules: CurationPolicy | None = None) -> None:
+            rules: CurationPolicy | None = None, version: int | None = None) -> None:
+        """A curated group's rows; ``version``: the one its staleness was measured from (``training_version``),
+        stored as its ``oldest_version`` so a lease's staleness check agrees with curation's."""
         rules = rules or CurationPolicy()
-        history = self.history
+        again = g.pk in self.sent_back  # a rescore / recurate: no new rollouts, the group trains with what it has
         remedy = [t for t in d.trajectories if t.action in REMEDY_ACTIONS]
-        if d.drop_reason != "stale":
+        if d.drop_reason != "stale" and not again:
             members = {t.idx: t for t in g.trajectories}
             slots = [t.index for t in remedy if remedies.can_remedy(
-                history.get((g.pk, t.index), []), remedies.slot_remedy(t.action, members[t.index]), rules)]
+                self.history.get((g.pk, t.index), []), remedies.slot_remedy(t.action, members[t.index]), rules)]
             if slots:
                 self.wait(g, d, policy, rules, dataset, slots)
                 return
-        now = self.now
         log = {"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version}
+        self._members(g, d, rules, log, again)
+        if d.status == "dropped":
+            self.decisions.append({**log, "idx": None, "action": "drop", "rule": _rule(d.drop_reason or "dropped"),
+                                   "reason": d.drop_reason or "dropped"})
+            self.requests.append({"prompt_id": None, "dataset": dataset, "reason": "refill", "n": len(g.trajectories),
+                                  "budget": dict(g.sampling), "priority": 1.0, "source_group_pk": g.pk})
+        # no wait: a fresh group of the prompt instead of the resample / resume members (the pre-0010 behaviour),
+        # asked for once: a rescore / recurate asks for nothing
+        fresh = [t.index for t in remedy] if rules.resample_wait_seconds <= 0 and not again else []
+        if fresh:
+            larger = remedies_budget(g, rules)  # resume members too: a fresh group is their remedy here
+            budget = {**g.sampling, "max_tokens": larger} if larger else dict(g.sampling)
+            self.requests.append({"prompt_id": g.prompt_id, "dataset": dataset, "reason": "resample",
+                                  "n": len(fresh), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
+        if d.outcome_mean is not None and contributes_outcome(d.outcome_mean, d.drop_reason):
+            self.outcomes.append((g.prompt_id, d.outcome_mean))
+        self.counts[d.status] = self.counts.get(d.status, 0) + 1
+        oldest = None if version is None or version >= g.policy_version else version
+        self.groups.append({"pk": g.pk, "status": d.status, "drop_reason": d.drop_reason,
+                            "curation_policy_name": policy.name, "curation_policy_version": policy.version,
+                            "metric_std": d.metric_std, "outcome_mean": d.outcome_mean, "curated_at": self.now,
+                            "ready_at": self.now if d.status == "ready" else None, "oldest_version": oldest})
+
+    def _members(self, g: Group, d: GroupDecision, rules: CurationPolicy, log: dict[str, Any], again: bool) -> None:
+        """Each member's action, advantage and decision rows. A slot's remedy steps happened once: a slot cut
+        again past its bound is ``remedy_exhausted`` at the curation that first sees its replacement, and a
+        group sent back by a rescore / recurate asks for no slot (``no_new_rollouts``)."""
         for t in d.trajectories:
             self.trajectories.append((g.pk, t.index, t.advantage, t.action, t.reason))
             if t.segment_advantages:
                 self.segments.append((g.pk, t.index, list(t.segment_advantages)))
             if t.action != "keep":
                 self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": _rule(t.reason), "reason": t.reason})
-            if t.action in REMEDY_ACTIONS and remedies.was_remedied(history.get((g.pk, t.index), [])):
+            if t.action not in REMEDY_ACTIONS:
+                continue
+            if again:
+                self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": NO_NEW_ROLLOUTS,
+                                       "reason": f"slot {t.index}: not asked for (a rescore / recurate takes no new "
+                                                 "rollouts); it stays out of training and the group trains with "
+                                                 "what it has"})
+            elif remedies.was_remedied(self.history.get((g.pk, t.index), [])):
                 self.decisions.append({**log, "idx": t.index, "action": t.action, "rule": remedies.EXHAUSTED,
                                        "reason": f"slot {t.index}: cut again after {t.action}; the bound of "
                                                  f"{remedies.limit_of(t.action, rules)} is reached, it stays out "
                                                  "of training"})
-        if d.status == "dropped":
-            self.decisions.append({**log, "idx": None, "action": "drop", "rule": _rule(d.drop_reason or "dropped"),
-                                   "reason": d.drop_reason or "dropped"})
-            self.requests.append({"prompt_id": None, "dataset": dataset, "reason": "refill", "n": len(g.trajectories),
-                                  "budget": dict(g.sampling), "priority": 1.0, "source_group_pk": g.pk})
-        # no wait: a fresh group of the prompt instead of the resample / resume members (the pre-0010 behaviour)
-        fresh = [t.index for t in remedy] if rules.resample_wait_seconds <= 0 else []
-        if fresh:
-            larger = remedies_budget(g, rules)  # resume members too: a fresh group is their remedy here
-            budget = {**g.sampling, "max_tokens": larger} if larger else dict(g.sampling)
-            self.requests.append({"prompt_id": g.prompt_id, "dataset": dataset, "reason": "resample",
-                                  "n": len(fresh), "budget": budget, "priority": 2.0, "source_group_pk": g.pk})
-        if d.outcome_mean is not None and d.drop_reason != "below_min_group_size":  # too few to say
-            self.outcomes.append((g.prompt_id, d.outcome_mean))
-        self.counts[d.status] = self.counts.get(d.status, 0) + 1
-        self.groups.append({"pk": g.pk, "status": d.status, "drop_reason": d.drop_reason,
-                            "curation_policy_name": policy.name, "curation_policy_version": policy.version,
-                            "metric_std": d.metric_std, "outcome_mean": d.outcome_mean, "curated_at": now,
-                            "ready_at": now if d.status == "ready" else None})
 
     def flush(self, session: Session) -> None:
         curate_repo.update_trajectory_decisions(session, self.trajectories)
@@ -223,9 +276,12 @@ class _Writes:
 
 
 def _decide(session: Session, policy: CurationPolicy, members: list[Group], current: int | None,
-            budgets: dict[tuple[int, int], int] | None = None) -> list[GroupDecision | str]:
+            budgets: dict[tuple[int, int], int] | None = None, versions: dict[int, int] | None = None
+            ) -> list[GroupDecision | str]:
     """Decisions for ``members`` in one call; when that raises, group by group, so one group that
-    cannot be curated (a metric its spec lacks, bad data) gets its error and the others go on."""
+    cannot be curated (a metric its spec lacks, bad data) gets its error and the others go on. ``versions``:
+    group pk -> the version its staleness is measured from (``training_version``)."""
+    versions = versions or {}
 
     def components(gs: list[Group]) -> dict:
         out: dict = {}
@@ -236,16 +292,30 @@ def _decide(session: Session, policy: CurationPolicy, members: list[Group], curr
 
     try:
         comps = components(members)
-        return list(curate_groups([_group_score(g, comps, budgets) for g in members], policy, current))
+        return list(curate_groups([_group_score(g, comps, budgets, versions.get(g.pk)) for g in members],
+                                  policy, current))
     except Exception:  # noqa: BLE001 - isolate below
         pass
     out: list[GroupDecision | str] = []
     for g in members:
         try:
-            out.append(curate_groups([_group_score(g, components([g]), budgets)], policy, current)[0])
+            out.append(curate_groups([_group_score(g, components([g]), budgets, versions.get(g.pk))], policy,
+                                     current)[0])
         except Exception as exc:  # noqa: BLE001 - this group's error, recorded as its decision
             out.append(f"curation: {type(exc).__name__}: {exc}"[:2000])
     return out
+
+
+def _sent_back(session: Session, pks: list[int]) -> set[int]:
+    """Of ``pks``, the groups a rescore / recurate sent back after they were curated (their marker decision,
+    ``SENT_BACK``): their remedies were settled then, and a second pass takes no new rollouts."""
+    return curate_repo.with_decision(session, pks, SENT_BACK)
+
+
+def contributes_outcome(outcome_mean: float | None, drop_reason: str | None) -> bool:
+    """Whether a curated group's outcome mean went into its prompt's recent outcomes (``record_outcomes``): the
+    one rule for adding it at curation and for taking it back out before a rescore / recurate."""
+    return outcome_mean is not None and drop_reason not in NO_OUTCOME_DROPS
 
 
 def untrainable_reason(g: Group) -> str | None:
@@ -293,13 +363,17 @@ def curate(session: Session, groups: list[Group]) -> dict[str, int]:
         writes.untrainable(g, reason, named)
     by_policy = _resolve(session, trainable, prompts, writes)
     writes.history = curate_repo.slot_history(session, [g.pk for g in trainable])
+    writes.sent_back = _sent_back(session, [g.pk for _, policy, members in by_policy.values() for g in members
+                                            if any(_action(t.finish_reason, policy) in REMEDY_ACTIONS
+                                                   for t in g.trajectories)])  # only a remedy member asks
     budgets = member_budgets(writes.history)
-    for version, policy, members in by_policy.values():
-        for g, d in zip(members, _decide(session, policy, members, current, budgets), strict=True):
+    for named_policy, policy, members in by_policy.values():
+        versions = {g.pk: training_version(g, policy) for g in members}
+        for g, d in zip(members, _decide(session, policy, members, current, budgets, versions), strict=True):
             if isinstance(d, str):
-                writes.error(g, d, version)
+                writes.error(g, d, named_policy)
             else:
-                writes.add(g, d, version, prompts[g.prompt_id].dataset, policy)
+                writes.add(g, d, named_policy, prompts[g.prompt_id].dataset, policy, versions[g.pk])
     writes.flush(session)
     waiting = {row["pk"] for row in writes.waiting}  # counted once they are curated for good
     stats.record_groups(session, [g.pk for g in groups if g.pk not in waiting])  # pre-aggregated reward statistics
@@ -335,10 +409,12 @@ def open_resume_request(session: Session, group_pk: int, index: int) -> Any:
     return waiting[-1] if waiting else None
 
 
-def forget_outcomes(session: Session, rows: list[tuple[str, float]]) -> None:
-    """Take (prompt id, outcome) contributions back out of the prompts' outcome history (rescore and
-    recurate send their groups through again; nothing is counted twice)."""
-    curate_repo.retract_outcomes(session, rows)
+def forget_outcomes(session: Session, rows: list[tuple[str, float | None, str | None]]) -> None:
+    """Take curated groups' outcomes back out of their prompts' outcome history (rescore and recurate send
+    them through again; nothing is counted twice). ``rows``: (prompt id, outcome_mean, drop_reason) of
+    curated groups; only the outcomes curation added (``contributes_outcome``) are taken back."""
+    curate_repo.retract_outcomes(session, [(pid, mean) for pid, mean, drop in rows
+                                           if mean is not None and contributes_outcome(mean, drop)])
 
 
 def record_decisions(session: Session, rows: list[dict[str, Any]]) -> None:

@@ -49,13 +49,14 @@ def lock_matching(session: Session, limit: int = MAX_GROUPS_PER_CALL, **filters:
     return list(session.execute(stmt.with_for_update(skip_locked=True)).scalars())
 
 
-def contributed_outcomes(session: Session, pks: list[int]) -> list[tuple[str, float]]:
-    """(prompt_id, outcome_mean) of the curated groups among ``pks`` (what they added to pass rates)."""
+def curated_groups(session: Session, pks: list[int]) -> list[tuple[int, str, float | None, str | None]]:
+    """(pk, prompt_id, outcome_mean, drop_reason) of the curated groups among ``pks``, in pk order."""
     if not pks:
         return []
-    stmt = select(Group.prompt_id, Group.outcome_mean).where(
-        Group.pk.in_(pks), Group.curated_at.is_not(None), Group.outcome_mean.is_not(None))
-    return [(pid, float(m)) for pid, m in session.execute(stmt)]
+    stmt = (select(Group.pk, Group.prompt_id, Group.outcome_mean, Group.drop_reason)
+            .where(Group.pk == any_(array_param("pks", pks, BigInteger)), Group.curated_at.is_not(None))
+            .order_by(Group.pk))
+    return [(pk, pid, None if m is None else float(m), drop) for pk, pid, m, drop in session.execute(stmt)]
 
 
 def requeue(session: Session, pks: list[int], values: dict[str, Any], clear_scores: bool) -> None:

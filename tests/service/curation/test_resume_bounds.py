@@ -120,8 +120,10 @@ def _bad_fills(checkpoint: dict) -> list[tuple[str, dict, str, tuple[int, ...]]]
          (422,)),
         ("/v1/groups/r/trajectories/3", {**good, "loss_mask": checkpoint["loss_mask"] + [1, 0]},
          f"trajectory.versions[{n + 1}]", (422,)),  # a version on a token the model did not generate
-        ("/v1/groups/r/trajectories/3", {**good, "versions": old_v + [0, 0]}, f"trajectory.versions[{n}]",
+        ("/v1/groups/r/trajectories/3", {**good, "versions": old_v + [0, 0]}, f"trajectory.versions[{n + 1}]",
          (422,)),  # the continuation claims the checkpoint's old version: the mix hidden
+        ("/v1/groups/r/trajectories/3", {**good, "versions": old_v + [1, 0]}, f"trajectory.versions[{n + 1}]",
+         (422,)),  # a version that goes down along the continuation
         ("/v1/groups/r/trajectories/3", shorter, "trajectory.token_ids", (422,)),
         ("/v1/groups/r/trajectories/3", other_prefix, "trajectory.token_ids", (422,)),
         ("/v1/groups/r/trajectories/3", other_mask, "trajectory.loss_mask", (422,)),
@@ -205,3 +207,44 @@ def test_a_segmented_cut_member_is_resampled_not_resumed_and_the_bound_holds(api
     reqs = [r for r in api.get("/v1/sampling/requests", params={"n": 20}).json()["requests"]
             if r.get("group_id") == "s"]
     assert [(r["reason"], r["checkpoint"]["token_ids"]) for r in reqs] == [("resume", again["token_ids"])]
+
+
+def test_a_continuation_whose_policy_moved_midway_fills_its_slot(api, scorer) -> None:
+    """Attack: a continuation generated while the upstream's weights moved (tokens of version 1, then 2, posted
+    at 2 -- what the gateway records when a trainer publishes mid-episode) was refused because every
+    continuation token had to carry the fill's version, so the slot could only wait out its deadline."""
+    _setup(api, "moved", 1)
+    assert api.post("/v1/groups", json=_cut_group("m", "moved")).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    [req] = _open_resumes(api, "m")
+    ckpt = req["checkpoint"]
+    t = _continue(ckpt, 4, "stop")
+    t["versions"] = ckpt["versions"] + [1, 1, 2, 2]
+    r = api.post("/v1/groups/m/trajectories/3", json={"policy_version": 2, "trajectory": t})
+    assert r.status_code == 201, r.text
+    drain(api.factory, scorer, timeout_s=60)
+    g = api.get("/v1/groups/m?include_tokens=true").json()
+    assert g["status"] == "ready" and g["trajectories"][3]["versions"][-4:] == [1, 1, 2, 2]
+
+
+def test_a_member_whose_checkpoint_fills_the_sequence_limit_is_resampled_not_resumed(api, scorer, monkeypatch):
+    """Attack: a member cut at the deployment's max_sequence_tokens got a resume request no fill could answer
+    (a continuation adds a token: 422 over the limit), so its group waited out the whole deadline. Its slot
+    asks for a fresh sample instead, saying why."""
+    from service.settings import get_settings
+
+    _setup(api, "full", 2)
+    g = _cut_group("f", "full")
+    limit = len(g["trajectories"][3]["token_ids"])  # the cut member is exactly at the limit
+    monkeypatch.setenv("GRPO_CURATOR_MAX_SEQUENCE_TOKENS", str(limit))
+    get_settings.cache_clear()
+    try:
+        assert api.post("/v1/groups", json=g).status_code == 201
+        drain(api.factory, scorer, timeout_s=60)
+    finally:
+        monkeypatch.delenv("GRPO_CURATOR_MAX_SEQUENCE_TOKENS")
+        get_settings.cache_clear()
+    reqs = [r for r in api.get("/v1/sampling/requests", params={"n": 20}).json()["requests"] if r.get("group_id") == "f"]
+    assert [(r["reason"], r["index"], r.get("checkpoint")) for r in reqs] == [("resample", 3, None)]
+    [d] = [d for d in api.get("/v1/groups/f").json()["decisions"] if d["rule"] == "remedy_requested"]
+    assert f"{limit}-token checkpoint leaves no room" in d["reason"], d
