@@ -15,6 +15,13 @@ database, its gateway pointed at the fake. Then, over real HTTP on loopback:
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.gateway
     DATABASE_URL=... python -m bench.gateway --calls 60 --sessions 4 --turns 4 --concurrency 2 4   # a smoke run
+    DATABASE_URL=... python -m bench.gateway --no-pg-stats --compare /tmp/before   # this tree against another
+
+``--compare DIR``: a second API served from another checkout of the project (``git worktree add /tmp/before
+HEAD``: the code before a change), on a database of its own, measured in the same run -- each latency turn
+goes straight to the upstream, then through this tree's gateway, then through DIR's, interleaved call by
+call, and each throughput phase runs against both back to back -- so a before / after comparison shares the
+machine's load (on a busy machine, numbers from two runs do not compare).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -111,27 +119,39 @@ def gateway_call(http: httpx.Client, s: dict[str, Any], turn: int) -> None:
         raise RuntimeError(f"gateway call {turn}: {r.status_code} {r.text[:300]}")
 
 
-def latency(url: str, upstream: str, sessions: int, turns: int) -> dict[str, Any]:
-    """``sessions`` x ``turns`` calls one at a time, each turn straight to the upstream then through the gateway."""
-    direct, gated = [], []
+def latency(url: str, upstream: str, sessions: int, turns: int, other: str | None = None) -> dict[str, Any]:
+    """``sessions`` x ``turns`` calls one at a time, each turn straight to the upstream then through the gateway
+    (then through ``other``'s gateway, when given: ``"compare"`` in the result)."""
+    urls = [url] if other is None else [url, other]
+    direct: list[float] = []
+    gated: list[list[float]] = [[] for _ in urls]
     with httpx.Client(timeout=60) as http:
         for _ in range(3):  # warm both paths (connections, the API's first queries)
             http.post(upstream + "/chat/completions", json=direct_body(0)).raise_for_status()
-        warm = open_session(http, url)
-        gateway_call(http, warm, 0)
-        finish_session(http, warm)
+        for u in urls:
+            warm = open_session(http, u)
+            gateway_call(http, warm, 0)
+            finish_session(http, warm)
         for _ in range(sessions):
-            s = open_session(http, url)
+            opened = [open_session(http, u) for u in urls]
             for turn in range(turns):
                 t0 = time.perf_counter()
                 r = http.post(upstream + "/chat/completions", json=direct_body(turn))
-                t1 = time.perf_counter()
+                direct.append((time.perf_counter() - t0) * 1000)
                 r.raise_for_status()
-                gateway_call(http, s, turn)
-                t2 = time.perf_counter()
-                direct.append((t1 - t0) * 1000)
-                gated.append((t2 - t1) * 1000)
-            finish_session(http, s)
+                for s, times in zip(opened, gated, strict=True):
+                    t1 = time.perf_counter()
+                    gateway_call(http, s, turn)
+                    times.append((time.perf_counter() - t1) * 1000)
+            for s in opened:
+                finish_session(http, s)
+    out = _latency_summary(direct, gated[0])
+    if other is not None:
+        out["compare"] = _latency_summary(direct, gated[1])
+    return out
+
+
+def _latency_summary(direct: list[float], gated: list[float]) -> dict[str, Any]:
     added = [g - d for g, d in zip(gated, direct, strict=True)]
     return {"calls": len(gated), "direct_p50_ms": statistics.median(direct), "direct_p99_ms": percentile(direct, 0.99),
             "gateway_p50_ms": statistics.median(gated), "gateway_p99_ms": percentile(gated, 0.99),
@@ -198,6 +218,26 @@ def rows_written(url: str, db: str, sessions: int, turns: int, settle_s: float) 
 
 
 # -- running it -------------------------------------------------------------------------------------------
+def start_tree_server(tree: str, db: str, env: dict[str, str]) -> Any:
+    """``grpo-curator serve`` from the checkout at ``tree`` (its own code, this interpreter), as
+    ``tests.conftest.start_server`` starts this one's."""
+    from service.client import wait_healthy
+    from tests.conftest import LiveServer, free_port
+
+    port = free_port()
+    full = {**os.environ, "DATABASE_URL": db, "GRPO_CURATOR_EMBEDDED_WORKER": "false",
+            "GRPO_CURATOR_LOG_LEVEL": "warning", "PYTHONPATH": tree, **env}
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1"]
+    proc = subprocess.Popen(cmd, env=full, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout_s=60)
+    except RuntimeError as exc:
+        proc.kill()
+        raise RuntimeError(f"{tree}: {exc}: {proc.stderr.read().decode()[-2000:]}") from None  # type: ignore[union-attr]
+    return LiveServer(url, db, proc)
+
+
 def run(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
     from service.store.db import to_sqlalchemy_url
     from service.store.migrate import upgrade
@@ -207,31 +247,44 @@ def run(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
     load_before = list(os.getloadavg())  # the machine's 1 / 5 / 15 min load: other jobs skew every number
     admin = to_sqlalchemy_url(server_url)
     db = create_database(admin, "gcbgw")
-    upstream = server = None
+    other_db = create_database(admin, "gcbgw") if args.compare else None
+    upstream = server = other = None
     try:
         upgrade(db)
         upstream = start_fake_vllm()
-        server = start_server(db, env={"GRPO_CURATOR_INFERENCE_URL": upstream.url,
-                                       "GRPO_CURATOR_SESSION_MAX_CALLS": str(max(args.turns, args.latency_turns) + 1)})
+        env = {"GRPO_CURATOR_INFERENCE_URL": upstream.url,
+               "GRPO_CURATOR_SESSION_MAX_CALLS": str(max(args.turns, args.latency_turns) + 1)}
+        server = start_server(db, env=env)
+        if args.compare:
+            assert other_db is not None
+            upgrade(other_db)
+            other = start_tree_server(args.compare, other_db, env)
         lat_sessions = max(1, -(-args.calls // args.latency_turns))
-        result: dict[str, Any] = {"latency": latency(server.url, upstream.url, lat_sessions, args.latency_turns)}
+        result: dict[str, Any] = {"latency": latency(server.url, upstream.url, lat_sessions, args.latency_turns,
+                                                     other.url if other is not None else None)}
         result["throughput"] = []
         for c in args.concurrency:
             gw = asyncio.run(_throughput(server.url, upstream.url, c, args.turns, via_gateway=True))
+            if other is not None:
+                cmp = asyncio.run(_throughput(other.url, upstream.url, c, args.turns, via_gateway=True))
+                gw["compare_calls_per_s"], gw["compare_failed"] = cmp["calls_per_s"], cmp["failed"]
             up = asyncio.run(_throughput(server.url, upstream.url, c, args.turns, via_gateway=False))
             result["throughput"].append({**gw, "upstream_calls_per_s": up["calls_per_s"], "upstream_failed": up["failed"]})
         result["rows"] = rows_written(server.url, db, args.sessions, args.turns, 11.0 if args.pg_stats else 0.0)
         result["rows"]["pg_stats_exact"] = args.pg_stats
         result["config"] = {"latency_turns": args.latency_turns, "turns": args.turns, "sessions": args.sessions,
                             "concurrency": args.concurrency, "api_workers": 1, "cpus": os.cpu_count(),
-                            "load_before": load_before, "load_after": list(os.getloadavg())}
+                            "compare": args.compare, "load_before": load_before, "load_after": list(os.getloadavg())}
         return result
     finally:
-        if server is not None:
-            stop_server(server)
+        for s in (server, other):
+            if s is not None:
+                stop_server(s)
         if upstream is not None:
             stop(upstream)
-        drop_database(admin, db)
+        for d in (db, other_db):
+            if d is not None:
+                drop_database(admin, d)
 
 
 def report(result: dict[str, Any]) -> None:
@@ -245,10 +298,17 @@ def report(result: dict[str, Any]) -> None:
     verdict = "meets" if lat["added_p50_ms"] <= 5.0 else "misses"
     print(f"  {'added by the gateway':<22} {lat['added_p50_ms']:>8.2f} {lat['added_p99_ms']:>8.2f}"
           f"   ({verdict} the 5 ms p50 target)")
+    cmp = lat.get("compare")
+    if cmp is not None:
+        print(f"  {'--compare ' + str(config['compare']) + ', interleaved:'}")
+        print(f"  {'  through its gateway':<22} {cmp['gateway_p50_ms']:>8.2f} {cmp['gateway_p99_ms']:>8.2f}")
+        print(f"  {'  added by it':<22} {cmp['added_p50_ms']:>8.2f} {cmp['added_p99_ms']:>8.2f}")
     print(f"throughput ({config['turns']} turns per session, calls back to back):")
-    print(f"  {'sessions':>8} {'calls':>6} {'failed':>6} {'gateway calls/s':>16} {'upstream calls/s':>17}  errors")
+    print(f"  {'sessions':>8} {'calls':>6} {'failed':>6} {'gateway calls/s':>16} {'--compare calls/s':>18}"
+          f" {'upstream calls/s':>17}  errors")
     for t in result["throughput"]:
-        print(f"  {t['concurrency']:>8} {t['calls']:>6} {t['failed']:>6} {t['calls_per_s']:>16.1f}"
+        cmp_rate = f"{t['compare_calls_per_s']:.1f}" if "compare_calls_per_s" in t else "-"
+        print(f"  {t['concurrency']:>8} {t['calls']:>6} {t['failed']:>6} {t['calls_per_s']:>16.1f} {cmp_rate:>18}"
               f" {t['upstream_calls_per_s']:>17.1f}  {t['errors'] or ''}")
     rows = result["rows"]
     stats = "pg_stat_user_tables" if rows["pg_stats_exact"] else "pg_stat_user_tables, NOT settled: --pg-stats"
@@ -274,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wait 11 s before each count so PostgreSQL's inserted / updated tuple counters are "
                              "complete (--no-pg-stats: row counts only are exact)")
     parser.add_argument("--out", default="bench/out", help="where gateway.json goes")
+    parser.add_argument("--compare", metavar="DIR", default=None,
+                        help="another checkout of the project (e.g. a git worktree at the commit before a change): "
+                             "its API measured in the same run, interleaved")
     args = parser.parse_args(argv)
     server_url = os.environ.get("DATABASE_URL")
     if not server_url:

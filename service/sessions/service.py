@@ -183,23 +183,25 @@ GATEWAY_METADATA_KEYS = frozenset({"session_id", "tool_misuse", "calls", "checkp
 
 
 def end_reason(row: Any, asked: str | None, error: str | None, record: ending.Record, elapsed_s: float,
-               settings: Settings) -> str:
+               settings: Settings, submitted: bool = False) -> str:
     """The session's finish_reason: the model's tool misuse the gateway saw wins over anything the agent
     claims (a right negative); a session with no answered call is the environment's (nothing the model
     generated to train on); then the agent's claim, checked against the record (``ending.check_claim``: a 422
     naming ``finish_reason`` when it contradicts it): an environment failure (an ``error`` without a reason
     claims ``env_error``), never a negative; then the wall-time limit, unless the model had ended its episode
-    (a late finish cuts nothing); then what the agent said."""
+    (a late finish cuts nothing); then what the agent said. ``submitted``: the agent sends a ``final_answer``
+    (it says the model's last plain answer ended the episode: ``ending.Record.final_for``)."""
     if row.misuse is not None:
         return "tool_misuse"
     if not record.answered:
         return "env_error"
     claimed = "env_error" if asked is None and error is not None else asked
     ending.check_claim(claimed, record, row.n_tokens >= settings.session_max_tokens,
-                       named=None if asked is not None else "an error without a finish_reason (env_error)")
+                       named=None if asked is not None else "an error without a finish_reason (env_error)",
+                       submitted=submitted)
     if claimed in ENVIRONMENT_REASONS:
         return claimed
-    if elapsed_s > settings.session_max_seconds and not record.final:
+    if elapsed_s > settings.session_max_seconds and not record.final_for(submitted):
         return "timeout"
     return claimed or "stop"
 
@@ -272,7 +274,8 @@ def finish(request: Request, db: Session, session_id: str, body: FinishIn, setti
         check_final_answer(body.final_answer, answered_texts(calls))
         record = ending.record(calls)
         elapsed = (repo.now(db) - row.created_at).total_seconds()
-        reason = end_reason(row, body.finish_reason, body.error, record, elapsed, settings)  # checked first
+        submitted = body.final_answer is not None and bool(body.final_answer.strip())
+        reason = end_reason(row, body.finish_reason, body.error, record, elapsed, settings, submitted)  # checked first
         row.final_answer = body.final_answer
         row.rewards = body.rewards
         error = body.error

@@ -1,7 +1,9 @@
 """The model's final answer stands (docs/agents.md): once the session's last answered call is a message
 without tool calls, not cut, in a session that offers tools, nothing that comes after it -- a call in flight,
 a call the upstream refuses, a call past a limit, a late call, never finishing -- turns its (wrong) answer into
-a cut or an environment failure, which curation would mask or drop instead of training as a negative. Each
+a cut or an environment failure, which curation would mask or drop instead of training as a negative; nor
+does an answered extra call that does not go on from it with a turn of the environment (the same prompt
+again, a ``max_tokens=1`` call, a padded or rewritten prompt), on any route, with tools or without. Each
 test is an attack on issue 21 that escaped before: the finish claim is a 422, or the session ends as ``stop``
 and its answer is scored. Real HTTP, the API in a subprocess on its own database, fake_vllm as the upstream."""
 
@@ -12,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import LiveServer
@@ -145,3 +148,72 @@ def test_a_nul_the_model_generated_is_stored_not_a_500(gateway: LiveServer, fake
     assert finish_call(s, finish_reason="tool_failure").status_code == 422  # a final answer, wrong as any
     assert finish_call(s).json()["finish_reason"] == "stop"
     _scored_as_stop(gateway.url, s)
+
+
+FINAL = [*USER, {"role": "assistant", "content": "x"}]  # _final_wrong's last history (after the tool call)
+# extra calls after the final answer that do not go on from it: the agent's, whatever they answer
+EXTRA = {
+    "the same prompt again": {"messages": FINAL},
+    "max_tokens=1, cut": {"messages": FINAL, "max_tokens": 1, "finish": "length"},
+    "asking for a tool": {"messages": FINAL, "finish": "tool_calls"},
+    "padded": {"messages": [*FINAL, {"role": "user", "content": "pad " * 40}]},
+    "only the assistant's words appended": {"messages": [*FINAL, {"role": "assistant", "content": WRONG},
+                                                         {"role": "assistant", "content": "hm"}]},
+    "an earlier history, cut": {"messages": USER, "finish": "length"},
+}
+
+
+@pytest.mark.parametrize("extra", EXTRA.values(), ids=EXTRA.keys())
+@pytest.mark.parametrize("claim", ["length", "max_turns", "tool_failure", "env_error"])
+def test_an_answered_extra_call_after_the_final_answer_launders_no_claim(
+    gateway: LiveServer, fake: Upstream, extra: dict[str, Any], claim: str
+) -> None:
+    s = open_session(gateway.url)
+    _final_wrong(fake, s)
+    extra = dict(extra)
+    end_next(fake.url, extra.pop("finish", "stop"))
+    assert chat_call(s, tools=TOOLS, **extra).status_code == 200  # answered
+    r = finish_call(s, finish_reason=claim, error="down")
+    assert r.status_code == 422 and r.json()["detail"]["claimed"] == claim, r.text
+    assert r.json()["detail"]["last_call"] == 1  # the final answer, not the extra call
+    assert finish_call(s).json()["finish_reason"] == "stop"
+    _scored_as_stop(gateway.url, s)
+
+
+def test_the_environment_going_on_after_the_answer_is_no_extra_call(gateway: LiveServer, fake: Upstream) -> None:
+    """The control: a user simulator's next turn after the model's message (its history, the message, a user
+    message), answered and cut at its max_tokens: the episode went on, the cut is taken."""
+    s = open_session(gateway.url)
+    _final_wrong(fake, s)
+    end_next(fake.url, "length")
+    turn = [*FINAL, {"role": "assistant", "content": WRONG}, {"role": "user", "content": "why 7?"}]
+    assert chat_call(s, tools=TOOLS, messages=turn).status_code == 200
+    r = finish_call(s, finish_reason="length")
+    assert r.status_code == 200 and r.json()["finish_reason"] == "length", r.text
+
+
+def _completion(s: dict[str, Any], prompt: Any, **extra: Any) -> httpx.Response:
+    return httpx.post(s["base_url"] + "/completions", timeout=30, headers={"Authorization": f"Bearer {s['api_key']}"},
+                      json={"model": "fake", "prompt": prompt, "max_tokens": 4, **extra})
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_without_tools_an_extra_call_launders_no_claim_and_a_submitted_answer_none(
+    gateway: LiveServer, fake: Upstream, route: str
+) -> None:
+    """Where the gateway cannot see tool calls, a plain answer may be a text tool call whose backend failed (an
+    environment failure is taken); but a max_tokens=1 replay makes no cut, and an agent that submits the
+    answer (final_answer) says the model ended its episode: no environment failure with it."""
+    s = open_session(gateway.url)
+    say(fake.url, WRONG)
+    first = (chat_call(s) if route == "chat" else _completion(s, "add 2 and 3"))
+    assert first.status_code == 200, first.text
+    end_next(fake.url, "length")
+    again = (chat_call(s, max_tokens=1) if route == "chat" else _completion(s, "add 2 and 3", max_tokens=1))
+    assert again.status_code == 200, again.text
+    r = finish_call(s, finish_reason="length")
+    assert r.status_code == 422 and r.json()["detail"]["last_call"] == 0, r.text
+    r = finish_call(s, finish_reason="tool_failure", final_answer="fak")
+    assert r.status_code == 422 and r.json()["detail"]["claimed"] == "tool_failure", r.text
+    r = finish_call(s, finish_reason="tool_failure")
+    assert r.status_code == 200 and r.json()["finish_reason"] == "tool_failure", r.text

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
+    USER,
     call_in_mode,
     chat_call,
     end_next,
@@ -41,13 +42,35 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
                        GRPO_CURATOR_SESSION_MAX_TOKENS=str(TOKEN_LIMIT))
 
 
-def _calls(fake: Upstream, session: dict[str, Any], ends: list[str], tools: bool = True) -> None:
-    """One answered chat call per entry, ending as it says (``tool_calls``: a valid call of ``add``)."""
+@pytest.fixture(scope="module")
+def roomy(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """Room for histories that grow (the default token limit), still a call limit of 2."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+
+
+def went_on(history: list[dict[str, Any]], answer: httpx.Response, turn: str = "and 4?") -> list[dict[str, Any]]:
+    """The history after ``answer``: the model's message echoed, then the environment's next turn (a user
+    simulator's, or a tool result after a tool call)."""
+    message = answer.json()["choices"][0]["message"]
+    echoed = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        calls = message["tool_calls"]
+        return [*history, {**echoed, "tool_calls": calls},
+                *({"role": "tool", "tool_call_id": c["id"], "content": "5"} for c in calls)]
+    return [*history, echoed, {"role": "user", "content": turn}]
+
+
+def _calls(fake: Upstream, session: dict[str, Any], ends: list[str], tools: bool = True) -> list[dict[str, Any]]:
+    """One answered chat call per entry, ending as it says (``tool_calls``: a valid call of ``add``), each
+    going on from the one before (``went_on``); returns the history after the last."""
+    history = list(USER)
     for end in ends:
         end_next(fake.url, end)
-        r = chat_call(session, **({"tools": TOOLS} if tools else {}))
+        r = chat_call(session, messages=history, **({"tools": TOOLS} if tools else {}))
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] == end
+        history = went_on(history, r)
+    return history
 
 
 def _refused(session: dict[str, Any], r: httpx.Response, claimed: str, n_calls: int) -> None:
@@ -82,8 +105,9 @@ def test_zero_calls_is_the_environments_whatever_the_claim(gateway: LiveServer, 
     (["tool_calls"], True, False),  # the model wanted to go on, but nothing cut it by length: max_turns
 ])
 def test_length_is_taken_only_when_the_last_answer_was_cut(
-    gateway: LiveServer, fake: Upstream, ends: list[str], tools: bool, ok: bool
+    roomy: LiveServer, fake: Upstream, ends: list[str], tools: bool, ok: bool
 ) -> None:
+    gateway = roomy
     session = open_session(gateway.url)
     _calls(fake, session, ends, tools)
     r = finish_call(session, finish_reason="length", final_answer="fak" if ends[-1] != "tool_calls" else None)
@@ -146,13 +170,14 @@ def test_length_while_a_call_is_in_flight_is_refused(gateway: LiveServer, fake: 
     (["tool_calls"], True, True), (["stop", "tool_calls"], True, True),  # the model asked for a tool
     (["length"], True, True),  # cut mid-answer: it wanted to go on
     (["stop"], False, True),  # no tools offered: the gateway cannot see a tool call in the text
-    (["stop", "stop"], True, True),  # the environment answers the model's messages (a conversation)
+    (["stop", "stop"], True, True),  # the environment answered the model's message (a conversation)
     (["stop"], True, False),  # the model's final answer: nothing cut it
     (["tool_calls", "stop"], True, False),  # its final answer at the call limit (2): no call was cut
 ])
 def test_max_turns_is_refused_after_the_models_final_answer(
-    gateway: LiveServer, fake: Upstream, ends: list[str], tools: bool, ok: bool
+    roomy: LiveServer, fake: Upstream, ends: list[str], tools: bool, ok: bool
 ) -> None:
+    gateway = roomy
     session = open_session(gateway.url)
     _calls(fake, session, ends, tools)
     r = finish_call(session, finish_reason="max_turns", rewards={"reward": 0.0})
@@ -169,8 +194,9 @@ def test_max_turns_is_refused_after_the_models_final_answer(
 
 @pytest.mark.parametrize("claim", [*({"finish_reason": r, "error": "down"} for r in ENVIRONMENT), {"error": "down"}])
 def test_an_environment_failure_is_refused_after_the_models_final_answer(
-    gateway: LiveServer, fake: Upstream, claim: dict[str, Any]
+    roomy: LiveServer, fake: Upstream, claim: dict[str, Any]
 ) -> None:
+    gateway = roomy
     final = open_session(gateway.url)
     _calls(fake, final, ["tool_calls", "stop"])
     _refused(final, finish_call(final, **claim), claim.get("finish_reason", "env_error"), 2)
@@ -182,6 +208,9 @@ def test_an_environment_failure_is_refused_after_the_models_final_answer(
     untooled = open_session(gateway.url)  # no tools offered: nothing the record shows contradicts it
     _calls(fake, untooled, ["stop"], tools=False)
     assert finish_call(untooled, **claim).status_code == 200
+    submitted = open_session(gateway.url)  # ... unless the agent submits the model's answer with it
+    _calls(fake, submitted, ["stop"], tools=False)
+    _refused(submitted, finish_call(submitted, final_answer="fak", **claim), claim.get("finish_reason", "env_error"), 1)
 
 
 @pytest.mark.parametrize("claim", ["length", "max_turns", "tool_failure", "timeout"])
