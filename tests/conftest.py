@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -159,8 +160,23 @@ class LiveServer:
         self.url, self.db_url, self.proc = url, db_url, proc
 
 
+def _listens(pid: int, port: int) -> bool:
+    """Process ``pid`` holds the socket listening on 127.0.0.1:``port`` (Linux /proc): a /healthz answer on a
+    port is only this server's when the listener is its own -- under pytest-xdist another worker's server
+    can take the port between ``free_port`` and the bind, and would answer for it."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for row in rows:
+        cols = row.split()
+        if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A" and f"socket:[{cols[9]}]" in inodes:
+            return True
+    return False
+
+
 def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int = 1) -> LiveServer:
-    port = free_port()
     full_env = {
         **os.environ,
         "DATABASE_URL": db_url,
@@ -168,15 +184,27 @@ def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int
         "GRPO_CURATOR_LOG_LEVEL": "warning",
         **(env or {}),
     }
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, timeout_s=60)
-    except RuntimeError as exc:
+    for _ in range(5):  # a port taken by another process in between: again on another port
+        port = free_port()
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
+        proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, timeout_s=60)
+            deadline = time.monotonic() + 30
+            while not _listens(proc.pid, port) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # healthy, but maybe someone else's server on that port
+        except RuntimeError as exc:
+            proc.kill()
+            log = proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+            if "address already in use" in log.lower():
+                continue
+            raise RuntimeError(f"{exc}: {log[-2000:]}") from None
+        if _listens(proc.pid, port):
+            return LiveServer(url, db_url, proc)
         proc.kill()
-        raise RuntimeError(f"{exc}: {proc.stderr.read().decode()[-2000:]}") from None  # type: ignore[union-attr]
-    return LiveServer(url, db_url, proc)
+        proc.wait()
+    raise RuntimeError("no free port held long enough for the server to bind it")
 
 
 def stop_server(server: LiveServer) -> None:

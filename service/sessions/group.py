@@ -85,8 +85,11 @@ def fill_resume(db: Session, s: Any, settings: Settings) -> bool:
             raise BadRequest(f"resume: call {mismatch and mismatch['call']}'s prompt ids do not extend the "
                              f"checkpoint (first difference at {mismatch and mismatch['position']}); a segmented "
                              "continuation cannot fill a resume slot")
+        # the policy that posts the fill is the newest that generated any of its tokens: the upstream's
+        # weights may have moved during the continuation (its calls are tagged with the version it reported)
+        version = max([s.policy_version, *(t.versions or ())])
         with db.begin_nested():
-            curation.fill_slot(db, slot["group_id"], slot["index"], s.policy_version, t,
+            curation.fill_slot(db, slot["group_id"], slot["index"], version, t,
                                max_sequence_tokens=settings.max_sequence_tokens, key=key)
         filled = True
     except (ServiceError, ValidationError) as exc:  # never a 500 at finish: recorded on the session

@@ -24,7 +24,7 @@ from tests.conftest import LiveServer, start_server, stop_server
 from tests.helpers import assert_client_error
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import end_next, finish, group, open_session, read, say
+from tests.service.sessions.helpers import end_next, finish, group, open_session, read, say, set_mode
 from tests.service.sessions.upstreams import Upstream
 
 SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
@@ -198,3 +198,29 @@ def test_bad_resume_sessions_name_the_field_and_store_nothing(
         assert_client_error(_resume(gateway.url, body), field, status)
     assert _n_sessions(gateway) == n
     assert group(gateway.url, "b")["status"] == "waiting"
+
+
+def test_a_continuation_served_by_a_newer_policy_fills_its_slot(gateway: LiveServer, fake: Upstream, scorer) -> None:
+    """Attack: the trainer published version 7 while a producer resumed an episode in a session opened at 6;
+    the upstream (already serving 7) tagged the continuation with 7, and the fill -- posted at the session's
+    6 -- was refused, so the slot waited out its deadline. The fill is posted by the newest version that
+    generated its tokens."""
+    _cut_group(fake, gateway.url, "g")
+    _drain(gateway, scorer)
+    assert group(gateway.url, "g")["status"] == "waiting"
+    for v in range(1, 8):
+        assert httpx.post(gateway.url + "/v1/policy", json={"version": v}).status_code in (200, 201)
+    r = _resume(gateway.url, {"resume": {"group_id": "g", "index": 3}, "policy_version": 6})
+    assert r.status_code == 201, r.text
+    session = {**r.json(), "group_id": "g"}
+    set_mode(fake.url, "version-7")
+    try:
+        _complete(fake, session, session["checkpoint"]["token_ids"], "\\boxed{5}")
+    finally:
+        set_mode(fake.url, "ok")
+    done = finish(session, final_answer="\\boxed{5}")
+    assert done["group_ingested"] is True, read(session, tokens=False)["error"]
+    _drain(gateway, scorer)
+    g = group(gateway.url, "g")
+    assert g["status"] == "ready", g
+    assert 7 in g["trajectories"][3]["versions"]  # the continuation's tokens keep the version that made them
