@@ -84,14 +84,19 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
     """Groups ``first_pk`` .. ``first_pk + n_groups - 1`` (consumed, curated), binary COPY; -> seconds."""
     mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(tokens - PROMPT_TOKENS, np.uint8)].tobytes()
     now = datetime.now(UTC)
+    from service.settings import get_settings
     from service.stats import service as stats
+    from service.store import partitions
     from service.store.db import get_engine, make_sessionmaker
 
     factory = make_sessionmaker(get_engine(url))
+    size = get_settings().partition_groups
     t0 = time.perf_counter()
     with psycopg.connect(libpq_url(url)) as conn:
         for start in range(first_pk, first_pk + n_groups, CHUNK):
             pks = list(range(start, min(start + CHUNK, first_pk + n_groups)))
+            # the worker's job in a deployment: ranges created ahead, so no row lands in the DEFAULT partition
+            partitions.ensure_ahead(factory, size, ahead=1 + CHUNK // size)
             with conn.cursor().copy(f"COPY groups ({_GROUP_COLS}) FROM STDIN (FORMAT BINARY)") as cp:
                 cp.set_types(_GROUP_TYPES)
                 for pk in pks:
