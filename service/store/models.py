@@ -169,7 +169,8 @@ STALENESS_VERSION = func.coalesce(Group.oldest_version, Group.policy_version)
 # The hot tables that hold the bytes -- trajectories, rewards, decisions (and prompt_prefixes, 0016) -- are
 # partitioned by RANGE (group_pk) (migration 0015): groups.pk grows with time, so a pk range is a time range.
 # Their partitions live in schema ``parts`` (``parts.<table>_p<lo>`` and ``parts.<table>_default``), one row
-# each range in ``partitions``; the worker creates them ahead and drops a range once none of its groups is hot (service.store.partitions).
+# each range in ``partitions``; the worker creates them ahead and drops a range once none of its groups is
+# hot (service.store.partitions).
 # They have no foreign key to groups: archiving deletes the groups row only, and the range's rows go with
 # the partition (no bulk DELETE). Every read reaches them through a live group's pk.
 PARTITIONED = {"postgresql_partition_by": "RANGE (group_pk)"}

@@ -58,13 +58,14 @@ def split(members: list[dict[str, bytes | None]], segmented: bool = False) -> Sp
             continue
         if any(v is None for v in values):
             return None
-        k = _common_bytes([bytes(v) for v in values if v is not None]) // dtype.itemsize
+        k = _common_bytes([v for v in values if v is not None]) // dtype.itemsize
         n_tokens = k if n_tokens is None else min(n_tokens, k)
     if n_tokens is None or n_tokens < MIN_TOKENS:
         return None
     cut = {name: n_tokens * dtype.itemsize for name, dtype in ARRAYS}
-    prefix = {name: None if members[0][name] is None else bytes(members[0][name][: cut[name]])  # type: ignore[index]
-              for name, _ in ARRAYS}
-    suffixes = [{name: None if m[name] is None else bytes(m[name][cut[name]:]) for name, _ in ARRAYS}  # type: ignore[index]
-                for m in members]
-    return Split(n_tokens, prefix, suffixes)
+    return Split(n_tokens, {name: _slice(members[0][name], 0, cut[name]) for name, _ in ARRAYS},
+                 [{name: _slice(m[name], cut[name], None) for name, _ in ARRAYS} for m in members])
+
+
+def _slice(raw: bytes | None, start: int, end: int | None) -> bytes | None:
+    return None if raw is None else bytes(raw[start:end])

@@ -16,8 +16,8 @@ from service.settings import get_settings
 from service.store import partitions
 from service.store.db import dispose_engine, get_engine, make_sessionmaker
 from service.store.migrate import downgrade, upgrade
-from service.worker import pipeline
 from service.store.models import Trajectory
+from service.worker import pipeline
 from tests.helpers import make_group, make_shared_prompt_group
 
 TABLES = partitions.TABLES
