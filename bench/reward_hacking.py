@@ -64,7 +64,7 @@ HACKABLE = {"name": "hackable", "components": [
 EXPECTED = {"length": "length_hacking", "repetition": "repetition", "format": "format_collapse",
             "dominance": "component_dominance", "entropy": "entropy_collapse", "kl": "kl_spike",
             "saturation": "zero_variance_saturation"}
-_TABLES = "prompts, groups, trajectories, rewards, leases, policy_versions, alerts, alert_transitions, monitor_settings"
+_TABLES = "prompts, groups, trajectories, prompt_prefixes, rewards, leases, policy_versions, alerts, alert_transitions, monitor_settings"
 
 
 # -- part 1: detection ------------------------------------------------------------------------------------

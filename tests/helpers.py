@@ -122,3 +122,36 @@ def weighted_spec(name: str, weights: list[float]) -> dict[str, Any]:
     """A reward spec of verifier.math components with these weights (the first is the outcome)."""
     comps = [{"name": f"c{i}", "kind": "verifier.math", "weight": w, "outcome": i == 0} for i, w in enumerate(weights)]
     return {"name": name, "components": comps}
+
+
+def shared_prompt_member(prompt: list[int], prompt_logprobs: list[float], *, seed: int, response_len: int = 24,
+                         policy_version: int = 0, answer: str = "42") -> dict[str, Any]:
+    """A trajectory that begins with ``prompt`` (its log-probs ``prompt_logprobs``, not zeros: whatever the
+    rollout reported) and goes on with ``response_len`` generated tokens of its own, with per-token versions."""
+    rng = random.Random(1000 + seed)
+    response = [rng.randrange(1, 30000) for _ in range(response_len)]
+    return make_trajectory(
+        answer=answer,
+        seed=seed,
+        token_ids=prompt + response,
+        loss_mask=[0] * len(prompt) + [1] * response_len,
+        logprobs=prompt_logprobs + [-rng.random() * 3 for _ in range(response_len)],
+        versions=[-1] * len(prompt) + [policy_version] * response_len,
+    )
+
+
+def make_shared_prompt_group(group_id: str, *, n: int = 4, prompt_len: int = 40, seed: int = 0,
+                             policy_version: int = 3, answers: list[str] | None = None,
+                             **overrides: Any) -> dict[str, Any]:
+    """A group whose ``n`` members share their first ``prompt_len`` tokens (ids, mask 0, log-probs, version -1)
+    byte for byte, as a rollout's do: the shape whose prompt is stored once (service.store.prefix). Prompt
+    log-prob 30 is 0.0 (a test turns one member's into -0.0)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1, 30000) for _ in range(prompt_len)]
+    prompt_logprobs = [-rng.random() * 7 for _ in range(prompt_len)]
+    if prompt_len > 30:
+        prompt_logprobs[30] = 0.0
+    answers = answers or ["42"] * n
+    trajectories = [shared_prompt_member(prompt, prompt_logprobs, seed=seed * 10 + i, response_len=20 + i,
+                                         policy_version=policy_version, answer=a) for i, a in enumerate(answers)]
+    return make_group(group_id, n=n, policy_version=policy_version, trajectories=trajectories, **overrides)

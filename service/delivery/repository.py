@@ -170,14 +170,19 @@ def group_ids(session: Session, group_pks: Sequence[int]) -> dict[int, str]:
 
 
 _BATCH_ROWS_SQL = """
-SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx, t.token_ids, t.loss_mask, t.logprobs,
-       t.versions, t.advantage, t.total_reward, t.segments, t.segment_advantages, t.finish_reason,
+SELECT g.pk, g.id, g.prompt_id, g.policy_version, t.idx,
+       -- a member's whole arrays: its group's shared prefix (prompt_prefixes, 0016), if any, then its own bytes
+       CASE WHEN t.prefix_len = 0 THEN t.token_ids ELSE p.token_ids || t.token_ids END AS token_ids,
+       CASE WHEN t.prefix_len = 0 THEN t.loss_mask ELSE p.loss_mask || t.loss_mask END AS loss_mask,
+       CASE WHEN t.prefix_len = 0 THEN t.logprobs ELSE p.logprobs || t.logprobs END AS logprobs,
+       CASE WHEN t.prefix_len = 0 THEN t.versions ELSE p.versions || t.versions END AS versions, t.advantage, t.total_reward, t.segments, t.segment_advantages, t.finish_reason,
        CASE WHEN jsonb_typeof(g.sampling -> 'temperature') = 'number'
             THEN (g.sampling ->> 'temperature')::float8 END AS temperature,
        rw.rewards,
        -- how the trainer weighs a segmented trajectory's segments: the group's curation policy's mode
        CASE WHEN t.segments IS NOT NULL THEN cp.body ->> 'segment_advantage' END AS segment_advantage
   FROM trajectories t JOIN groups g ON g.pk = t.group_pk
+  LEFT JOIN prompt_prefixes p ON p.group_pk = t.group_pk AND t.prefix_len > 0
   LEFT JOIN curation_policies cp ON cp.name = g.curation_policy_name AND cp.version = g.curation_policy_version
   -- the components of the spec version that scored the group (uq_rewards_key's index); NULL: none stored
   LEFT JOIN LATERAL (

@@ -25,11 +25,13 @@ def _filtered(stmt: Any, *, dataset: str | None, min_policy_version: int | None,
     return stmt
 
 
-def _group_bytes(session: Session, pks: list[int]) -> dict[int, int]:
+def group_bytes(session: Session, pks: list[int]) -> dict[int, int]:
     """About how many bytes each group's rows read: its trajectories' messages and metadata as JSON text, and
     their token arrays (read by the rollouts export)."""
     t = Trajectory.__table__
-    arrays = sum((func.coalesce(func.octet_length(c), 0) for c in (t.c.token_ids, t.c.loss_mask, t.c.logprobs)),
+    # the whole arrays: the stored bytes and, when a member's prompt is stored once for its group, the prefix's
+    whole = ((t.c.token_ids, 4), (t.c.loss_mask, 1), (t.c.logprobs, 4))
+    arrays = sum((func.coalesce(func.octet_length(c) + t.c.prefix_len * size, 0) for c, size in whole),
                  start=func.octet_length(t.c.metadata.cast(Text)))
     size = func.sum(func.octet_length(t.c.messages.cast(Text)) + arrays)
     stmt = select(t.c.group_pk, size).where(t.c.group_pk.in_(pks)).group_by(t.c.group_pk)
@@ -52,7 +54,7 @@ def group_page(session: Session, *, after_pk: int, max_rows: int, dataset: str |
         rows += n
     if max_bytes is None or len(pks) <= 1:
         return pks
-    sizes, read = _group_bytes(session, pks), 0
+    sizes, read = group_bytes(session, pks), 0
     for i, pk in enumerate(pks):
         read += sizes.get(pk, 0)
         if i and read > max_bytes:

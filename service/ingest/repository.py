@@ -10,7 +10,8 @@ from sqlalchemy import Row, bindparam, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
-from service.store.models import Decision, Group, Prompt, Reward, Trajectory
+from service.store import prefix
+from service.store.models import Decision, Group, Prompt, PromptPrefix, Reward, Trajectory
 
 _INSERT_GROUP = (
     pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
@@ -33,10 +34,12 @@ def existing_group(session: Session, group_id: str) -> Row[Any] | None:
 
 TRAJECTORY_COLUMNS = (
     "group_pk", "idx", "messages", "final_answer", "token_ids", "loss_mask", "logprobs",
-    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata", "segments", "versions",
+    "seq_len", "num_tokens", "num_turns", "finish_reason", "metadata", "segments", "versions", "prefix_len",
 )
 _COPY_TYPES = ("int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb",
-               "jsonb", "bytea")
+               "jsonb", "bytea", "int4")
+_ARRAY_AT = {name: TRAJECTORY_COLUMNS.index(name) for name, _ in prefix.ARRAYS}
+_SEGMENTS_AT, _PREFIX_LEN_AT = TRAJECTORY_COLUMNS.index("segments"), TRAJECTORY_COLUMNS.index("prefix_len")
 _COPY_SQL = f"COPY trajectories ({', '.join(TRAJECTORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 
@@ -59,7 +62,27 @@ def insert_trajectories(session: Session, rows: list[tuple[Any, ...]]) -> None:
         copy.set_types(_COPY_TYPES)
         for row in rows:
             copy.write_row((*row[:2], _json(row[2]), *row[3:11], _json(row[11]),
-                            None if row[12] is None else _json(row[12]), row[13]))
+                            None if row[12] is None else _json(row[12]), *row[13:]))
+
+
+def insert_group_trajectories(session: Session, group_pk: int, rows: list[tuple[Any, ...]]) -> None:
+    """A new group's members (rows as ``insert_trajectories`` takes them, whole, prefix_len 0): the prefix they
+    all share (``service.store.prefix.split``) goes once into prompt_prefixes and each row keeps the rest;
+    a group that shares none worth it is stored as posted."""
+    cut = prefix.split([{name: row[i] for name, i in _ARRAY_AT.items()} for row in rows],
+                       segmented=any(row[_SEGMENTS_AT] is not None for row in rows))
+    if cut is None:
+        insert_trajectories(session, rows)
+        return
+    session.execute(PromptPrefix.__table__.insert().values(group_pk=group_pk, **cut.prefix))
+    stored = []
+    for row, rest in zip(rows, cut.suffixes, strict=True):
+        values = list(row)
+        for name, i in _ARRAY_AT.items():
+            values[i] = rest[name]
+        values[_PREFIX_LEN_AT] = cut.n_tokens
+        stored.append(tuple(values))
+    insert_trajectories(session, stored)
 
 
 def load_group(session: Session, group_id: str) -> Group | None:

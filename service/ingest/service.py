@@ -116,6 +116,7 @@ def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]
         orjson.dumps(t.metadata).decode(),
         segments,
         arrays.encode(t.versions, arrays.VERSION_DTYPE),
+        0,  # prefix_len: whole (a new group's rows lose their shared prefix in group_repo.insert_group_trajectories)
     )
 
 
@@ -282,7 +283,7 @@ def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer
                 f"{where}id: group {g.id!r} already exists with a different body", detail={"id": g.id}
             )
         return GroupAck(id=g.id, status=existing.status, trajectories=existing.n_trajectories, created=False)
-    group_repo.insert_trajectories(session, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
+    group_repo.insert_group_trajectories(session, pk, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
     return GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True)
 
 

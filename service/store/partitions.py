@@ -1,6 +1,7 @@
 """The partitioned hot tables (migration 0015): ranges created ahead, and retired by DROP.
 
-trajectories, rewards and decisions are partitioned by RANGE (group_pk). Each range ``[lo, hi)`` has one
+trajectories, rewards and decisions are partitioned by RANGE (group_pk), and so is prompt_prefixes (0016: a
+group's shared prompt tokens, service.ingest). Each range ``[lo, hi)`` has one
 partition per table, ``parts.<table>_p<lo>`` (12 digits at least), and one row in ``partitions`` (its bounds,
 when it opened, when it was dropped); ``parts.<table>_default`` catches the rows of a pk no range covers yet,
 so an insert never fails.
@@ -36,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 log = logging.getLogger(__name__)
 
 SCHEMA = "parts"
-TABLES = ("trajectories", "rewards", "decisions")
+TABLES = ("trajectories", "rewards", "decisions", "prompt_prefixes")
 LOCK_TIMEOUT = "2s"
 _LOCK_KEY = 0x70617274  # "part"
 CHECK_EVERY_S = 5.0  # the worker's pass runs maintenance at most this often

@@ -198,7 +198,7 @@ def reset(engine: Engine) -> None:
     """Empty every table the delivery tests touch (a module shares one database)."""
     with engine.begin() as conn:
         conn.execute(
-            text("TRUNCATE prompts, groups, trajectories, leases, policy_versions RESTART IDENTITY CASCADE")
+            text("TRUNCATE prompts, groups, trajectories, prompt_prefixes, leases, policy_versions RESTART IDENTITY CASCADE")
         )
 
 

@@ -1,5 +1,5 @@
 """The partitioned hot tables (migration 0015, service.store.partitions): trajectories, rewards and decisions
-by RANGE (group_pk); ranges created ahead by the worker, a DEFAULT partition for anything past them, retirement
+(and prompt_prefixes, 0016) by RANGE (group_pk); ranges created ahead by the worker, a DEFAULT partition for anything past them, retirement
 by DROP of a range whose groups are all archived, and the migration converting existing rows both ways."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from service.settings import get_settings
 from service.store import partitions
 from service.store.db import dispose_engine, get_engine, make_sessionmaker
 from service.store.migrate import downgrade, upgrade
+from service.store.models import Trajectory
 from service.worker import pipeline
-from tests.helpers import make_group
+from tests.helpers import make_group, make_shared_prompt_group
 
 TABLES = partitions.TABLES
+MIGRATED = ("trajectories", "rewards", "decisions")  # the tables migration 0015 converts
 
 
 def _one(engine, sql: str, **params):
@@ -46,8 +48,11 @@ def _next_pk(engine, pk: int) -> None:
     _exec(engine, "SELECT setval(pg_get_serial_sequence('groups', 'pk'), :v)", v=pk - 1)
 
 
-def _post(api, *ids: str) -> list[int]:
-    r = api.post("/v1/groups", json={"groups": [make_group(i, answers=["42", "7"]) for i in ids]})
+def _post(api, *ids: str, shared_prompt: bool = True) -> list[int]:
+    """Groups of two; with ``shared_prompt`` their members share 40 prompt tokens (a prompt_prefixes row each)."""
+    groups = [make_shared_prompt_group(i, n=2, answers=["42", "7"], policy_version=0, prompt_id="p-1") if shared_prompt
+              else make_group(i, answers=["42", "7"]) for i in ids]
+    r = api.post("/v1/groups", json={"groups": groups})
     assert r.status_code == 201, r.text
     with Session(get_engine(api.db_url)) as s:
         return [s.execute(text("SELECT pk FROM groups WHERE id = :i"), {"i": i}).scalar_one() for i in ids]
@@ -132,7 +137,7 @@ def test_inserts_past_the_ranges_land_in_default_and_move_into_the_range_made_fo
     result = partitions.maintain(factory, 10)
     # one catch-up range over the gap, the range of the newest group, one ahead
     assert result.created == [(top, top + 1000), (top + 1000, top + 1010), (top + 1010, top + 1020)]
-    assert result.moved == 4 + 1 + 1  # 2 x 2 trajectories, a reward, a decision
+    assert result.moved == 4 + 2 + 1 + 1  # 2 x 2 trajectories, their 2 prompt prefixes, a reward, a decision
     for table in TABLES:
         assert _one(engine, f"SELECT count(*) FROM parts.{table}_default") == 0
         assert _where(engine, table, pks[0]) == {f"parts.{table}_p{top + 1000:012d}"}
@@ -199,11 +204,12 @@ def test_retirement_skips_a_range_a_group_is_still_in(api, fresh_db: str) -> Non
 
 def test_migration_converts_existing_rows_and_downgrade_restores_them(api, fresh_db: str, monkeypatch) -> None:
     engine = get_engine(fresh_db)
-    pks = _post(api, *(f"u-{i}" for i in range(5)))
+    pks = _post(api, *(f"u-{i}" for i in range(5)), shared_prompt=False)  # stored whole (0016: prefix_len 0)
     assert pks == [1, 2, 3, 4, 5]
     for pk in pks:
         _scores(engine, pk)
-    queries = {"trajectories": "SELECT * FROM trajectories ORDER BY group_pk, idx",
+    columns = ", ".join(c.name for c in Trajectory.__table__.c if c.name != "prefix_len")  # 0015's columns
+    queries = {"trajectories": f"SELECT {columns} FROM trajectories ORDER BY group_pk, idx",
                "rewards": "SELECT * FROM rewards ORDER BY pk", "decisions": "SELECT * FROM decisions ORDER BY pk"}
     before = {t: _rows(engine, q) for t, q in queries.items()}
     _exec(engine, "DELETE FROM groups WHERE pk = 5")  # as the archiver does: its rows stay until a DROP
@@ -214,7 +220,7 @@ def test_migration_converts_existing_rows_and_downgrade_restores_them(api, fresh
 
     downgrade(fresh_db, "0014_oldest_version")
     engine = get_engine(fresh_db)
-    for table in TABLES:
+    for table in MIGRATED:
         assert _one(engine, "SELECT relkind FROM pg_class WHERE oid = CAST(:t AS regclass)", t=table) == "r"
         assert _one(engine, "SELECT count(*) FROM pg_constraint WHERE contype = 'f'"
                             " AND conrelid = CAST(:t AS regclass)", t=table) == 1
@@ -226,7 +232,7 @@ def test_migration_converts_existing_rows_and_downgrade_restores_them(api, fresh
     monkeypatch.setenv("GRPO_CURATOR_PARTITION_GROUPS", "2")
     upgrade(fresh_db)
     engine = get_engine(fresh_db)
-    for table in TABLES:
+    for table in MIGRATED:
         assert _one(engine, "SELECT relkind FROM pg_class WHERE oid = CAST(:t AS regclass)", t=table) == "p"
         assert _rows(engine, queries[table]) == kept[table]
         assert _one(engine, "SELECT count(*) FROM pg_constraint WHERE contype = 'f'"
