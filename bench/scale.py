@@ -59,6 +59,7 @@ PROMPT_TOKENS = 16
 DATASETS = ("math", "code", "chat", "tools")
 GROUPS_PER_VERSION = 10_000
 CHUNK = 1_000  # groups per COPY transaction
+ANALYZE_EVERY = 25  # chunks between two ANALYZEs of the tables being loaded
 STATS_QUERIES = [{"by": by} for by in ("policy_version", "dataset", "finish_reason", "component")]
 STATS_QUERIES += [{**q, "since": "SINCE"} for q in STATS_QUERIES]
 _GROUP_COLS = ("pk, id, prompt_id, dataset, policy_version, sampling, metadata, body_hash, n_trajectories, n_tokens,"
@@ -108,6 +109,12 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
             _copy_trajectories(conn, pks, mask, rng, per_group=PER_GROUP, tokens_per=tokens,
                                prompt_tokens=PROMPT_TOKENS)
             conn.commit()
+            if (start - first_pk) // CHUNK % ANALYZE_EVERY == ANALYZE_EVERY - 1:
+                # autovacuum's job in a deployment, which a bulk load outruns: fresh statistics for the planner
+                lo = start // size * size
+                for table in ("groups", f"parts.{partitions.partition_name('trajectories', lo)}"):
+                    conn.execute(f"ANALYZE {table}")
+                conn.commit()
             with factory.begin() as session:  # the rollup, as the curation stage keeps it
                 stats.record_groups(session, pks)
         conn.execute("SELECT setval(pg_get_serial_sequence('groups', 'pk'), (SELECT max(pk) FROM groups))")

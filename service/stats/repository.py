@@ -34,7 +34,8 @@ _FACTS = text(
     "  array_agg(r.value ORDER BY r.component) AS vals FROM rewards r"
     "  WHERE r.group_pk = t.group_pk AND r.idx = t.idx"
     "  AND r.spec_name = g.reward_spec_name AND r.spec_version = g.reward_spec_version) AS c ON true"
-    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
+    # the pks on trajectories too: partitions pruned and an index probe per group, whatever the statistics say
+    " WHERE g.pk = ANY(CAST(:pks AS bigint[])) AND t.group_pk = ANY(CAST(:pks AS bigint[])) AND g.curated_at IS NOT NULL"
     " ORDER BY g.pk, t.idx"
 )
 

@@ -71,10 +71,17 @@ def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
+_NO_JIT = "-c jit=off"
+
+
 def _cached_engine(url: str, settings: Settings, options: str | None = None) -> Engine:
     """One engine per (URL, connection options) for the process: the pool settings and JSON codecs every
     engine of the project shares."""
-    key = url if options is None else f"{url}#{options}"
+    # no JIT: every statement here is short; PostgreSQL compiles one whose estimated cost passes
+    # jit_above_cost, and a misestimate (statistics behind a bulk load) spent ~200 ms compiling a 1,000-group
+    # stats query that runs in less (bench/scale.py)
+    options = " ".join(o for o in (_NO_JIT, options) if o)
+    key = f"{url}#{options}"
     with _lock:
         if key not in _engines:
             _engines[key] = create_engine(
@@ -84,7 +91,7 @@ def _cached_engine(url: str, settings: Settings, options: str | None = None) -> 
                 pool_pre_ping=True,
                 json_serializer=_json_dumps,
                 json_deserializer=orjson.loads,
-                **({"connect_args": {"options": options}} if options is not None else {}),
+                connect_args={"options": options},
             )
         return _engines[key]
 
