@@ -44,6 +44,7 @@ from service.store import arrays
 from service.store.db import db_now
 from service.store.models import Group, SamplingRequest, Trajectory
 
+TRAINING_ACTIONS = ("keep", "penalize")  # the members whose tokens train: only they make a group stale
 REQUESTED, FILLED, UNFILLED, EXHAUSTED = "remedy_requested", "remedy_filled", "remedy_unfilled", "remedy_exhausted"
 REMEDY_RULES: tuple[str, ...] = (REQUESTED, FILLED, UNFILLED, EXHAUSTED)
 SlotHistory = dict[tuple[int, int], list[SamplingRequest]]
@@ -111,31 +112,56 @@ def checkpoint_tokens(t: Trajectory) -> int:
     return t.seq_len
 
 
-def slot_remedy(action: str, t: Trajectory) -> str:
+def checkpoint_version(t: Trajectory, policy_version: int) -> int:
+    """The oldest version that generated a token of a member's resume checkpoint (``policy_version`` when its
+    tokens carry no versions: every generated one is its group's)."""
+    versions = arrays.decode(t.versions, arrays.VERSION_DTYPE)
+    if versions is None:
+        return policy_version
+    kept = versions[: checkpoint_tokens(t)]
+    generated = kept[kept >= 0]
+    return min(int(generated.min()), policy_version) if generated.size else policy_version
+
+
+def _not_resumable(t: Trajectory, policy_version: int, trained_oldest: int) -> str | None:
+    """Why a member cannot be resumed, or None."""
+    if t.segments:
+        return "a segmented member is resampled: it has no single context to resume"
+    limit = get_settings().max_sequence_tokens
+    if checkpoint_tokens(t) >= limit:
+        return (f"resampled: its {checkpoint_tokens(t)}-token checkpoint leaves no room for a continuation "
+                f"within max_sequence_tokens {limit}")
+    oldest = checkpoint_version(t, policy_version)
+    if oldest < trained_oldest:
+        return (f"resampled: its checkpoint's tokens come from policy version {oldest}, older than every member "
+                f"that trains ({trained_oldest}); a continuation would train them and make the group staler")
+    return None
+
+
+def slot_remedy(action: str, t: Trajectory, policy_version: int, trained_oldest: int) -> str:
     """The remedy a slot is asked for: its member's action, except that a member is resampled, not resumed,
-    when no continuation could be posted -- a segmented member (its last complete state is its last
+    when resuming it cannot help its group -- a segmented member (its last complete state is its last
     segment's context, while its earlier segments were trained from contexts a continuation would never see;
-    resuming it would join them into one that never existed), or one whose checkpoint already fills the
+    resuming it would join them into one that never existed), one whose checkpoint already fills the
     deployment's ``max_sequence_tokens`` (a continuation adds at least one token, so every fill would be a
-    422 and the group would wait out its deadline for nothing)."""
+    422 and the group would wait out its deadline for nothing), or one whose checkpoint is older than every
+    member that trains (``trained_oldest``: the group's staleness version; the continuation would carry
+    those old tokens into training and could make the completers stale)."""
     if action != "resume":
         return action
-    return "resample" if t.segments or checkpoint_tokens(t) >= get_settings().max_sequence_tokens else action
+    return action if _not_resumable(t, policy_version, trained_oldest) is None else "resample"
 
 
-def remedy_note(action: str, t: Trajectory) -> str:
+def remedy_note(action: str, t: Trajectory, policy_version: int, trained_oldest: int) -> str:
     """Why ``slot_remedy`` asked for another remedy than the member's action ('' when it did not)."""
-    if slot_remedy(action, t) == action:
-        return ""
-    if t.segments:
-        return " (a segmented member is resampled: it has no single context to resume)"
-    return (f" (resampled: its {checkpoint_tokens(t)}-token checkpoint leaves no room for a continuation "
-            f"within max_sequence_tokens {get_settings().max_sequence_tokens})")
+    why = _not_resumable(t, policy_version, trained_oldest) if action == "resume" else None
+    return "" if why is None else f" ({why})"
 
 
-def request_row(g: Group, idx: int, action: str, budget: dict[str, Any], dataset: str) -> dict[str, Any]:
+def request_row(g: Group, idx: int, action: str, budget: dict[str, Any], dataset: str, trained_oldest: int
+                ) -> dict[str, Any]:
     trajectory = next(t for t in g.trajectories if t.idx == idx)
-    action = slot_remedy(action, trajectory)
+    action = slot_remedy(action, trajectory, g.policy_version, trained_oldest)
     return {"prompt_id": g.prompt_id, "dataset": dataset, "reason": action, "n": 1, "budget": budget,
             "priority": 2.0, "source_group_pk": g.pk, "idx": idx,
             "checkpoint": checkpoint_of(g, trajectory) if action == "resume" else None}
@@ -217,28 +243,34 @@ def _check_trainable(t: TrajectoryIn) -> None:
         if missing:
             raise BadRequest(f"trajectory.{missing[0]}: required in a replacement (it is trained with its group: "
                              f"token_ids and loss_mask, or segments)")
-    _, mask, _ = t.flat_arrays()
-    if mask is not None and 1 not in mask:
+    masks = [s.loss_mask for s in t.segments] if t.segments is not None else [t.loss_mask or []]
+    if not any(any(m[1:]) for m in masks):  # a token trained is predicted from the ones before it
         field = "segments[].loss_mask" if t.segments is not None else "loss_mask"
-        raise BadRequest(f"trajectory.{field}: a replacement has at least one generated token (loss_mask 1); "
-                         "one that generated nothing answers nothing")
+        raise BadRequest(f"trajectory.{field}: a replacement has at least one generated token to train (loss_mask "
+                         "1 after its sequence's first token); one that generated nothing answers nothing")
 
 
 def _check_not_older(g: Group, idx: int, t: TrajectoryIn, policy_version: int, kept: int) -> None:
-    """A replacement is no older than the group it joins (422 ``policy_version``): the group's staleness is its
-    oldest generated token's (``filters.rules.staleness_version``), so an older fill -- any producer's, for any
+    """A replacement is no older than the members of its group that train (422 ``policy_version``): the
+    group's staleness is their oldest generated token's (``filters.rules.staleness_version`` over the members
+    whose action is keep / penalize), so an older fill -- any producer's, for any
     waiting group -- would make the whole group stale and drop its completers; a producer that ignores the
     request only makes the group wait, and one that answers must not do worse. ``kept``: the tokens a
     resumed fill keeps from its checkpoint (the member's own, already in the group): only what the fill
     adds is judged."""
-    others = [token_versions(x, g.policy_version) for x in g.trajectories if x.idx != idx]
-    group_oldest = staleness_version(others, g.policy_version)
+    trained = [token_versions(x, g.policy_version) for x in g.trajectories
+               if x.idx != idx and x.action in TRAINING_ACTIONS]
+    group_oldest = staleness_version(trained, g.policy_version)
+    if t.segments is not None and policy_version < g.policy_version:
+        raise BadRequest(f"policy_version: a segmented replacement carries no per-token versions, so it is "
+                         f"posted by its group's policy version {g.policy_version} or a newer one, got "
+                         f"{policy_version}")
     added = [policy_version] if t.versions is None else t.versions[kept:]
     mine = staleness_version([added], policy_version)
     if mine < group_oldest:
         raise BadRequest(f"policy_version: the replacement's oldest generated token is policy version {mine}, "
-                         f"older than every member of group {g.id!r} (oldest {group_oldest}); it would make "
-                         "the whole group stale")
+                         f"older than every member of group {g.id!r} that trains (oldest {group_oldest}); it "
+                         "would make the whole group stale")
 
 
 def prompt_tokens(ids: list[int] | None, mask: list[int] | None) -> list[int] | None:

@@ -26,8 +26,7 @@ from service.store.db import db_now
 from service.store.models import Group
 
 _PLAIN_METRICS = ("outcome", "total")
-# the finish_reason actions whose members train: only their tokens' versions make a group stale
-TRAINING_ACTIONS = ("keep", "penalize")
+TRAINING_ACTIONS = remedies.TRAINING_ACTIONS  # the finish_reason actions whose members train
 # groups dropped for one of these add nothing to their prompt's recent outcomes (too few members to say)
 NO_OUTCOME_DROPS = ("below_min_group_size",)
 # the rule of a member's decision when its group was sent back by a rescore / recurate (no new rollouts)
@@ -179,7 +178,7 @@ class _Writes:
         self.counts["curation_error"] = self.counts.get("curation_error", 0) + 1
 
     def wait(self, g: Group, d: GroupDecision, policy: specs.Versioned, rules: CurationPolicy, dataset: str,
-             slots: list[int]) -> None:
+             slots: list[int], trained_oldest: int) -> None:
         """Remedy members that can still be remedied: one request per slot, the group waits for them."""
         now = self.now
         until = remedies.wait_until(rules, now)
@@ -191,9 +190,9 @@ class _Writes:
                 continue
             max_tokens = remedies_budget(g, rules)
             budget = {**g.sampling, "max_tokens": max_tokens} if max_tokens else dict(g.sampling)
-            self.requests.append(remedies.request_row(g, t.index, t.action, budget, dataset))
-            asked = remedies.slot_remedy(t.action, by_idx[t.index])
-            why = remedies.remedy_note(t.action, by_idx[t.index])
+            self.requests.append(remedies.request_row(g, t.index, t.action, budget, dataset, trained_oldest))
+            asked = remedies.slot_remedy(t.action, by_idx[t.index], g.policy_version, trained_oldest)
+            why = remedies.remedy_note(t.action, by_idx[t.index], g.policy_version, trained_oldest)
             self.decisions.append({**log, "idx": t.index, "action": asked, "rule": remedies.REQUESTED,
                                    "reason": f"slot {t.index}: {by_idx[t.index].finish_reason} -> {asked}{why} "
                                              f"(max_tokens {budget.get('max_tokens')}); the group waits until "
@@ -209,12 +208,14 @@ class _Writes:
         rules = rules or CurationPolicy()
         again = g.pk in self.sent_back  # a rescore / recurate: no new rollouts, the group trains with what it has
         remedy = [t for t in d.trajectories if t.action in REMEDY_ACTIONS]
+        trained_oldest = g.policy_version if version is None else version
         if d.drop_reason != "stale" and not again:
             members = {t.idx: t for t in g.trajectories}
             slots = [t.index for t in remedy if remedies.can_remedy(
-                self.history.get((g.pk, t.index), []), remedies.slot_remedy(t.action, members[t.index]), rules)]
+                self.history.get((g.pk, t.index), []),
+                remedies.slot_remedy(t.action, members[t.index], g.policy_version, trained_oldest), rules)]
             if slots:
-                self.wait(g, d, policy, rules, dataset, slots)
+                self.wait(g, d, policy, rules, dataset, slots, trained_oldest)
                 return
         log = {"group_pk": g.pk, "policy_name": policy.name, "policy_version": policy.version}
         self._members(g, d, rules, log, again)

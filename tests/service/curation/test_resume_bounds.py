@@ -248,3 +248,27 @@ def test_a_member_whose_checkpoint_fills_the_sequence_limit_is_resampled_not_res
     assert [(r["reason"], r["index"], r.get("checkpoint")) for r in reqs] == [("resample", 3, None)]
     [d] = [d for d in api.get("/v1/groups/f").json()["decisions"] if d["rule"] == "remedy_requested"]
     assert f"{limit}-token checkpoint leaves no room" in d["reason"], d
+
+
+def test_a_checkpoint_older_than_the_members_that_train_is_resampled(api, scorer) -> None:
+    """Re-attack: a cut member whose tokens came from version 1 in a group at 10 (max_staleness 2) was asked for
+    a resume; the only fill -- its old checkpoint plus a continuation by 10 -- made the group stale and lost
+    its three completers, which ignoring the request would have trained. Such a slot asks for a resample."""
+    register_spec(api, SPEC)
+    body = {"name": "oldck", "finish_reason_actions": {"length": "resume"}, "resample_wait_seconds": 3600,
+            "max_resumes": 1, "max_staleness": 2}
+    assert api.post("/v1/curation-policies", json=body).status_code == 201
+    assert api.put("/v1/datasets/oldck", json={"reward_spec": "math", "curation_policy": "oldck"}).status_code == 200
+    assert api.post("/v1/policy", json={"version": 10, "metrics": {}}).status_code == 201
+    g = make_group("k", prompt_id="p-k", dataset="oldck", answers=["42", "41", "42", "7"], policy_version=10)
+    g["trajectories"][3]["finish_reason"] = "length"
+    g["trajectories"][3]["versions"] = [1 if m else -1 for m in g["trajectories"][3]["loss_mask"]]
+    fresh = make_group("f", prompt_id="p-f", dataset="oldck", answers=["42", "41", "42", "7"], policy_version=10)
+    fresh["trajectories"][3]["finish_reason"] = "length"
+    for x in (g, fresh):
+        assert api.post("/v1/groups", json=x).status_code == 201
+    drain(api.factory, scorer, timeout_s=60)
+    reqs = {r["group_id"]: r for r in api.get("/v1/sampling/requests", params={"n": 20}).json()["requests"]}
+    assert (reqs["k"]["reason"], reqs["f"]["reason"]) == ("resample", "resume")
+    [d] = [d for d in api.get("/v1/groups/k").json()["decisions"] if d["rule"] == "remedy_requested"]
+    assert "come from policy version 1, older than every member that trains (10)" in d["reason"], d
