@@ -3,7 +3,8 @@
 Two layers, both free of the database:
 
 - ``summarize(groups)``: the stored groups of a window (``GroupFact`` records) -> one ``VersionStats``
-  per sampler policy version (mean response length, outcome, the share of repetitive answers, ...).
+  per sampler policy version (mean response length, outcome, the share of repetitive answers, ...);
+  ``StatsCache`` makes it incremental as the window slides (only versions whose groups changed are computed).
 - ``evaluate(name, series, thresholds)``: one monitor over a window of per-version values (oldest
   first) -> ``MonitorResult(value, state, threshold, evidence)``. Every monitor's value is oriented so
   that *higher is worse*; ``state`` is ``critical`` when value >= critical, ``warning`` when >= warning.
@@ -487,12 +488,39 @@ def _version_stats(version: int, groups: Sequence[GroupFact]) -> VersionStats:
     )
 
 
-def summarize(groups: Sequence[GroupFact]) -> dict[int, VersionStats]:
-    """Groups -> one VersionStats per sampler version present, ascending by version."""
+def _by_version(groups: Sequence[GroupFact]) -> dict[int, tuple[GroupFact, ...]]:
     by_version: dict[int, list[GroupFact]] = {}
     for g in groups:
         by_version.setdefault(g.version, []).append(g)
-    return {v: _version_stats(v, by_version[v]) for v in sorted(by_version)}
+    return {v: tuple(by_version[v]) for v in sorted(by_version)}
+
+
+def summarize(groups: Sequence[GroupFact], cache: StatsCache | None = None) -> dict[int, VersionStats]:
+    """Groups -> one VersionStats per sampler version present, ascending by version. With a ``cache``, a
+    version whose groups are exactly those of the cache's previous call is not computed again."""
+    if cache is not None:
+        return cache.summarize(groups)
+    return {v: _version_stats(v, gs) for v, gs in _by_version(groups).items()}
+
+
+class StatsCache:
+    """``summarize`` made incremental over a sliding window: each version's stats are kept from one call to
+    the next, keyed by the version and its exact groups (``GroupFact`` is frozen, compared field by field:
+    texts, scores, flags), so a version is computed again only when its facts changed (a new version, a
+    group added or scored since) and the result always equals ``summarize(groups)``. Holds the previous
+    call's facts only (one window); a version that left the window is dropped."""
+
+    def __init__(self) -> None:
+        self._previous: dict[tuple[int, tuple[GroupFact, ...]], VersionStats] = {}
+
+    def summarize(self, groups: Sequence[GroupFact]) -> dict[int, VersionStats]:
+        previous, kept, out = self._previous, {}, {}
+        for v, gs in _by_version(groups).items():
+            key = (v, gs)
+            stats = previous.get(key)
+            kept[key] = out[v] = stats if stats is not None else _version_stats(v, gs)
+        self._previous = kept  # one assignment: a concurrent call sees the old or the new window, both right
+        return out
 
 
 def trainer_value(metrics: Mapping[str, object], series: str) -> float | None:

@@ -113,11 +113,12 @@ def transitions(session: Session, alert_id: str) -> list[AlertTransition]:
 
 
 def window_groups(session: Session, lo: int, hi: int) -> list[Any]:
-    """Groups sampled at versions lo..hi (inclusive): the columns the monitors read."""
+    """Groups sampled at versions lo..hi (inclusive): the columns the monitors read, in pk order (the same
+    groups read in the same order each time: a version's stats are then taken from the StatsCache)."""
     stmt = select(
         Group.pk, Group.dataset, Group.policy_version, Group.status, Group.drop_reason, Group.metric_std,
         Group.reward_spec_name, Group.reward_spec_version, Group.scored_at,
-    ).where(Group.policy_version.between(lo, hi))
+    ).where(Group.policy_version.between(lo, hi)).order_by(Group.pk)
     return list(session.execute(stmt))
 
 
@@ -132,7 +133,7 @@ def window_trajectories(session: Session, group_pks: Sequence[int], tail_chars: 
 def window_rewards(session: Session, group_pks: Sequence[int]) -> list[Any]:
     stmt = select(Reward.group_pk, Reward.idx, Reward.component, Reward.kind, Reward.value).where(
         Reward.group_pk == any_(array_param("pks", group_pks, BigInteger))
-    )
+    ).order_by(Reward.group_pk, Reward.pk)  # a trajectory's components in a stable order (summed in it)
     return list(session.execute(stmt))
 
 

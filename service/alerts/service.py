@@ -284,12 +284,22 @@ def _read(session: Session, settings: Settings) -> _Reading:
                     _settings_map(session), alert_repo.peek_scored_since(session, as_of))
 
 
+# one StatsCache per scope (None: every dataset together): consecutive evaluations share all but the newest
+# versions of their window, whose stats are then not computed again. Keyed by the facts themselves, so
+# apps and databases in one process cannot read each other's stale entries.
+_stats_caches: dict[str | None, monitors.StatsCache] = {}
+
+
 def _score(reading: _Reading) -> tuple[tuple[int, ...], list[str], list[_Score]]:
     """Every monitor in every scope (pure Python: no transaction needed)."""
     window = inputs.build(reading.rows)
+    scopes = _scopes(window)
+    for gone in set(_stats_caches) - {d for d, _ in scopes}:  # datasets that left the window
+        _stats_caches.pop(gone, None)
     scores = []
-    for dataset, groups in _scopes(window):
-        series = monitors.window_series(window.versions, monitors.summarize(groups), window.metrics)
+    for dataset, groups in scopes:
+        stats = monitors.summarize(groups, _stats_caches.setdefault(dataset, monitors.StatsCache()))
+        series = monitors.window_series(window.versions, stats, window.metrics)
         for name in MONITOR_NAMES:
             if dataset is not None and MONITORS[name].series in TRAINER_SERIES:
                 continue

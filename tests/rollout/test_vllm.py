@@ -1,14 +1,14 @@
 """Against a running vLLM OpenAI server (the CPU build, in its own virtualenv: ``make vllm``) on a tiny random
 Qwen2: the producer's vLLM path posts exactly what vLLM returned, the agent gateway records vLLM's tokens,
 the trainer's own log-prob head reproduces vLLM's processed log-probs (temperature 1 and 0.7), an aborted
-request ends as ``aborted``, and the producer loads a new trainer checkpoint in place with its version.
+request ends as ``aborted``. (The producer restarting its own server on a new checkpoint: test_vllm_restart.py.)
 
-All vLLM tests live in this one file: with ``--dist loadfile`` one xdist worker starts the one server."""
+Every test that uses the module's vLLM server lives in this one file: with ``--dist loadfile`` one xdist worker
+starts the one server."""
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,37 +18,24 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 
-from rollout.producer import Policy, RolloutConfig, build_group, run
+from rollout.producer import Policy, build_group, run
 from rollout.sampler import PromptTooLong, VLLMSampler, parse_completions
-from rollout.tasks import letter_sum_prompts, letter_sum_spec, load_tokenizer
-from rollout.vllm_server import ALPHABET, VLLM_ARGS_ENV, VLLMServer, char_tokenizer
+from rollout.tasks import load_tokenizer
+from rollout.vllm_server import VLLMServer, char_tokenizer
 from service.client import CuratorClient
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.conftest import LiveServer, stop_server
+from tests.rollout.vllm_helpers import (
+    EOS,
+    letter_sum_service,
+    perturbed_checkpoint,
+    producer_cfg,
+    recompute,
+    sampled_with,
+)
 from tests.service.sessions.helpers import agent, finish, group, open_session, read
 
 pytestmark = pytest.mark.vllm
-
-EOS = 2  # <|im_end|> in the tiny model's tokenizer, and rollout.tasks' EOS
-# the producer's tokenizer: rollout.tasks' character tokenizer over the tiny model's whole vocabulary (ids 0-2
-# PAD / BOS / EOS, then one character per id: "§" stands for <|im_start|>, then vllm_server.ALPHABET)
-CHAR_SPEC = "char:\u00a7" + ALPHABET
-
-
-def recompute(model_dir: str | Path, token_ids: list[int], temperature: float) -> list[float]:
-    """The trainer's own log-probs (trainer.policy.PolicyLogprobs, fp32) of token_ids[1:] given the prefix."""
-    from transformers import AutoModelForCausalLM
-
-    from trainer.policy import PolicyLogprobs
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    policy = PolicyLogprobs(model, temperature=temperature).eval()
-    ids = torch.tensor([token_ids])  # (1, L)
-    targets = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # (1, L): position t predicts token t+1
-    with torch.no_grad():
-        logp, _ = policy(ids, torch.arange(ids.shape[1]).unsqueeze(0), None, targets)  # (1, L)
-    return logp[0, :-1].tolist()
 
 
 class Recorder:
@@ -102,22 +89,10 @@ def recorder(vllm_server: VLLMServer) -> Iterator[Recorder]:
 @pytest.fixture(scope="module")
 def service(make_db: Callable[..., str], vllm_server: VLLMServer) -> Iterator[LiveServer]:
     """The API (its agent gateway pointed at vLLM) with the letter-sum dataset."""
-    server = start_server(make_db(), env={"GRPO_CURATOR_INFERENCE_URL": vllm_server.url,
-                                          "GRPO_CURATOR_SESSION_CALL_TIMEOUT_S": "120"})
-    with CuratorClient(server.url) as c:
-        c.upsert_prompts(letter_sum_prompts())
-        c.create_reward_spec(letter_sum_spec())
-        c.set_dataset("letter-sum", reward_spec="letter-sum")
+    server = letter_sum_service(make_db(), env={"GRPO_CURATOR_INFERENCE_URL": vllm_server.url,
+                                                "GRPO_CURATOR_SESSION_CALL_TIMEOUT_S": "120"})
     yield server
     stop_server(server)
-
-
-def producer_cfg(service: LiveServer, url: str | None, model: Path, tmp_path: Path, **extra: Any) -> RolloutConfig:
-    producer = extra.pop("producer_id", "pv")
-    extra.setdefault("max_tokens", 12)
-    return RolloutConfig(service_url=service.url, producer_id=producer, run_id=producer, model=str(model),
-                         tokenizer=CHAR_SPEC, dataset="letter-sum", group_size=4, requests_per_poll=2,
-                         spool_dir=str(tmp_path / "spool"), backend="vllm", vllm_url=url, **extra)
 
 
 def test_producer_posts_exactly_the_tokens_and_logprobs_vllm_returned(service, recorder, vllm_model, tmp_path):
@@ -359,62 +334,6 @@ def test_aborted_request_ends_as_aborted(vllm_server):
     completions = parse_completions(answer["r"].json(), N_ABORTED)
     assert [c.finish_reason for c in completions] == ["aborted"] * N_ABORTED  # never "stop": not an answer
     assert all(len(c.tokens) < 500 for c in completions)
-
-
-def perturbed_checkpoint(model_dir: Path, ckpts: Path, version: int) -> Path:
-    """A trainer checkpoint (trainer.checkpoint.save_checkpoint) of weights moved far from ``model_dir``'s."""
-    from transformers import AutoModelForCausalLM
-
-    from trainer.checkpoint import TrainerState, save_checkpoint
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    torch.manual_seed(version)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
-    return save_checkpoint(ckpts, model, torch.optim.SGD(model.parameters(), lr=0.1),
-                           TrainerState(policy_version=version, step=version))
-
-
-def sampled_with(group: dict[str, Any], model_dir: Path) -> float:
-    """Largest gap between the group's first trajectory's log-probs and ``model_dir``'s recomputation."""
-    t = group["trajectories"][0]
-    prompt_len = t["loss_mask"].index(1)
-    ours = recompute(model_dir, t["token_ids"], 1.0)[prompt_len - 1:]
-    return max(abs(a - b) for a, b in zip(ours, t["logprobs"][prompt_len:], strict=True))
-
-
-def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service, vllm_model, tmp_path, monkeypatch):
-    """The producer's own server (started as the demo starts it: no tokenizer, token ids only), restarted on the
-    trainer's checkpoint; the next groups carry its policy version and were sampled with its weights.
-
-    Its two servers run ``--enforce-eager`` (unless GRPO_CURATOR_VLLM_ARGS is given): vLLM's torch.compile
-    warm-up is most of a CPU start (measured: engine init 73 s compiled, 9 s eager) and this test checks which
-    weights are served, not the compiled path (the session's server, which the other tests use, keeps it)."""
-    if VLLM_ARGS_ENV not in os.environ:
-        monkeypatch.setenv(VLLM_ARGS_ENV, "--enforce-eager")
-    ckpts = tmp_path / "ckpts"
-    cfg = producer_cfg(service, None, vllm_model, tmp_path, checkpoint_dir=str(ckpts), producer_id="restart",
-                       max_tokens=8)
-    policy = Policy(cfg, load_tokenizer(cfg.tokenizer))
-    with CuratorClient(service.url) as c:
-        [req_a, req_b] = c.sampling_requests(2, producer_id="restart", dataset="letter-sum")
-    try:
-        policy.refresh()
-        before = build_group(policy, req_a, cfg)
-        assert before["policy_version"] == 0 and sampled_with(before, vllm_model) < 1e-4
-        ckpt = perturbed_checkpoint(vllm_model, ckpts, version=3)
-        assert policy.refresh() is True and policy.version == 3 and policy.checkpoint == ckpt
-        after = build_group(policy, req_b, cfg)
-        assert after["policy_version"] == 3 and after["id"].endswith("-v3")
-        assert sampled_with(after, ckpt) < 1e-4  # the new weights sampled
-        assert sampled_with(after, vllm_model) > 1e-2  # not the old ones
-        with CuratorClient(service.url) as c:
-            c.post_group(after)
-            assert c.get_group(after["id"])["policy_version"] == 3
-    finally:
-        policy.close()
-    assert policy.sampler is None
 
 
 # last in the file: it leaves the session's server on weights that are neither the old nor the new ones

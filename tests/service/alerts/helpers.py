@@ -56,3 +56,18 @@ def group(gid: str, version: int, answers: list[str], *, lengths: list[int] | No
     g["trajectories"] = trajs
     g["sampling"] = {"temperature": 1.0, "max_tokens": 4096}
     return g
+
+
+SPEC = {
+    "name": "mon",
+    "components": [
+        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True},
+        {"name": "fmt", "kind": "rule.format", "weight": 0.1, "params": {"pattern": "Final answer:", "source": "response"}},
+    ],
+}
+
+
+def setup_spec(api: Any) -> None:
+    """The synthetic runs' reward spec (a math verifier, the outcome; a format rule) on dataset toy."""
+    assert api.post("/v1/reward-specs", json=SPEC).status_code == 201
+    assert api.put("/v1/datasets/toy", json={"reward_spec": "mon"}).status_code == 200

@@ -3,7 +3,7 @@ worker): each pathology raises its own alert at the version computed by hand bel
 
 Every run: versions 1-20 healthy (mixed groups of 4 at 60 tokens, random 1.2k-character texts with the
 format marker, noisy healthy trainer metrics), then the pathology from version 21 on, evaluated after
-each version. Hand computation (RECENT = 3, BASELINE = 5; docs/alerts.md):
+each version (a long noisy healthy run: test_synthetic_long_run.py). Hand computation (RECENT = 3, BASELINE = 5; docs/alerts.md):
 - entropy 1 -> 0.1: drop at 22 = 1 - (1 + .1 + .1) / 3 = 0.6 (warning), at 23 = 0.9 (critical);
 - length 60 -> 90, 120, 150 on a flat outcome: rise at 22 = 90 / 60 - 1 = 0.5 (warning), at 23 = 1.0;
 - half the answers a loop: share at 21 = 0.5 / 3 = 0.17 (warning), at 22 = 0.33 (critical);
@@ -20,22 +20,18 @@ import random
 import pytest
 
 from service.worker.pipeline import drain
-from tests.service.alerts.helpers import evaluate, group, healthy_metrics, opened, publish, text_of
+from tests.service.alerts.helpers import (
+    evaluate,
+    group,
+    healthy_metrics,
+    opened,
+    publish,
+    setup_spec,
+    text_of,
+)
 
-SPEC = {
-    "name": "mon",
-    "components": [
-        {"name": "correct", "kind": "verifier.math", "weight": 1.0, "outcome": True},
-        {"name": "fmt", "kind": "rule.format", "weight": 0.1, "params": {"pattern": "Final answer:", "source": "response"}},
-    ],
-}
 START, LAST, GROUPS = 21, 23, 4
 LOOP = "the answer is " * 300
-
-
-def _setup(api) -> None:
-    assert api.post("/v1/reward-specs", json=SPEC).status_code == 201
-    assert api.put("/v1/datasets/toy", json={"reward_spec": "mon"}).status_code == 200
 
 
 def _groups(v: int, pathology: str | None, rng: random.Random) -> list[dict]:
@@ -64,7 +60,7 @@ def _groups(v: int, pathology: str | None, rng: random.Random) -> list[dict]:
 def run(api, scorer, pathology: str | None, last: int, seed: int = 0) -> dict[int, set]:
     """{version: the transitions it caused} for the versions that caused any."""
     rng = random.Random(seed)
-    _setup(api)
+    setup_spec(api)
     seen: dict[int, set] = {}
     for v in range(1, last + 1):
         metrics = healthy_metrics(rng)
@@ -97,39 +93,3 @@ EXPECTED = {
 @pytest.mark.parametrize("pathology", sorted(EXPECTED))
 def test_each_pathology_raises_its_alert_at_the_expected_version_and_no_other(api, scorer, pathology):
     assert run(api, scorer, pathology, LAST) == EXPECTED[pathology]
-
-
-LONG_RUN_VERSIONS = 1000
-
-
-def _noisy_healthy_group(v: int, rng: random.Random) -> dict:
-    """Mixed outcome (1-3 of 4 right), length 60 +- 10 %, random texts with the marker, every one stop."""
-    right = rng.randint(1, 3)
-    answers = ["42"] * right + ["7"] * (4 - right)
-    rng.shuffle(answers)
-    lengths = [max(1, round(rng.gauss(60, 6))) for _ in answers]
-    texts = [f"{text_of(rng, rng.randint(100, 1500))} Final answer:" for _ in answers]
-    return group(f"g-{v}", v, answers, lengths=lengths, texts=texts, prompt_id=f"p-{v % 7}")
-
-
-DRAIN_EVERY = 10  # the worker scores in batches while evaluations run: up to 9 versions are still unscored
-
-
-@pytest.mark.slow
-def test_a_long_noisy_healthy_run_raises_no_alert(api, scorer):
-    """1000 versions of noisy healthy metrics and groups, evaluated after every version while the worker lags
-    up to DRAIN_EVERY - 1 versions behind (as a real worker does): the false-positive count is 0, and no
-    alert row was ever written."""
-    rng = random.Random(1234)
-    _setup(api)
-    false_positives: dict[int, set] = {}
-    for v in range(1, LONG_RUN_VERSIONS + 1):
-        publish(api, v, **healthy_metrics(rng))
-        assert api.post("/v1/groups", json=_noisy_healthy_group(v, rng)).status_code in (200, 201)
-        if v % DRAIN_EVERY == 0 or v == LONG_RUN_VERSIONS:
-            drain(api.factory, scorer)
-        if changes := opened(evaluate(api)):
-            false_positives[v] = changes
-    print(f"long healthy run: {LONG_RUN_VERSIONS} versions, {len(false_positives)} false positives")
-    assert false_positives == {}
-    assert api.get("/v1/alerts").json()["alerts"] == []

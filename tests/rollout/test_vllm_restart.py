@@ -1,0 +1,60 @@
+"""The producer restarts its own vLLM server on a new trainer checkpoint (test_vllm.py's module server is not
+used: a file of its own, so ``--dist loadfile`` runs it on another worker while test_vllm.py's server starts
+and serves). Skipped with the reason where vLLM's virtualenv is absent (``make vllm``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rollout.producer import Policy, build_group
+from rollout.tasks import load_tokenizer
+from rollout.vllm_server import VLLM_ARGS_ENV
+from service.client import CuratorClient
+from tests.conftest import LiveServer, stop_server
+from tests.rollout.vllm_helpers import letter_sum_service, perturbed_checkpoint, producer_cfg, sampled_with
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def service(make_db: Callable[..., str]) -> Iterator[LiveServer]:
+    """The API with the letter-sum dataset (the producer samples with its own server: no gateway upstream)."""
+    server = letter_sum_service(make_db())
+    yield server
+    stop_server(server)
+
+
+def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service, vllm_model, tmp_path, monkeypatch):
+    """The producer's own server (started as the demo starts it: no tokenizer, token ids only), restarted on the
+    trainer's checkpoint; the next groups carry its policy version and were sampled with its weights.
+
+    Its two servers run ``--enforce-eager`` (unless GRPO_CURATOR_VLLM_ARGS is given): vLLM's torch.compile
+    warm-up is most of a CPU start (measured: engine init 73 s compiled, 9 s eager) and this test checks which
+    weights are served, not the compiled path (the session's server, which the other tests use, keeps it)."""
+    if VLLM_ARGS_ENV not in os.environ:
+        monkeypatch.setenv(VLLM_ARGS_ENV, "--enforce-eager")
+    ckpts = tmp_path / "ckpts"
+    cfg = producer_cfg(service, None, vllm_model, tmp_path, checkpoint_dir=str(ckpts), producer_id="restart",
+                       max_tokens=8)
+    policy = Policy(cfg, load_tokenizer(cfg.tokenizer))
+    with CuratorClient(service.url) as c:
+        [req_a, req_b] = c.sampling_requests(2, producer_id="restart", dataset="letter-sum")
+    try:
+        policy.refresh()
+        before = build_group(policy, req_a, cfg)
+        assert before["policy_version"] == 0 and sampled_with(before, vllm_model) < 1e-4
+        ckpt = perturbed_checkpoint(vllm_model, ckpts, version=3)
+        assert policy.refresh() is True and policy.version == 3 and policy.checkpoint == ckpt
+        after = build_group(policy, req_b, cfg)
+        assert after["policy_version"] == 3 and after["id"].endswith("-v3")
+        assert sampled_with(after, ckpt) < 1e-4  # the new weights sampled
+        assert sampled_with(after, vllm_model) > 1e-2  # not the old ones
+        with CuratorClient(service.url) as c:
+            c.post_group(after)
+            assert c.get_group(after["id"])["policy_version"] == 3
+    finally:
+        policy.close()
+    assert policy.sampler is None

@@ -1,0 +1,55 @@
+"""A long noisy healthy run through the real API (published trainer metrics, stored groups scored by the real
+worker, evaluated after every version) raises no alert. Its own file (the pathologies:
+test_synthetic_runs.py): with ``--dist loadfile`` the two run on two workers at once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from service.worker.pipeline import drain
+from tests.service.alerts.helpers import (
+    evaluate,
+    group,
+    healthy_metrics,
+    opened,
+    publish,
+    setup_spec,
+    text_of,
+)
+
+LONG_RUN_VERSIONS = 1000
+
+
+def _noisy_healthy_group(v: int, rng: random.Random) -> dict:
+    """Mixed outcome (1-3 of 4 right), length 60 +- 10 %, random texts with the marker, every one stop."""
+    right = rng.randint(1, 3)
+    answers = ["42"] * right + ["7"] * (4 - right)
+    rng.shuffle(answers)
+    lengths = [max(1, round(rng.gauss(60, 6))) for _ in answers]
+    texts = [f"{text_of(rng, rng.randint(100, 1500))} Final answer:" for _ in answers]
+    return group(f"g-{v}", v, answers, lengths=lengths, texts=texts, prompt_id=f"p-{v % 7}")
+
+
+DRAIN_EVERY = 10  # the worker scores in batches while evaluations run: up to 9 versions are still unscored
+
+
+@pytest.mark.slow
+def test_a_long_noisy_healthy_run_raises_no_alert(api, scorer):
+    """1000 versions of noisy healthy metrics and groups, evaluated after every version while the worker lags
+    up to DRAIN_EVERY - 1 versions behind (as a real worker does): the false-positive count is 0, and no
+    alert row was ever written."""
+    rng = random.Random(1234)
+    setup_spec(api)
+    false_positives: dict[int, set] = {}
+    for v in range(1, LONG_RUN_VERSIONS + 1):
+        publish(api, v, **healthy_metrics(rng))
+        assert api.post("/v1/groups", json=_noisy_healthy_group(v, rng)).status_code in (200, 201)
+        if v % DRAIN_EVERY == 0 or v == LONG_RUN_VERSIONS:
+            drain(api.factory, scorer)
+        if changes := opened(evaluate(api)):
+            false_positives[v] = changes
+    print(f"long healthy run: {LONG_RUN_VERSIONS} versions, {len(false_positives)} false positives")
+    assert false_positives == {}
+    assert api.get("/v1/alerts").json()["alerts"] == []
