@@ -11,6 +11,7 @@ from filters.overlong import buffer_tokens, soft_overlong_penalties
 from filters.types import (
     BUDGET_REASONS,
     FINISH_REASONS,
+    TRAINED_ACTIONS,
     Action,
     CurationPolicy,
     GroupScore,
@@ -30,7 +31,7 @@ def baseline_actions(policy: CurationPolicy) -> tuple[str, ...]:
     the cut member in the group; by default a cut member leaves it, so a truncation never makes signal).
     The one rule for both the per-group reference and the vectorised path.
     """
-    return MEMBER_ACTIONS if policy.masked_in_baseline else ("keep", "penalize")
+    return MEMBER_ACTIONS if policy.masked_in_baseline else TRAINED_ACTIONS
 
 
 def is_stale(policy_version: int, current_policy_version: int | None, max_staleness: int | None) -> bool:

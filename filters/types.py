@@ -48,6 +48,8 @@ ENVIRONMENT_ACTIONS: tuple[str, ...] = ("drop", "resample")
 # The remedies that fill a slot of the same group (docs/curation.md, "Remedies"); resume continues the
 # episode from its checkpoint, so only a budget's cut (length, max_turns) may take it.
 REMEDY_ACTIONS: tuple[str, ...] = ("resample", "resume")
+# the actions whose members a trainer trains on (a lease delivers them; only their tokens make a group stale)
+TRAINED_ACTIONS: tuple[str, ...] = ("keep", "penalize")
 RESUME_REASONS: frozenset[str] = frozenset({"length", "max_turns"})
 
 ZeroVarianceAction = Literal["drop", "keep"]

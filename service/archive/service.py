@@ -49,9 +49,9 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from filters.types import TRAINED_ACTIONS
 from service.archive import duration, files
 from service.archive import repository as repo
-from service.delivery.repository import DELIVERABLE_ACTIONS
 from service.policy import service as policy
 from service.settings import Settings, get_settings
 from service.stats import service as stats
@@ -81,7 +81,7 @@ class ArchiveResult:
 def _effective(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trajectories a trainer trained on: a consumed group's members that a lease delivers (a masked cut
     member, a dropped or remedied one never reaches a trainer)."""
-    return [r for r in rows if r["status"] == "consumed" and r["action"] in DELIVERABLE_ACTIONS]
+    return [r for r in rows if r["status"] == "consumed" and r["action"] in TRAINED_ACTIONS]
 
 
 def _partitions(due: list[tuple[int, str, date, str]]) -> dict[tuple[str, date], list[int]]:

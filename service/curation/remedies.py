@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from filters.rules import staleness_version
-from filters.types import REMEDY_ACTIONS, CurationPolicy
+from filters.types import REMEDY_ACTIONS, TRAINED_ACTIONS, CurationPolicy
 from service.api.errors import BadRequest, Conflict, NotFound
 from service.auth.service import OPEN, Principal
 from service.curation import repository as curate_repo
@@ -44,7 +44,6 @@ from service.store import arrays
 from service.store.db import db_now
 from service.store.models import Group, SamplingRequest, Trajectory
 
-TRAINING_ACTIONS = ("keep", "penalize")  # the members whose tokens train: only they make a group stale
 REQUESTED, FILLED, UNFILLED, EXHAUSTED = "remedy_requested", "remedy_filled", "remedy_unfilled", "remedy_exhausted"
 REMEDY_RULES: tuple[str, ...] = (REQUESTED, FILLED, UNFILLED, EXHAUSTED)
 SlotHistory = dict[tuple[int, int], list[SamplingRequest]]
@@ -259,7 +258,7 @@ def _check_not_older(g: Group, idx: int, t: TrajectoryIn, policy_version: int, k
     resumed fill keeps from its checkpoint (the member's own, already in the group): only what the fill
     adds is judged."""
     trained = [token_versions(x, g.policy_version) for x in g.trajectories
-               if x.idx != idx and x.action in TRAINING_ACTIONS]
+               if x.idx != idx and x.action in TRAINED_ACTIONS]
     group_oldest = staleness_version(trained, g.policy_version)
     if t.segments is not None and policy_version < g.policy_version:
         raise BadRequest(f"policy_version: a segmented replacement carries no per-token versions, so it is "

@@ -14,7 +14,14 @@ from sqlalchemy.orm import Session
 
 from filters import curate_groups
 from filters.rules import finish_reason_action, staleness_version
-from filters.types import REMEDY_ACTIONS, CurationPolicy, GroupDecision, GroupScore, TrajectoryScore
+from filters.types import (
+    REMEDY_ACTIONS,
+    TRAINED_ACTIONS,
+    CurationPolicy,
+    GroupDecision,
+    GroupScore,
+    TrajectoryScore,
+)
 from service.curation import remedies
 from service.curation import repository as curate_repo
 from service.ingest import service as ingest
@@ -26,7 +33,6 @@ from service.store.db import db_now
 from service.store.models import Group
 
 _PLAIN_METRICS = ("outcome", "total")
-TRAINING_ACTIONS = remedies.TRAINING_ACTIONS  # the finish_reason actions whose members train
 # groups dropped for one of these add nothing to their prompt's recent outcomes (too few members to say)
 NO_OUTCOME_DROPS = ("below_min_group_size",)
 # the rule of a member's decision when its group was sent back by a rescore / recurate (no new rollouts)
@@ -88,7 +94,7 @@ def training_version(g: Group, policy: CurationPolicy) -> int:
     (of each member, its oldest generated token's version: all the rule needs); a member without versions has
     every generated token at the group's policy_version."""
     versions = [_oldest_generated(t.versions) for t in g.trajectories
-                if t.versions is not None and _action(t.finish_reason, policy) in (*TRAINING_ACTIONS, None)]
+                if t.versions is not None and _action(t.finish_reason, policy) in (*TRAINED_ACTIONS, None)]
     return staleness_version(versions, g.policy_version)
 
 

@@ -17,11 +17,12 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session, selectinload
 
+from filters.types import TRAINED_ACTIONS
 from service.store.arrays import TOKEN_DTYPE, decode
 from service.store.models import STALENESS_VERSION, Decision, Group, Lease, Trajectory
 
 # trajectories that carry a gradient; 'mask' / 'drop' / 'resample' stay out of batches
-DELIVERABLE_ACTIONS = ("keep", "penalize")
+DELIVERABLE_ACTIONS = TRAINED_ACTIONS
 _DELIVERABLE = or_(Trajectory.action.is_(None), Trajectory.action.in_(DELIVERABLE_ACTIONS))
 
 
