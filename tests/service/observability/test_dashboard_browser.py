@@ -68,8 +68,10 @@ def test_dashboard_pages_in_a_real_browser(browser, populated, tmp_path):
     assert browser.evaluate(AXES) >= 4  # truncation has none to draw: "no data yet", not an empty frame
     assert "no data yet" in browser.evaluate("document.querySelector('.grid').textContent")
 
-    _page(browser, base + "#datasets", "document.querySelectorAll('table tr').length > 2", "datasets", tmp_path)
-    assert "calc" in browser.evaluate("document.body.innerText") and "correct" in browser.evaluate("document.body.innerText")
+    # the page renders its tables from separate fetches: wait for the component table too, not only the first
+    datasets = _page(browser, base + "#datasets", "document.querySelectorAll('table tr').length > 2 && "
+                     "document.body.innerText.includes('correct') && document.body.innerText", "datasets", tmp_path)
+    assert "calc" in datasets and "correct" in datasets
     _page(browser, base + "#datasets/toy", "document.querySelectorAll('.chart').length >= 5", "dataset-toy", tmp_path)
     assert browser.evaluate(AXES) >= 3
 
