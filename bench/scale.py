@@ -494,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from service.store.db import dispose_engine, to_sqlalchemy_url
     from service.store.migrate import upgrade
+    from service.store.processes import exit_on_signals
     from tests.conftest import start_server, stop_server
+
+    exit_on_signals()  # killed (SIGTERM / SIGHUP): the finally blocks still stop its server and drop its database
 
     server = to_sqlalchemy_url(os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     url = create_database(server, "scale")
