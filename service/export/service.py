@@ -111,9 +111,11 @@ def rows(factory: sessionmaker[Session], q: ExportQuery, batch_rows: int,
     after = 0
     while True:
         with factory() as session, session.begin():
-            pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, max_bytes=batch_bytes, **filters)
+            pks = repo.group_page(session, after_pk=after, max_rows=batch_rows, **filters,
+                                  max_bytes=batch_bytes if q.format != "verl" else None)  # verl reads no member
             page = repo.page_rows(session, pks, statuses=statuses, with_rewards=q.format == "rollouts",
-                                  with_arrays=q.format == "rollouts", with_reference=q.format == "verl") if pks else []
+                                  with_arrays=q.format == "rollouts", with_reference=q.format == "verl",
+                                  members=q.format != "verl") if pks else []  # verl: a row per prompt
         if not pks:
             break
         yield from page
