@@ -4,12 +4,14 @@ subprocess) pointed at one, on a database of its own."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.conftest import LiveServer, start_server
 from tests.service.sessions.upstreams import Upstream, save_tiny_model, start_fake_vllm, start_infer, stop
 
 
@@ -47,8 +49,22 @@ def gateway_for(make_db: Callable[..., str]) -> Iterator[Callable[..., LiveServe
         return server
 
     yield start
-    for server in started:
-        stop_server(server)
+    stop_servers(started)
+
+
+def stop_servers(servers: list[LiveServer]) -> None:
+    """Stop each as ``tests.conftest.stop_server`` does (SIGTERM, SIGKILL after 10 s), all at once: each
+    takes ~0.5 s to shut down, one after another that added up to seconds per module."""
+    for server in servers:
+        if server.proc.poll() is None:
+            server.proc.terminate()
+    deadline = time.monotonic() + 10
+    for server in servers:
+        try:
+            server.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,20 @@ def finish_call(session: dict[str, Any], **body: Any) -> httpx.Response:
     return httpx.post(session["base_url"] + "/finish", json=body, timeout=30, headers=_auth(session))
 
 
+def age(db_url: str, *sessions: dict[str, Any], seconds: float) -> None:
+    """Time passes for ``sessions``: their ``created_at`` moves ``seconds`` back, so their wall time and their
+    group's deadline (both measured by the database's clock from it) run out as if that time had been waited
+    out; a test sees the limit happen without sleeping through it."""
+    from sqlalchemy import text
+
+    from service.store.db import get_engine
+
+    with get_engine(db_url).begin() as db:
+        n = db.execute(text("UPDATE agent_sessions SET created_at = created_at - make_interval(secs => :s)"
+                            " WHERE id = ANY(:ids)"), {"s": seconds, "ids": [s["session_id"] for s in sessions]})
+    assert n.rowcount == len(sessions)
+
+
 def _fake(fake_url: str, route: str, content: str) -> None:
     r = httpx.post(fake_url.removesuffix("/v1") + route, content=content)
     assert r.status_code == 200, r.text

@@ -19,6 +19,7 @@ from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
     USER,
+    age,
     call_in_mode,
     chat_call,
     end_next,
@@ -44,8 +45,9 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
 
 @pytest.fixture(scope="module")
 def roomy(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
-    """Room for histories that grow (the default token limit), still a call limit of 2."""
-    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+    """Room for histories that grow (the default token limit), still a call limit of 2; a wall time of 600 s
+    (a session ``age``d past it has run out of time)."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_MAX_SECONDS="600")
 
 
 def went_on(history: list[dict[str, Any]], answer: httpx.Response, turn: str = "and 4?") -> list[dict[str, Any]]:
@@ -227,13 +229,12 @@ def test_a_misuse_the_gateway_saw_is_never_refused_nor_erased(
 
 
 def test_a_late_finish_cuts_nothing_after_the_final_answer_but_times_out_a_cut_episode(
-    gateway_for: Callable[..., LiveServer], fake: Upstream
+    roomy: LiveServer, fake: Upstream
 ) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_SECONDS="4")
-    opened = time.monotonic()
+    gateway = roomy
     final, cut = open_session(gateway.url), open_session(gateway.url)
     _calls(fake, final, ["tool_calls", "stop"])
     _calls(fake, cut, ["tool_calls"])
-    time.sleep(max(0.0, opened + 4.5 - time.monotonic()))  # past the wall-time limit (a slow environment)
+    age(gateway.db_url, final, cut, seconds=601)  # past the wall-time limit (a slow environment)
     assert finish_call(final).json()["finish_reason"] == "stop"
     assert finish_call(cut).json()["finish_reason"] == "timeout"

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
+    age,
     chat_call,
     finish_call,
     group,
@@ -30,7 +31,9 @@ from tests.service.sessions.upstreams import Upstream
 
 @pytest.fixture(scope="module")
 def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
-    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+    """The module's API: a call limit of 2, a group deadline of 600 s (a group ``age``d past it is overdue;
+    the wall time stays the default 3600 s)."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="600")
 
 
 def _join(gateway: LiveServer, session: dict[str, Any], size: int) -> httpx.Response:
@@ -191,10 +194,12 @@ def test_a_group_that_cannot_be_posted_is_recorded_and_never_retried(
 def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_members(
     gateway_for: Callable[..., LiveServer], fake: Upstream
 ) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="2", GRPO_CURATOR_EMBEDDED_WORKER="true",
+    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="60", GRPO_CURATOR_EMBEDDED_WORKER="true",
                           GRPO_CURATOR_WORKER_POLL_SECONDS="0.2")
     session = open_session(gateway.url, group_size=2)
     assert chat_call(session).status_code == 200
+    assert read(session, tokens=False)["status"] == "open"  # the worker leaves it be before the deadline
+    age(gateway.db_url, session, seconds=61)  # the group deadline passes (the wall time, 3600 s, does not)
     deadline = time.monotonic() + 30
     while read(session, tokens=False)["status"] == "open" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -206,10 +211,9 @@ def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_memb
     assert httpx.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404  # nothing to train
 
 
-def test_the_deadline_refuses_new_members_without_a_worker(gateway_for: Callable[..., LiveServer], fake: Upstream) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="1")
+def test_the_deadline_refuses_new_members_without_a_worker(gateway: LiveServer) -> None:
     session = open_session(gateway.url, group_size=2)
-    time.sleep(1.5)
+    age(gateway.db_url, session, seconds=601)  # the group deadline passes (the wall time, 3600 s, does not)
     r = _join(gateway, session, 2)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id"), r.text
     r = chat_call(session)  # the group's deadline is the session's too

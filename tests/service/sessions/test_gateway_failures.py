@@ -1,14 +1,15 @@
 """Whose failure is it, and what survives: a dead upstream is the environment's (env_error, never a
 negative); a session key reaches only its own session; a SIGKILL of the API loses no answered call;
 limits end a session as max_turns; an answer the upstream aborted (vLLM's finish_reason "abort") ends the
-session as aborted (the environment's) whatever the agent says at finish; streaming is refused with a 400 naming the field."""
+session as aborted (the environment's) whatever the agent says at finish; streaming is refused with a 400 naming the field.
+The upstream is fake_vllm where the rule holds whatever model answers; our transformers upstream (``tiny``)
+where the test reads the real tokenizer's tokens (the call and token limits, a SIGKILL)."""
 
 from __future__ import annotations
 
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import openai
@@ -16,25 +17,32 @@ import pytest
 
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.service.sessions.conftest import GATEWAY_ENV
-from tests.service.sessions.helpers import agent, finish, group, open_session, read, turn
-from tests.service.sessions.upstreams import start_fake_vllm, start_infer, stop
+from tests.service.sessions.helpers import age, agent, end_next, finish, group, open_session, read, turn
+from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
 
 
+@pytest.fixture(scope="module")
+def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """The module's API over fake_vllm (these are the gateway's rules, whatever model answers), a wall time of
+    600 s (a session ``age``d past it has run out of time); each test its own session."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_SECONDS="600")
+
+
 def test_upstream_killed_mid_session_ends_it_as_an_environment_failure(
-    gateway_for: Callable[..., LiveServer], model_dir: Path
+    gateway_for: Callable[..., LiveServer]
 ) -> None:
-    own = start_infer(model_dir)
+    own = start_fake_vllm()  # an upstream of its own to kill (fake_vllm: starts in a fraction of a second)
     try:
         gateway = gateway_for(own.url)
         session = open_session(gateway.url)
         client = agent(session)
-        first = turn(client, USER, seed=0)
+        first = turn(client, USER, seed=0, model="fake")
         own.kill()
         with pytest.raises(openai.APIStatusError) as failed:
             turn(client, [*USER, {"role": "assistant", "content": first.choices[0].message.content},
-                          {"role": "user", "content": "go on"}], seed=1)
+                          {"role": "user", "content": "go on"}], seed=1, model="fake")
         assert failed.value.status_code == 502
     finally:
         stop(own)
@@ -48,7 +56,7 @@ def test_upstream_killed_mid_session_ends_it_as_an_environment_failure(
 def test_a_session_key_cannot_read_or_write_another_session(gateway: LiveServer) -> None:
     a, b = open_session(gateway.url), open_session(gateway.url)
     a_key = {"Authorization": f"Bearer {a['api_key']}"}
-    body = {"model": "tiny", "messages": USER, "max_tokens": 2}
+    body = {"model": "fake", "messages": USER, "max_tokens": 2}
     assert httpx.post(b["base_url"] + "/chat/completions", json=body, headers=a_key).status_code == 403
     assert httpx.get(b["base_url"], headers=a_key).status_code == 403
     assert httpx.post(b["base_url"] + "/finish", json={}, headers=a_key).status_code == 403
@@ -119,14 +127,11 @@ def test_the_token_limit_ends_the_session_as_length(gateway_for: Callable[..., L
     assert t["finish_reason"] == "length" and sum(t["loss_mask"]) == len(read(session)["calls"][0]["completion_token_ids"])
 
 
-def test_the_wall_time_limit_ends_the_session_as_timeout(gateway_for: Callable[..., LiveServer], upstream) -> None:
-    import time
-
-    gateway = gateway_for(upstream.url, GRPO_CURATOR_SESSION_MAX_SECONDS="1")
+def test_the_wall_time_limit_ends_the_session_as_timeout(gateway: LiveServer) -> None:
     session = open_session(gateway.url)
-    time.sleep(1.5)  # the session's wall time runs out before its first call
+    age(gateway.db_url, session, seconds=601)  # the session's wall time runs out before its first call
     with pytest.raises(openai.APIStatusError) as refused:
-        turn(agent(session), USER, seed=0)
+        turn(agent(session), USER, seed=0, model="fake")
     assert refused.value.status_code == 409
     state = read(session)
     assert state["finish_reason"] == "timeout" and state["n_calls"] == 0
@@ -136,13 +141,12 @@ def test_the_wall_time_limit_ends_the_session_as_timeout(gateway_for: Callable[.
 
 @pytest.mark.parametrize("asked", [None, "stop"])
 def test_an_upstream_abort_ends_the_session_as_aborted_never_a_negative(
-    gateway_for: Callable[..., LiveServer], asked: str | None
+    gateway: LiveServer, fake: Upstream, asked: str | None
 ) -> None:
-    fake = start_fake_vllm(finish_reason="abort")  # vLLM's answer for a request its engine gave up on
+    session = open_session(gateway.url)
+    client = agent(session)
+    end_next(fake.url, "abort")  # vLLM's answer for a request its engine gave up on
     try:
-        gateway = gateway_for(fake.url)
-        session = open_session(gateway.url)
-        client = agent(session)
         answer = turn(client, USER, seed=0, model="fake")
         assert answer.choices[0].finish_reason == "abort"  # the agent sees what the upstream said
         state = read(session)
@@ -157,11 +161,11 @@ def test_an_upstream_abort_ends_the_session_as_aborted_never_a_negative(
         (t,) = group(gateway.url, session["group_id"])["trajectories"]
         assert t["finish_reason"] == "aborted" and t["outcome"] is None
     finally:
-        stop(fake)
+        end_next(fake.url, "stop")  # whatever happened, the next test's answer is not an abort
 
 
-def test_an_answer_that_finished_normally_is_not_an_abort(fake_gateway: LiveServer) -> None:
-    session = open_session(fake_gateway.url)
+def test_an_answer_that_finished_normally_is_not_an_abort(gateway: LiveServer) -> None:
+    session = open_session(gateway.url)
     turn(agent(session), USER, seed=0, model="fake")
     assert read(session, tokens=False)["status"] == "open"
     assert finish(session, final_answer="fak")["finish_reason"] == "stop"

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import httpx
 
 from tests.conftest import LiveServer
-from tests.service.sessions.helpers import agent, finish, open_session, read, turn
+from tests.service.sessions.helpers import age, agent, finish, open_session, read, turn
+from tests.service.sessions.upstreams import Upstream
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
 
@@ -26,15 +27,16 @@ def _wait_group(url: str, group_id: str, timeout_s: float = 60.0) -> dict:
 
 
 def test_the_worker_sweeps_an_overdue_group_without_a_new_session(
-    gateway_for: Callable[..., LiveServer], upstream
+    gateway_for: Callable[..., LiveServer], fake: Upstream
 ) -> None:
-    gateway = gateway_for(upstream.url, GRPO_CURATOR_EMBEDDED_WORKER="true",
-                          GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="2", GRPO_CURATOR_WORKER_POLL_SECONDS="0.2")
+    gateway = gateway_for(fake.url, GRPO_CURATOR_EMBEDDED_WORKER="true",
+                          GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="60", GRPO_CURATOR_WORKER_POLL_SECONDS="0.2")
     done = open_session(gateway.url, group_size=3)
     stuck = open_session(gateway.url, group_id=done["group_id"], group_size=3)
-    turn(agent(done), USER, seed=0)
+    turn(agent(done), USER, seed=0, model="fake")
     assert finish(done)["group_ingested"] is False  # 1 of 3: the group waits
     assert httpx.get(f"{gateway.url}/v1/groups/{done['group_id']}").status_code == 404
+    age(gateway.db_url, done, stuck, seconds=61)  # the group deadline passes (the wall time, 3600 s, does not)
     group = _wait_group(gateway.url, done["group_id"])  # nothing else is called: the worker's sweep posts it
     meta = group["metadata"]
     assert meta["sessions"] == [done["session_id"]]

@@ -19,6 +19,19 @@ from tests.service.sessions.helpers import TOOLS, chat_call, finish_call, group,
 from tests.service.sessions.upstreams import Upstream
 
 
+@pytest.fixture(scope="module")
+def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """One API for the module's tests (each opens its own session), a token budget of 1000 (for
+    test_max_tokens_is_capped_to_the_sessions_token_budget; the others' calls use a few dozen)."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_TOKENS="1000")
+
+
+@pytest.fixture(scope="module")
+def limited(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """The API at a call limit of 2."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+
+
 @pytest.fixture
 def hostile(fake: Upstream) -> Iterator[Callable[[str], None]]:
     yield lambda mode: set_mode(fake.url, mode)
@@ -30,9 +43,8 @@ def hostile(fake: Upstream) -> Iterator[Callable[[str], None]]:
     ("huge-id", "token_ids[0]"), ("list", "choices"),
 ])
 def test_an_impossible_answer_is_the_upstreams_failure_before_it_is_answered(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None], mode: str, named: str
+    gateway: LiveServer, hostile: Callable[[str], None], mode: str, named: str
 ) -> None:
-    gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile(mode)
     r = chat_call(session)
@@ -45,9 +57,8 @@ def test_an_impossible_answer_is_the_upstreams_failure_before_it_is_answered(
 
 
 def test_misuse_then_an_unusable_answer_stays_the_models_failure(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None]
+    gateway: LiveServer, hostile: Callable[[str], None]
 ) -> None:
-    gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile("bad-tool")
     assert chat_call(session, tools=TOOLS).status_code == 200
@@ -61,9 +72,8 @@ def test_misuse_then_an_unusable_answer_stays_the_models_failure(
 
 
 def test_tool_calls_as_an_object_is_a_misuse(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None]
+    gateway: LiveServer, hostile: Callable[[str], None]
 ) -> None:
-    gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     hostile("tools-dict")
     chat_call(session, tools=TOOLS)
@@ -72,9 +82,9 @@ def test_tool_calls_as_an_object_is_a_misuse(
 
 
 def test_concurrent_calls_never_pass_max_calls(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None]
+    limited: LiveServer, hostile: Callable[[str], None]
 ) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2")
+    gateway = limited
     session = open_session(gateway.url)
     hostile("slow")
     with cf.ThreadPoolExecutor(8) as pool:
@@ -88,9 +98,8 @@ def test_concurrent_calls_never_pass_max_calls(
 
 
 def test_a_call_in_flight_when_its_session_finishes_is_refused_and_not_kept(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None]
+    gateway: LiveServer, hostile: Callable[[str], None]
 ) -> None:
-    gateway = gateway_for(fake.url)
     session = open_session(gateway.url)
     assert chat_call(session).status_code == 200
     hostile("slow")
@@ -110,8 +119,7 @@ def test_a_call_in_flight_when_its_session_finishes_is_refused_and_not_kept(
     assert traj["metadata"]["calls"] == [0]
 
 
-def test_max_tokens_is_capped_to_the_sessions_token_budget(gateway_for: Callable[..., LiveServer], fake: Upstream) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_TOKENS="1000")
+def test_max_tokens_is_capped_to_the_sessions_token_budget(gateway: LiveServer) -> None:
     session = open_session(gateway.url)
     first = chat_call(session, max_tokens=10**9).json()
     used = first["usage"]["total_tokens"]
@@ -122,9 +130,8 @@ def test_max_tokens_is_capped_to_the_sessions_token_budget(gateway_for: Callable
 
 
 def test_an_upstream_of_another_policy_version_is_flagged_and_tags_its_tokens(
-    gateway_for: Callable[..., LiveServer], fake: Upstream, hostile: Callable[[str], None]
+    gateway: LiveServer, hostile: Callable[[str], None]
 ) -> None:
-    gateway = gateway_for(fake.url)
     session = open_session(gateway.url)  # policy_version 0
     hostile("version-7")
     assert chat_call(session).status_code == 200
@@ -137,15 +144,16 @@ def test_an_upstream_of_another_policy_version_is_flagged_and_tags_its_tokens(
 
 
 def test_a_placeholder_left_by_a_killed_api_does_not_hold_the_session_open_at_its_limit(
-    gateway_for: Callable[..., LiveServer], fake: Upstream
+    limited: LiveServer
 ) -> None:
     """An API SIGKILLed mid-forward leaves its call's placeholder (attempts 0) behind. Older than the call's
-    deadline it is in flight no more: at the call limit the session ends as max_turns, not 409 forever."""
+    deadline (GATEWAY_ENV's 3 s, plus the gateway's 5 s margin) it is in flight no more: at the call limit
+    the session ends as max_turns, not 409 forever."""
     from sqlalchemy import text
 
     from service.store.db import get_engine
 
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_CALL_TIMEOUT_S="1")
+    gateway = limited
     session = open_session(gateway.url)
     assert chat_call(session).status_code == 200
     with get_engine(gateway.db_url).begin() as db:  # what the killed API left: call 1 reserved a minute ago

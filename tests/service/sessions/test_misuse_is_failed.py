@@ -15,6 +15,7 @@ from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
     TOOLS,
     USER,
+    age,
     chat_call,
     finish_call,
     open_session,
@@ -28,7 +29,7 @@ from tests.service.sessions.upstreams import Upstream
 @pytest.fixture(scope="module")
 def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
     return gateway_for(fake.url, GRPO_CURATOR_EMBEDDED_WORKER="true", GRPO_CURATOR_WORKER_POLL_SECONDS="0.2",
-                       GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="4")
+                       GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="600")  # a group ``age``d past it is overdue
 
 
 def _curated(url: str, group_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -81,6 +82,7 @@ def test_a_misuse_session_open_at_the_deadline_is_a_negative_member(gateway: Liv
     say(fake.url, "5")
     assert chat_call(right).status_code == 200
     assert finish_call(right, final_answer="5").json()["group_ingested"] is False
+    age(gateway.db_url, misused, right, idle, seconds=601)  # the group deadline passes (the wall time, 3600 s, does not)
     group = _curated(gateway.url, misused["group_id"])  # the worker's sweep, after the deadline
     meta = group["metadata"]
     assert sorted(meta["sessions"]) == sorted([misused["session_id"], right["session_id"]])

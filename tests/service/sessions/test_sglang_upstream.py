@@ -26,10 +26,14 @@ def fake_sglang(request: pytest.FixtureRequest) -> Iterator[Upstream]:
     stop(server)
 
 
-def test_sglang_token_ids_and_logprobs_are_recorded_and_hidden_from_the_agent(
-    gateway_for: Callable[..., LiveServer], fake_sglang: Upstream
-) -> None:
-    gateway = gateway_for(fake_sglang.url, GRPO_CURATOR_INFERENCE_SGLANG_META_INFO="true")
+@pytest.fixture(scope="module")
+def sglang_gateway(gateway_for: Callable[..., LiveServer], fake_sglang: Upstream) -> LiveServer:
+    """The API pointed at ``fake_sglang``, its deployment saying so (one per flavor; each test its own session)."""
+    return gateway_for(fake_sglang.url, GRPO_CURATOR_INFERENCE_SGLANG_META_INFO="true")
+
+
+def test_sglang_token_ids_and_logprobs_are_recorded_and_hidden_from_the_agent(sglang_gateway: LiveServer) -> None:
+    gateway = sglang_gateway
     session = open_session(gateway.url)
     client = agent(session)
     answer = client.chat.completions.create(model="fake", messages=USER, max_tokens=4, temperature=1.0)
@@ -49,10 +53,8 @@ def test_sglang_token_ids_and_logprobs_are_recorded_and_hidden_from_the_agent(
     assert finish(session, final_answer="fak")["finish_reason"] == "stop"
 
 
-def test_the_agent_that_asks_for_sglang_fields_gets_them(
-    gateway_for: Callable[..., LiveServer], fake_sglang: Upstream
-) -> None:
-    gateway = gateway_for(fake_sglang.url, GRPO_CURATOR_INFERENCE_SGLANG_META_INFO="true")
+def test_the_agent_that_asks_for_sglang_fields_gets_them(sglang_gateway: LiveServer) -> None:
+    gateway = sglang_gateway
     session = open_session(gateway.url)
     r = httpx.post(session["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {session['api_key']}"},
                    json={"messages": USER, "return_prompt_token_ids": True, "return_meta_info": True, "logprobs": True})

@@ -104,15 +104,17 @@ def save_scripted_model(path: Path, script: list[tuple[list[int], str]], seed: i
 
     tok = AsciiTokenizer()
     model = tiny_model(seed).train()
-    rows = []
-    for prompt, text in script:
-        ids = torch.tensor([prompt + tok.encode(text) + [EOS]])  # (1, L)
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100  # only the completion is learned
-        rows.append((ids, labels))
+    rows = [prompt + tok.encode(text) + [EOS] for prompt, text in script]
+    # one right-padded batch (a step in one forward, not one per row): causal attention keeps the pads
+    # after a row's tokens out of them, and the pads are not learned
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)  # (B, L)
+    labels = torch.full_like(ids, -100)  # (B, L): only the completions are learned
+    for i, ((prompt, _), row) in enumerate(zip(script, rows, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, len(prompt) : len(row)] = torch.tensor(row[len(prompt) :])
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     for _ in range(max_steps):
-        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in rows) / len(rows)
+        loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
