@@ -511,14 +511,17 @@ class StatsCache:
     call's facts only (one window); a version that left the window is dropped."""
 
     def __init__(self) -> None:
-        self._previous: dict[tuple[int, tuple[GroupFact, ...]], VersionStats] = {}
+        self._previous: dict[int, tuple[tuple[GroupFact, ...], VersionStats]] = {}
 
     def summarize(self, groups: Sequence[GroupFact]) -> dict[int, VersionStats]:
-        previous, kept, out = self._previous, {}, {}
+        previous: dict[int, tuple[tuple[GroupFact, ...], VersionStats]] = self._previous
+        kept: dict[int, tuple[tuple[GroupFact, ...], VersionStats]] = {}
+        out: dict[int, VersionStats] = {}
         for v, gs in _by_version(groups).items():
-            key = (v, gs)
-            stats = previous.get(key)
-            kept[key] = out[v] = stats if stats is not None else _version_stats(v, gs)
+            hit = previous.get(v)
+            # equal facts (tuple equality: the same objects at once, else field by field), no hashing
+            stats = hit[1] if hit is not None and hit[0] == gs else _version_stats(v, gs)
+            kept[v], out[v] = (gs, stats), stats
         self._previous = kept  # one assignment: a concurrent call sees the old or the new window, both right
         return out
 

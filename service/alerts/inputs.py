@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from filters.monitors import ZLIB_TAIL_CHARS, ComponentFact, GroupFact, TrajectoryFact
 from service.alerts import repository as alert_repo
-from service.policy import service as policy
 from service.specs import service as specs
 
 log = logging.getLogger(__name__)
@@ -64,9 +63,36 @@ def read_window(session: Session, as_of: int, window_versions: int) -> WindowRow
     keys = {(g.reward_spec_name, g.reward_spec_version) for g in rows
             if g.reward_spec_name is not None and g.reward_spec_version is not None}
     spec_map = {key: _spec_components(session, *key) for key in keys}
-    published = policy.history(session, window_versions).versions
-    metrics = {p.version: p.metrics for p in published if lo <= p.version <= as_of}
+    metrics = alert_repo.window_metrics(session, lo, as_of)
     return WindowRows(as_of, tuple(range(lo, as_of + 1)), rows, trajs, comps, spec_map, metrics)
+
+
+# The previous ``build``'s facts, by group pk, each with the rows it was built from: a group whose rows
+# are all equal to those (its trajectories, their components and the weights included) gets the same
+# GroupFact object back, so a sliding window builds only its new or changed groups, and the StatsCache
+# compares the kept versions' facts by identity. Keyed by the rows' contents, never by the pk alone, so
+# apps and databases in one process cannot read each other's entries; one assignment per build.
+_built: list[dict[int, tuple[tuple[Any, ...], GroupFact]]] = [{}]
+
+
+def _group_fact(g: Any, trajs: list[Any], comps: dict[tuple[int, int], list[Any]],
+                weights: Mapping[str, tuple[float, bool]]) -> GroupFact:
+    facts = tuple(
+        TrajectoryFact(
+            tokens=t.num_tokens, finish_reason=t.finish_reason, text=t.tail or "", outcome=t.outcome,
+            total=t.total_reward,
+            components=tuple(
+                ComponentFact(c.component, c.kind, c.value, *weights.get(c.component, (1.0, False)))
+                for c in comps.get((g.pk, t.idx), [])
+            ),
+        )
+        for t in trajs
+    )
+    return GroupFact(
+        version=g.policy_version, trajectories=facts, scored=g.scored_at is not None,
+        zero_variance=g.metric_std is not None and abs(g.metric_std) < ZERO_SPREAD,
+        stale=g.status == "dropped" and g.drop_reason == "stale",
+    )
 
 
 def build(read: WindowRows) -> Window:
@@ -78,24 +104,17 @@ def build(read: WindowRows) -> Window:
     for c in read.rewards:
         comps.setdefault((c.group_pk, c.idx), []).append(c)
     groups: dict[str, list[GroupFact]] = {}
+    previous, built = _built[0], {}
     for g in read.groups:
         weights = read.specs.get((g.reward_spec_name, g.reward_spec_version)) or {}
-        facts = tuple(
-            TrajectoryFact(
-                tokens=t.num_tokens, finish_reason=t.finish_reason, text=t.tail or "", outcome=t.outcome,
-                total=t.total_reward,
-                components=tuple(
-                    ComponentFact(c.component, c.kind, c.value, *weights.get(c.component, (1.0, False)))
-                    for c in comps.get((g.pk, t.idx), [])
-                ),
-            )
-            for t in sorted(trajs.get(g.pk, []), key=lambda t: t.idx)
-        )
-        groups.setdefault(g.dataset, []).append(GroupFact(
-            version=g.policy_version, trajectories=facts, scored=g.scored_at is not None,
-            zero_variance=g.metric_std is not None and abs(g.metric_std) < ZERO_SPREAD,
-            stale=g.status == "dropped" and g.drop_reason == "stale",
-        ))
+        ts = sorted(trajs.get(g.pk, []), key=lambda t: t.idx)
+        rows = (tuple(g), [tuple(t) for t in ts], [tuple(c) for t in ts for c in comps.get((g.pk, t.idx), ())],
+                tuple(weights.items()))  # plain tuples: compared in C (a Row compares in Python)
+        hit = previous.get(g.pk)
+        fact = hit[1] if hit is not None and hit[0] == rows else _group_fact(g, ts, comps, weights)
+        built[g.pk] = (rows, fact)
+        groups.setdefault(g.dataset, []).append(fact)
+    _built[0] = built
     return Window(read.versions, groups, read.metrics)
 
 

@@ -15,6 +15,7 @@ from service.store.models import (
     AlertTransition,
     Group,
     MonitorSetting,
+    PolicyState,
     Reward,
     Trajectory,
 )
@@ -135,6 +136,12 @@ def window_rewards(session: Session, group_pks: Sequence[int]) -> list[Any]:
         Reward.group_pk == any_(array_param("pks", group_pks, BigInteger))
     ).order_by(Reward.group_pk, Reward.pk)  # a trajectory's components in a stable order (summed in it)
     return list(session.execute(stmt))
+
+
+def window_metrics(session: Session, lo: int, hi: int) -> dict[int, Any]:
+    """version -> the trainer metrics published with it, for versions lo..hi (inclusive)."""
+    stmt = select(PolicyState.version, PolicyState.metrics).where(PolicyState.version.between(lo, hi))
+    return {int(v): m for v, m in session.execute(stmt)}
 
 
 def peek_scored_since(session: Session, as_of: int) -> int | None:

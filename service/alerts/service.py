@@ -299,7 +299,8 @@ def _score(reading: _Reading) -> tuple[tuple[int, ...], list[str], list[_Score]]
     scores = []
     for dataset, groups in scopes:
         stats = monitors.summarize(groups, _stats_caches.setdefault(dataset, monitors.StatsCache()))
-        series = monitors.window_series(window.versions, stats, window.metrics)
+        # a dataset's scope reads no trainer series (those monitors are evaluated overall only)
+        series = monitors.window_series(window.versions, stats, window.metrics if dataset is None else {})
         for name in MONITOR_NAMES:
             if dataset is not None and MONITORS[name].series in TRAINER_SERIES:
                 continue
@@ -311,12 +312,16 @@ def _score(reading: _Reading) -> tuple[tuple[int, ...], list[str], list[_Score]]
 
 
 def _apply(session: Session, settings: Settings, reading: _Reading, versions: tuple[int, ...],
-           datasets: list[str], scores: list[_Score]) -> EvaluateOut:
+           datasets: list[str], scores: list[_Score], *, locked_since_read: bool = False) -> EvaluateOut:
     """Move the alerts (the caller holds ``lock_alerts``). Raises _Moved, changing nothing, when what the
-    scores were computed from is no longer current."""
+    scores were computed from is no longer current. ``locked_since_read``: the caller read ``reading`` in this
+    transaction under the lock it still holds, and moved the cursor then (``evaluate``): every writer of the
+    settings and of the cursor takes that lock, so neither can have moved, and a version published since
+    does not make the reading stale (it is the evaluation as of ``reading.as_of``; the next one starts there)."""
     as_of = reading.as_of
-    if (policy.current_version(session) != as_of or _settings_map(session) != reading.settings
-            or alert_repo.scored_since(session, as_of) != reading.last):
+    if not locked_since_read and (policy.current_version(session) != as_of
+                                  or _settings_map(session) != reading.settings
+                                  or alert_repo.scored_since(session, as_of) != reading.last):
         raise _Moved
     rule = machine.Policy(settings.alert_resolve_ratio, settings.alert_cooldown_versions, settings.alert_auto_resolve)
     open_ = {(a.monitor, a.dataset): a for a in alert_repo.open_alerts(session)}
@@ -337,7 +342,10 @@ def _apply(session: Session, settings: Settings, reading: _Reading, versions: tu
             alert.value, alert.threshold = result.value, result.threshold or alert.threshold
         alert.evidence = _evidence(versions, result)
         changes.append(_transition(session, alert, to, as_of, "monitor"))
-    _export(session, datasets)
+        open_[(name, dataset)] = alert
+    # the open alerts now: those locked above and those just opened, in the states just set (the lock
+    # keeps every other writer out), so the gauge needs no second read
+    _export(session, datasets, [a for a in open_.values() if a.state in alert_repo.OPEN_STATES])
     return EvaluateOut(version=as_of, transitions=changes)
 
 
@@ -346,8 +354,10 @@ def evaluate(session: Session, settings: Settings | None = None) -> EvaluateOut:
     caller's one transaction (``POST /v1/alerts/evaluate``; the worker uses ``evaluate_in_steps``)."""
     settings = settings or get_settings()
     alert_repo.lock_alerts(session)
-    reading = _read(session, settings)
-    return _apply(session, settings, reading, *_score(reading))
+    as_of = policy.current_version(session)
+    reading = _Reading(as_of, inputs.read_window(session, as_of, settings.alert_window_versions),
+                       _settings_map(session), alert_repo.scored_since(session, as_of))
+    return _apply(session, settings, reading, *_score(reading), locked_since_read=True)
 
 
 def evaluate_in_steps(factory: sessionmaker[Session], settings: Settings | None = None,
@@ -373,11 +383,12 @@ def evaluate_in_steps(factory: sessionmaker[Session], settings: Settings | None 
     return None
 
 
-def _export(session: Session, datasets: list[str]) -> None:
-    """The Prometheus gauge: every monitor overall and per dataset of the window, from the stored alerts."""
+def _export(session: Session, datasets: list[str], open_alerts: list[Alert] | None = None) -> None:
+    """The Prometheus gauge: every monitor overall and per dataset of the window, from the stored alerts
+    (``open_alerts``: those in warning / critical, when the caller knows them)."""
     states = {(m, OVERALL): "ok" for m in MONITOR_NAMES}
     states |= {(m, d): "ok" for d in datasets for m in MONITOR_NAMES if MONITORS[m].series not in TRAINER_SERIES}
-    for a in alert_repo.open_alerts(session):
+    for a in alert_repo.open_alerts(session) if open_alerts is None else open_alerts:
         states[(a.monitor, a.dataset or OVERALL)] = a.state
     set_monitor_states(states)
 

@@ -8,16 +8,7 @@ import random
 
 import pytest
 
-from service.worker.pipeline import drain
-from tests.service.alerts.helpers import (
-    evaluate,
-    group,
-    healthy_metrics,
-    opened,
-    publish,
-    setup_spec,
-    text_of,
-)
+from tests.service.alerts.helpers import group, healthy_metrics, run_versions, text_of
 
 LONG_RUN_VERSIONS = 1000
 
@@ -41,15 +32,12 @@ def test_a_long_noisy_healthy_run_raises_no_alert(api, scorer):
     up to DRAIN_EVERY - 1 versions behind (as a real worker does): the false-positive count is 0, and no
     alert row was ever written."""
     rng = random.Random(1234)
-    setup_spec(api)
-    false_positives: dict[int, set] = {}
-    for v in range(1, LONG_RUN_VERSIONS + 1):
-        publish(api, v, **healthy_metrics(rng))
-        assert api.post("/v1/groups", json=_noisy_healthy_group(v, rng)).status_code in (200, 201)
-        if v % DRAIN_EVERY == 0 or v == LONG_RUN_VERSIONS:
-            drain(api.factory, scorer)
-        if changes := opened(evaluate(api)):
-            false_positives[v] = changes
+
+    def version(v: int) -> tuple[dict[str, float], dict]:
+        metrics = healthy_metrics(rng)  # drawn before the group: the run's random stream as it always was
+        return metrics, _noisy_healthy_group(v, rng)
+
+    false_positives = run_versions(api, scorer, LONG_RUN_VERSIONS, version, drain_every=DRAIN_EVERY)
     print(f"long healthy run: {LONG_RUN_VERSIONS} versions, {len(false_positives)} false positives")
     assert false_positives == {}
     assert api.get("/v1/alerts").json()["alerts"] == []

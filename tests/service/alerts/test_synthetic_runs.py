@@ -19,16 +19,7 @@ import random
 
 import pytest
 
-from service.worker.pipeline import drain
-from tests.service.alerts.helpers import (
-    evaluate,
-    group,
-    healthy_metrics,
-    opened,
-    publish,
-    setup_spec,
-    text_of,
-)
+from tests.service.alerts.helpers import group, healthy_metrics, run_versions, text_of
 
 START, LAST, GROUPS = 21, 23, 4
 LOOP = "the answer is " * 300
@@ -58,21 +49,16 @@ def _groups(v: int, pathology: str | None, rng: random.Random) -> list[dict]:
 
 
 def run(api, scorer, pathology: str | None, last: int, seed: int = 0) -> dict[int, set]:
-    """{version: the transitions it caused} for the versions that caused any."""
+    """{version: the transitions it caused} for the versions that caused any (the worker drains every version)."""
     rng = random.Random(seed)
-    setup_spec(api)
-    seen: dict[int, set] = {}
-    for v in range(1, last + 1):
+
+    def version(v: int) -> tuple[dict[str, float], dict]:
         metrics = healthy_metrics(rng)
         if pathology == "entropy" and v >= START:
             metrics["entropy"] = 0.1
-        publish(api, v, **metrics)
-        r = api.post("/v1/groups", json={"groups": _groups(v, pathology, rng)})
-        assert r.status_code in (200, 201), r.text
-        drain(api.factory, scorer)
-        if changes := opened(evaluate(api)):
-            seen[v] = changes
-    return seen
+        return metrics, {"groups": _groups(v, pathology, rng)}
+
+    return run_versions(api, scorer, last, version)
 
 
 def both(monitor: str, state: str) -> set:

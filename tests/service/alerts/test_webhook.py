@@ -71,6 +71,23 @@ def _wait(fake: FakeSlackWebhook, n: int, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
+def _wait_outbox_empty(db_url: str, timeout_s: float = 60) -> None:
+    """Until no transition row is left in the webhook outbox (notified_at NULL)."""
+    from sqlalchemy import text
+
+    from service.store.db import get_engine
+
+    deadline = time.monotonic() + timeout_s
+    with get_engine(db_url).connect() as conn:
+        while True:
+            pending = conn.execute(text("SELECT count(*) FROM alert_transitions WHERE notified_at IS NULL")).scalar_one()
+            conn.rollback()
+            if pending == 0:
+                return
+            assert time.monotonic() < deadline, f"{pending} transitions still pending"
+            time.sleep(0.05)
+
+
 def test_transitions_are_posted_by_the_worker_retried_with_an_idempotency_key(fresh_db, webhook):
     env = {"GRPO_CURATOR_ALERT_WEBHOOK_URL": webhook.url, "GRPO_CURATOR_EMBEDDED_WORKER": "true"}
     server = start_server(fresh_db, env=env)
@@ -111,7 +128,10 @@ def test_a_kill_9_between_commit_and_send_delivers_after_restart_once_per_transi
         server = start_server(fresh_db, env=env)
         try:
             _wait(fake, len(changes))
-            time.sleep(2.0)  # a few more worker passes: nothing is sent twice
+            # every transition marked delivered, committed: the worker posts a row (before its commit marks
+            # it) only while it is unmarked, so no later pass can send anything again, and what the fake got
+            # by now is all it ever gets (what a fixed wait for a few more passes hoped to see)
+            _wait_outbox_empty(fresh_db)
             expected = {f"alert-transition-{c['transition_id']}" for c in changes}
             assert fake.keys() == expected and len(fake.accepted) == len(expected)
         finally:
