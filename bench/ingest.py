@@ -3,6 +3,7 @@
 Prints groups/s, MB/s, p50/p99 latency, the service's RSS and the ratio API / COPY, all measured in one run.
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.ingest --groups 2000 --clients 8
+    ... python -m bench.ingest --batch 50  # 50 groups a request ({"groups": [...]}); COPY commits every 50 anyway
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def rss_mb(pid: int) -> float:
         except FileNotFoundError:
             pass
     return total / 1024
+
+
+def batch_bodies(bodies: list[bytes], batch: int) -> list[bytes]:
+    """The groups ``batch`` a request: one group's body as is, more as ``{"groups": [...]}``."""
+    if batch <= 1:
+        return bodies
+    return [b'{"groups":[' + b",".join(bodies[i : i + batch]) + b"]}" for i in range(0, len(bodies), batch)]
 
 
 def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict[str, float]:
@@ -126,6 +134,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--batch", type=int, default=1, help="groups a request (above 1: {\"groups\": [...]})")
     args = ap.parse_args()
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     from service.store.db import to_sqlalchemy_url
@@ -138,13 +147,13 @@ def main() -> None:
     url = create_database(server, 'bench')
     try:
         upgrade(url)
-        api = bench_api(url, bodies, args.clients, args.workers)
+        api = bench_api(url, batch_bodies(bodies, args.batch), args.clients, args.workers)
         copy_s = bench_copy(url, bodies)
     finally:
         drop_database(server, url)
     api_gps, copy_gps = args.groups / api["s"], args.groups / copy_s
     print(f"payload: {args.groups} groups x {PER_GROUP} trajectories x {TOKENS} tokens, {mb / args.groups * 1e3:.0f} KB/group JSON")
-    print(f"API  ({args.clients} clients, {args.workers} workers): {api_gps:7.1f} groups/s  {mb / api['s']:6.1f} MB/s  "
+    print(f"API  ({args.clients} clients, {args.workers} workers, {args.batch} groups a request): {api_gps:7.1f} groups/s  {mb / api['s']:6.1f} MB/s  "
           f"p50 {api['p50']:.1f} ms  p99 {api['p99']:.1f} ms  service RSS peak {api['rss']:.0f} MB")
     print(f"COPY (1 connection, bytea):  {copy_gps:7.1f} groups/s")
     print(f"ratio API / COPY: {api_gps / copy_gps:.2f}")

@@ -11,25 +11,44 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
 from service.store import prefix
-from service.store.models import Decision, Group, Prompt, PromptPrefix, Reward, Trajectory
+from service.store.models import Decision, Group, GroupTombstone, Prompt, PromptPrefix, Reward, Trajectory
 
-_INSERT_GROUP = (
-    pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id]).returning(Group.__table__.c.pk)
+_INSERT_GROUPS = (
+    pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id])
+    .returning(Group.__table__.c.id, Group.__table__.c.pk)
 )
 
 
-def insert_group_if_new(session: Session, row: dict[str, Any]) -> int | None:
-    """INSERT ... ON CONFLICT (id) DO NOTHING; returns the new pk, or None when the id already exists.
+def insert_groups_if_new(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """INSERT ... ON CONFLICT (id) DO NOTHING of every row, in their order, in one statement (SQLAlchemy's
+    insertmanyvalues: one multi-row VALUES); returns id -> new pk for the rows inserted (an id that already
+    exists is left out).
 
     Under concurrent posts of the same id, PostgreSQL makes the losers wait for the winner's commit,
     so exactly one row is ever stored.
     """
-    return session.execute(_INSERT_GROUP, row).scalar_one_or_none()
+    if not rows:
+        return {}
+    return {gid: pk for gid, pk in session.execute(_INSERT_GROUPS, rows)}
 
 
-def existing_group(session: Session, group_id: str) -> Row[Any] | None:
-    stmt = select(Group.pk, Group.body_hash, Group.status, Group.n_trajectories).where(Group.id == group_id)
-    return session.execute(stmt).one_or_none()
+def existing_groups(session: Session, group_ids: list[str]) -> dict[str, Row[Any]]:
+    """id -> (pk, body_hash, status, n_trajectories) of the stored groups among ``group_ids``."""
+    if not group_ids:
+        return {}
+    stmt = (select(Group.id, Group.pk, Group.body_hash, Group.status, Group.n_trajectories)
+            .where(Group.id.in_(group_ids)))
+    return {row.id: row for row in session.execute(stmt)}
+
+
+def tombstones(session: Session, group_ids: list[str]) -> dict[str, Row[Any]]:
+    """id -> (id, body_hash, n_trajectories) of the archived groups among ``group_ids``: what answers a re-post
+    (``service.archive``'s tombstone, for a whole request in one statement)."""
+    if not group_ids:
+        return {}
+    stmt = (select(GroupTombstone.id, GroupTombstone.body_hash, GroupTombstone.n_trajectories)
+            .where(GroupTombstone.id.in_(group_ids)))
+    return {t.id: t for t in session.execute(stmt)}
 
 
 TRAJECTORY_COLUMNS = (
@@ -65,23 +84,28 @@ def insert_trajectories(session: Session, rows: list[tuple[Any, ...]]) -> None:
                             None if row[12] is None else _json(row[12]), *row[13:]))
 
 
-def insert_group_trajectories(session: Session, group_pk: int, rows: list[tuple[Any, ...]]) -> None:
-    """A new group's members (rows as ``insert_trajectories`` takes them, whole, prefix_len 0): the prefix they
-    all share (``service.store.prefix.split``) goes once into prompt_prefixes and each row keeps the rest;
-    a group that shares none worth it is stored as posted."""
-    cut = prefix.split([{name: row[i] for name, i in _ARRAY_AT.items()} for row in rows],
-                       segmented=any(row[_SEGMENTS_AT] is not None for row in rows))
-    if cut is None:
-        insert_trajectories(session, rows)
-        return
-    session.execute(PromptPrefix.__table__.insert().values(group_pk=group_pk, **cut.prefix))
-    stored = []
-    for row, rest in zip(rows, cut.suffixes, strict=True):
-        values = list(row)
-        for name, i in _ARRAY_AT.items():
-            values[i] = rest[name]
-        values[_PREFIX_LEN_AT] = cut.n_tokens
-        stored.append(tuple(values))
+def insert_new_groups_trajectories(session: Session, groups: list[tuple[int, list[tuple[Any, ...]]]]) -> None:
+    """New groups' members ((group pk, rows as ``insert_trajectories`` takes them, whole, prefix_len 0) each):
+    the prefix a group's members all share (``service.store.prefix.split``) goes once into prompt_prefixes and
+    each row keeps the rest; a group that shares none worth it is stored as posted. One INSERT of every
+    group's prefix and one COPY of every member, whatever the number of groups."""
+    prefixes: list[dict[str, Any]] = []
+    stored: list[tuple[Any, ...]] = []
+    for group_pk, rows in groups:
+        cut = prefix.split([{name: row[i] for name, i in _ARRAY_AT.items()} for row in rows],
+                           segmented=any(row[_SEGMENTS_AT] is not None for row in rows))
+        if cut is None:
+            stored.extend(rows)
+            continue
+        prefixes.append({"group_pk": group_pk, **cut.prefix})
+        for row, rest in zip(rows, cut.suffixes, strict=True):
+            values = list(row)
+            for name, i in _ARRAY_AT.items():
+                values[i] = rest[name]
+            values[_PREFIX_LEN_AT] = cut.n_tokens
+            stored.append(tuple(values))
+    if prefixes:
+        session.execute(PromptPrefix.__table__.insert(), prefixes)
     insert_trajectories(session, stored)
 
 
@@ -194,6 +218,7 @@ def replace_trajectory(session: Session, row: tuple[Any, ...]) -> None:
     session.execute(Reward.__table__.delete().where(Reward.group_pk == pk, Reward.idx == idx))
 
 
-def delete_group(session: Session, pk: int) -> None:
-    """Take back a group row this transaction just inserted (its id turned out to be archived)."""
-    session.execute(Group.__table__.delete().where(Group.__table__.c.pk == pk))
+def delete_groups(session: Session, pks: list[int]) -> None:
+    """Take back group rows this transaction just inserted (their ids turned out to be archived)."""
+    if pks:
+        session.execute(Group.__table__.delete().where(Group.__table__.c.pk.in_(pks)))

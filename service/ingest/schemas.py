@@ -3,13 +3,20 @@ Separate from the ORM models; the types every domain shares are in ``service.api
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    ConfigDict,
     Field,
     StrictInt,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -73,12 +80,56 @@ def _logprob(v: float) -> float:
 LogProb = Annotated[float, AfterValidator(_logprob)]
 
 
+def _checked_array(exact: Any, fits: Callable[[list[Any]], bool]) -> WrapValidator:
+    """The validator of a token array annotated ``list[item]`` that must hold as ``list[exact]`` (e.g. ``list[float]``
+    and ``list[LogProb]``), at C speed: pydantic-core's plain ``list[item]`` (strict, like every body here: no bools, no strings, no coercion) and one test of the
+    whole list (``fits``: min / max, not one Python call or constraint per token) -- 3-7x faster than the
+    per-item rule on a 1,024-token list. When either refuses, the per-item rule (``exact``) validates the list
+    again and its errors are the ones reported: the same fields (``logprobs[5]``), messages and list of
+    errors as validating with ``exact`` alone, which accepts every list the fast path does; constraints on
+    the list itself (``Field(min_length=1)``) apply to ``list[item]`` and are reported when the items are fine."""
+    slow = TypeAdapter(list[exact], config=ConfigDict(strict=True, allow_inf_nan=False))
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> list[Any]:
+        try:
+            out = handler(value)
+        except ValidationError:
+            slow.validate_python(value, strict=True)  # the per-item errors, when an item is wrong
+            raise  # else the list's own (not a list, min_length ...)
+        if not out or fits(out):
+            return out
+        return slow.validate_python(value, strict=True)  # raises the per-item errors (or accepts: never here)
+
+    return WrapValidator(validate)
+
+
+def _logprobs_fit(values: list[float]) -> bool:
+    # the sum is NaN when one is (min / max may skip a NaN); allow_inf_nan=False refuses them before this anyway
+    return LOGPROB_FLOOR <= min(values) and max(values) <= LOGPROB_SLACK and math.isfinite(sum(values))
+
+
+def _in(lo: int, hi: int) -> Callable[[list[int]], bool]:
+    return lambda values: lo <= min(values) and max(values) <= hi
+
+
+def _bits_fit(values: list[int]) -> bool:
+    return values.count(1) + values.count(0) == len(values)  # two C scans (ints by now: no 1.0, no True)
+
+
+MaskItem = Annotated[StrictInt, Field(ge=0, le=1)]  # StrictInt: no true/false
+VersionItem = Annotated[StrictInt, Field(ge=-1, le=INT4_MAX)]
+TokenIds = Annotated[list[int], _checked_array(Int4, _in(0, INT4_MAX))]
+LossMask = Annotated[list[int], _checked_array(MaskItem, _bits_fit)]
+LogProbs = Annotated[list[float], _checked_array(LogProb, _logprobs_fit)]
+Versions = Annotated[list[int], _checked_array(VersionItem, _in(-1, INT4_MAX))]
+
+
 class SegmentIn(Strict):
     """One ordered segment of a segmented trajectory: its own sequence (prompt + response tokens)."""
 
-    token_ids: list[Int4] = Field(min_length=1)
-    loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]]
-    logprobs: list[LogProb] | None = None
+    token_ids: TokenIds = Field(min_length=1)
+    loss_mask: LossMask
+    logprobs: LogProbs | None = None
     messages: list[Message] | None = Field(default=None, max_length=MAX_MESSAGES)
 
     @model_validator(mode="after")
@@ -97,9 +148,9 @@ MAX_SEGMENTS = 256
 class TrajectoryIn(FreeJson):
     messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
     final_answer: str | None = None
-    token_ids: list[Int4] | None = None
-    loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]] | None = None  # StrictInt: no true/false
-    logprobs: list[LogProb] | None = None
+    token_ids: TokenIds | None = None
+    loss_mask: LossMask | None = None
+    logprobs: LogProbs | None = None
     finish_reason: FinishReason
     num_tokens: Int4 | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -122,7 +173,7 @@ class TrajectoryIn(FreeJson):
         return self
     # the policy version that generated each token, -1 where the model did not (prompt, tool results); a
     # resumed episode mixes versions (docs/curation.md, "Resume")
-    versions: list[Annotated[StrictInt, Field(ge=-1, le=INT4_MAX)]] | None = None
+    versions: Versions | None = None
 
     @model_validator(mode="after")
     def _lengths(self) -> TrajectoryIn:

@@ -14,7 +14,6 @@ from filters.rules import staleness_version
 from reward_models.spec import RewardSpec
 from service.api.errors import BadRequest, Conflict, GroupConflict
 from service.api.schemas import Message
-from service.archive import service as archive
 from service.auth.service import OPEN, Principal
 from service.ingest import prompts_repository as prompt_repo
 from service.ingest import repository as group_repo
@@ -116,7 +115,7 @@ def _trajectory_row(group_pk: int, idx: int, t: TrajectoryIn) -> tuple[Any, ...]
         orjson.dumps(t.metadata).decode(),
         segments,
         arrays.encode(t.versions, arrays.VERSION_DTYPE),
-        0,  # prefix_len: whole (a new group's rows lose their shared prefix in group_repo.insert_group_trajectories)
+        0,  # prefix_len: whole (new groups' rows lose their shared prefix in group_repo.insert_new_groups_trajectories)
     )
 
 
@@ -141,16 +140,34 @@ def _canonical_trajectory(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# model_dump leaves the token arrays out (pydantic copies every element: 70% of the hash's time); they are put
+# back as the model holds them -- the same lists of ints and floats the dump would give, so the same hash
+_SEGMENT_ARRAYS = ("token_ids", "loss_mask", "logprobs")
+_DUMP_WITHOUT_ARRAYS = {"trajectories": {"__all__": {**dict.fromkeys(_ARRAYS, True),
+                                                     "segments": {"__all__": set(_SEGMENT_ARRAYS)}}}}
+
+
 def body_hash(group: GroupIn) -> str:
     """The idempotency hash of a group: the same content hashes the same, whatever the key order of
     free-form objects (``sampling``, ``metadata``, ``reference``) or the spelling of a number."""
-    dump = group.model_dump(mode="json")
+    dump = group.model_dump(mode="json", exclude=_DUMP_WITHOUT_ARRAYS)
     canonical = {k: _canonical(v) for k, v in dump.items() if k != "trajectories"}
     # token arrays are typed (ints, floats): only the trajectories' free-form parts need the walk
     canonical["trajectories"] = [
-        _canonical_trajectory(t) for t in dump["trajectories"]
+        _canonical_trajectory(_with_arrays(d, t)) for d, t in zip(dump["trajectories"], group.trajectories, strict=True)
     ]
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _with_arrays(dump: dict[str, Any], t: TrajectoryIn) -> dict[str, Any]:
+    """A trajectory's dump without its arrays -> with them (and its segments'), as ``model_dump`` gives them."""
+    for name in _ARRAYS:
+        dump[name] = getattr(t, name)
+    if t.segments is not None:
+        for d, s in zip(dump["segments"], t.segments, strict=True):
+            for name in _SEGMENT_ARRAYS:
+                d[name] = getattr(s, name)
+    return dump
 
 
 def _check_limits(group: GroupIn, where: str, max_group_size: int, max_sequence_tokens: int) -> None:
@@ -232,16 +249,19 @@ def ingest_groups(
     check_reference(session, inline)
     _inline_prompts(session, groups, batched, key)
     datasets = prompt_repo.lock_prompts_for_groups(session, {g.prompt_id for g in groups})  # one lock order
-    acks = []
-    for i, g in enumerate(groups):
-        where = f"groups[{i}]." if batched else ""
-        if g.prompt_id not in datasets or not key.allows_dataset(datasets[g.prompt_id]):
-            # out of the key's scope: the same answer as an unknown id (no dataset named, no existence told)
-            raise BadRequest(
-                f"{where}prompt_id: unknown prompt {g.prompt_id!r}; post it to /v1/prompts first or send 'prompt' inline",
-                status_code=422,
-            )
-        acks.append(_ingest_one(session, g, datasets[g.prompt_id], where, key.name))
+    # out of the key's scope: the same answer as an unknown id (no dataset named, no existence told); the groups
+    # before the first such one are stored (or answer their 409) first, as when each group went in on its own
+    unknown = next((i for i, g in enumerate(groups)
+                    if g.prompt_id not in datasets or not key.allows_dataset(datasets[g.prompt_id])), None)
+    known = groups if unknown is None else groups[:unknown]
+    acks = _ingest_all(session, known, [datasets[g.prompt_id] for g in known], batched, key.name)
+    if unknown is not None:
+        where = f"groups[{unknown}]." if batched else ""
+        raise BadRequest(
+            f"{where}prompt_id: unknown prompt {groups[unknown].prompt_id!r}; post it to /v1/prompts first or send "
+            "'prompt' inline",
+            status_code=422,
+        )
     return acks
 
 
@@ -253,38 +273,57 @@ def oldest_version(versions: Iterable[Iterable[int] | None], policy_version: int
     return oldest if oldest < policy_version else None
 
 
-def _ingest_one(session: Session, g: GroupIn, dataset: str, where: str, producer_key: str | None) -> GroupAck:
-    digest = body_hash(g)
-    row = {
-        "id": g.id,
-        "prompt_id": g.prompt_id,
-        "dataset": dataset,
-        "policy_version": g.policy_version,
-        "oldest_version": oldest_version((t.versions for t in g.trajectories), g.policy_version),
-        "sampling": g.sampling,
-        "metadata": g.metadata,
-        "body_hash": digest,
-        "producer_key": producer_key,
-        "n_trajectories": len(g.trajectories),
-        "n_tokens": sum(t.n_token_ids() for t in g.trajectories),  # all segments: lease budgets count them
-    }
-    pk = group_repo.insert_group_if_new(session, row)
-    if pk is not None and (archived := archive.tombstone(session, g.id)) is not None:
-        # the id went to the archive (before, or while this insert waited for the archiver's commit):
-        # the archive keeps it, so the new row goes and the tombstone answers
-        group_repo.delete_group(session, pk)
-        return _archived_ack(archived[0], digest, where)
-    if pk is None:
-        existing = group_repo.existing_group(session, g.id)
-        if existing is None and (archived := archive.tombstone(session, g.id)) is not None:
-            return _archived_ack(archived[0], digest, where)
-        if existing is None or existing.body_hash != digest:
-            raise GroupConflict(
-                f"{where}id: group {g.id!r} already exists with a different body", detail={"id": g.id}
-            )
-        return GroupAck(id=g.id, status=existing.status, trajectories=existing.n_trajectories, created=False)
-    group_repo.insert_group_trajectories(session, pk, [_trajectory_row(pk, i, t) for i, t in enumerate(g.trajectories)])
-    return GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True)
+def _ingest_all(
+    session: Session, groups: list[GroupIn], datasets: list[str], batched: bool, producer_key: str | None
+) -> list[GroupAck]:
+    """Store the groups (their prompts known and in scope) in request order, with a fixed number of statements
+    whatever their number: one INSERT of the group rows, one read of the groups already there and one of the
+    tombstones, one INSERT of the shared prefixes and one COPY of the members. Each group is answered as before: new
+    (201), or already stored / archived with the same body (200), or a 409 -- the first in request order."""
+    if not groups:
+        return []
+    digests = [body_hash(g) for g in groups]
+    rows = [
+        {
+            "id": g.id,
+            "prompt_id": g.prompt_id,
+            "dataset": dataset,
+            "policy_version": g.policy_version,
+            "oldest_version": oldest_version((t.versions for t in g.trajectories), g.policy_version),
+            "sampling": g.sampling,
+            "metadata": g.metadata,
+            "body_hash": digest,
+            "producer_key": producer_key,
+            "n_trajectories": len(g.trajectories),
+            "n_tokens": sum(t.n_token_ids() for t in g.trajectories),  # all segments: lease budgets count them
+        }
+        for g, dataset, digest in zip(groups, datasets, digests, strict=True)
+    ]
+    ids = [g.id for g in groups]
+    new_pks = group_repo.insert_groups_if_new(session, rows)
+    existing = group_repo.existing_groups(session, [i for i in ids if i not in new_pks])
+    # read after the groups (as one group at a time did): an id that went to the archive before, or while its
+    # insert waited for the archiver's commit, or between that insert and the read of the existing rows
+    archived = group_repo.tombstones(session, ids)
+    acks: list[GroupAck] = []
+    stored: list[tuple[int, list[tuple[Any, ...]]]] = []
+    for i, (g, digest) in enumerate(zip(groups, digests, strict=True)):
+        where = f"groups[{i}]." if batched else ""
+        if g.id in new_pks and g.id not in archived:
+            pk = new_pks[g.id]
+            stored.append((pk, [_trajectory_row(pk, j, t) for j, t in enumerate(g.trajectories)]))
+            acks.append(GroupAck(id=g.id, status="received", trajectories=len(g.trajectories), created=True))
+            continue
+        row = existing.get(g.id)
+        if row is None and g.id in archived:  # the archive keeps it: a new row goes, the tombstone answers
+            acks.append(_archived_ack(archived[g.id], digest, where))
+        elif row is None or row.body_hash != digest:
+            raise GroupConflict(f"{where}id: group {g.id!r} already exists with a different body", detail={"id": g.id})
+        else:
+            acks.append(GroupAck(id=g.id, status=row.status, trajectories=row.n_trajectories, created=False))
+    group_repo.delete_groups(session, [new_pks[i] for i in ids if i in new_pks and i in archived])
+    group_repo.insert_new_groups_trajectories(session, stored)
+    return acks
 
 
 def _archived_ack(tomb: Any, digest: str, where: str) -> GroupAck:
