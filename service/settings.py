@@ -9,18 +9,42 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, PlainValidator, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from reward_models.llm_judge import JudgeEndpoint
 from service.archive.duration import parse_duration
+
+if TYPE_CHECKING:
+    from reward_models.llm_judge import JudgeEndpoint
 
 # log levels every consumer knows (Python's logging and uvicorn); aliases map to them, anything else is refused
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}
 MIN_BEAT_S = 0.05  # the shortest interval between two heartbeats of a score claim (service.worker.pipeline)
+
+
+@lru_cache(maxsize=1)
+def _judge_endpoints_adapter() -> TypeAdapter[dict[str, JudgeEndpoint]]:
+    from reward_models.llm_judge import JudgeEndpoint  # httpx with it: only when endpoints are configured
+
+    return TypeAdapter(dict[str, JudgeEndpoint])
+
+
+def _judge_endpoints(value: Any) -> dict[str, JudgeEndpoint]:
+    """``GRPO_CURATOR_JUDGE_ENDPOINTS`` as ``dict[str, JudgeEndpoint]`` (the same checks and errors), with
+    ``reward_models.llm_judge`` imported only when there is something to check: every command reads the
+    settings, few use a judge."""
+    if isinstance(value, dict) and not value:
+        return {}
+    return _judge_endpoints_adapter().validate_python(value)
+
+
+if TYPE_CHECKING:
+    JudgeEndpoints = dict[str, JudgeEndpoint]
+else:
+    JudgeEndpoints = Annotated[dict[str, Any], PlainValidator(_judge_endpoints)]
 
 
 def normalize_log_level(value: str) -> str:
@@ -101,7 +125,7 @@ class Settings(BaseSettings):
     require_auth: bool = False
     metrics_public: bool = False  # GET /metrics without a key (for a Prometheus scraper)
     # LLM-judge endpoints, configured by the deployment (a JSON map name -> endpoint); specs name one
-    judge_endpoints: dict[str, JudgeEndpoint] = Field(default_factory=dict)
+    judge_endpoints: JudgeEndpoints = Field(default_factory=dict)
     worker_metrics_port: int | None = None  # a score worker serves its Prometheus metrics here when set
     # agent sessions (service.sessions): the upstream inference servers (one URL or a comma-separated list,
     # each ending in /v1; sticky per session), a call's deadline (retries with backoff inside it), per-session

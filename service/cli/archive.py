@@ -14,7 +14,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from service.archive import service as archive
 from service.settings import get_settings
 
 
@@ -35,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch < 1:
         print("error: --batch: must be at least 1", file=sys.stderr)
         return 2
+    from service.archive import service as archive  # SQLAlchemy, pyarrow: not for --help or a bad option
+
     try:
         older_than = archive.parse_duration(args.older_than)
     except ValueError as exc:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 # commands that need the ``trainer`` extra (torch, transformers), and the modules that extra provides
 TRAINER_COMMANDS = ("train", "rollout", "demo")

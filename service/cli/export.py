@@ -18,7 +18,10 @@ import httpx
 
 from service.cli.connection import add_client_options, api_key, http_client, redact, service_url, unreachable
 from service.cli.errors import ServiceAnswered
-from service.export.schemas import EXPORT_FORMATS
+
+# GET /v1/export's formats (service.export.schemas.EXPORT_FORMATS, equal by test): the command talks HTTP, and
+# the server's schemas import FastAPI, numpy and every reward component
+EXPORT_FORMATS: tuple[str, ...] = ("sft", "dpo", "kto", "rollouts", "verl")
 
 
 def export_to(client: httpx.Client, params: dict[str, Any], out: Path) -> int:

@@ -16,17 +16,18 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 from pydantic import ValidationError
 
-from service.api.validation import format_errors
 from service.cli.connection import add_client_options, api_key, http_client, redact, service_url, unreachable
 from service.cli.errors import ServiceAnswered
-from service.export.schemas import ImportSummary
-from service.ingest.schemas import PromptUpsert
+
+if TYPE_CHECKING:  # the service's schemas (FastAPI, numpy, every reward component): imported once rows are read
+    from service.export.schemas import ImportSummary
+    from service.ingest.schemas import PromptUpsert
 
 BATCH = 1000
 EXAMPLES = 5
@@ -110,11 +111,16 @@ class _Tally:
             self.examples.append(f"row {row_no}: {reason}")
 
     def summary(self) -> ImportSummary:
+        from service.export.schemas import ImportSummary
+
         return ImportSummary(taken=self.taken, rejected=sum(self.reasons.values()), reasons=dict(self.reasons),
                              examples=self.examples)
 
 
 def _validated(rows: Iterator[Any], fmt: str, tally: _Tally) -> Iterator[PromptUpsert]:
+    from service.api.validation import format_errors
+    from service.ingest.schemas import PromptUpsert
+
     for row_no, row in enumerate(rows):
         try:
             if isinstance(row, Exception):

@@ -8,15 +8,15 @@ import json
 import sys
 from collections.abc import Sequence
 
-from service.api.errors import ServiceError
-from service.auth.service import Role
+# the roles of service.auth.service.Role (equal by test), so `keys --help` and a bad --role need no database code
+ROLES = ("producer", "trainer", "viewer", "admin")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-curator keys", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("create", help="create a key; its token is printed once, on the last line")
-    p.add_argument("--role", required=True, choices=[r.value for r in Role])
+    p.add_argument("--role", required=True, choices=list(ROLES))
     p.add_argument("--name", required=True, help="a unique name, recorded on what the key writes")
     p.add_argument("--dataset", action="extend", nargs="+", help="scope the key to these datasets (repeatable)")
     sub.add_parser("list", help="list keys (never their tokens)").add_argument("--json", action="store_true")
@@ -51,6 +51,8 @@ def _run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from service.api.errors import ServiceError
+
     try:
         _run(args)
     except ServiceError as exc:

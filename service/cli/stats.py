@@ -19,7 +19,10 @@ from service.cli.alerts_lines import format_alerts, open_alerts
 from service.cli.connection import add_client_options, api_key, redact, service_url, unreachable
 from service.cli.errors import ServiceAnswered
 from service.client import CuratorClient, CuratorError
-from service.stats.service import STATS_BY
+
+# GET /v1/stats's ``by`` (service.stats.service.STATS_BY, equal by test): the command talks HTTP, and importing
+# the server's stats module would load SQLAlchemy, FastAPI and numpy into every `stats` run
+STATS_BY: tuple[str, ...] = ("policy_version", "dataset", "component", "finish_reason")
 
 
 def build_parser() -> argparse.ArgumentParser:
