@@ -104,6 +104,16 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def secret_of(token: str) -> str:
+    """The secret part of a ``gck_<id>_<secret>`` key: everything after the id, underscores included (the
+    secret is URL-safe base64, so ``token.split("_")[-1]`` can be one character that any log contains)."""
+    from service.auth.service import split_token
+
+    parts = split_token(token)
+    assert parts is not None, f"not an API key: {token[:8]}..."
+    return parts[1]
+
+
 def register_spec(client: Any, spec: dict[str, Any]) -> None:
     """POST a reward spec; it must be stored (201)."""
     r = client.post("/v1/reward-specs", json=spec)

@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient, CuratorError
 from tests.conftest import ROOT, free_port, start_server, stop_server
+from tests.helpers import secret_of
 
 
 def _cli(db_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -35,7 +36,7 @@ def test_keys_cli_create_list_revoke_and_a_served_request(fresh_db: str) -> None
     assert token.startswith("gck_") and token not in made.stderr
     listed = _cli(fresh_db, "keys", "list")
     assert "gpu-7" in listed.stdout and "trainer" in listed.stdout and "math" in listed.stdout
-    assert token not in listed.stdout and token.split("_")[-1] not in listed.stdout
+    assert token not in listed.stdout and secret_of(token) not in listed.stdout
     dup = _cli(fresh_db, "keys", "create", "--role", "viewer", "--name", "gpu-7")
     assert dup.returncode == 2 and "name: a key named 'gpu-7' already exists" in dup.stderr
     server = start_server(fresh_db, env={"GRPO_CURATOR_LOG_LEVEL": "info"})
@@ -50,12 +51,12 @@ def test_keys_cli_create_list_revoke_and_a_served_request(fresh_db: str) -> None
     finally:
         stop_server(server)
     log = server.proc.stderr.read().decode()  # type: ignore[union-attr]
-    assert "auth on" in log and token not in log and token.split("_")[-1] not in log
+    assert "auth on" in log and token not in log and secret_of(token) not in log
     engine = create_engine(fresh_db)
     with engine.connect() as conn:  # nothing in the database holds the token or its secret
         dump = conn.execute(text("SELECT string_agg(row_to_json(k)::text, '') FROM api_keys k")).scalar()
     engine.dispose()
-    assert token.split("_")[-1] not in dump
+    assert secret_of(token) not in dump
 
 
 def test_loopback_serve_without_keys_stays_open_and_says_so(fresh_db: str) -> None:
