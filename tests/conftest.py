@@ -69,25 +69,51 @@ def template_db(server_url: str) -> Iterator[str]:
         drop_database(server_url, url)
 
 
-@pytest.fixture(scope="session")
-def make_db(server_url: str, template_db: str) -> Iterator[Callable[..., str]]:
-    """Factory: a new database at the head migration (a copy of ``template_db``), or empty when
-    migrate=False; all dropped at the end."""
-    made: list[str] = []
+class Databases:
+    """The session's databases: ``make()`` a new one at the head migration (a copy of ``template_db``), or empty
+    when migrate=False. ``retire(url)`` drops one whose test is done in the background, several at once (each
+    DROP DATABASE waits for a checkpoint, and concurrent drops share one), so a worker's drops overlap its
+    tests instead of queueing at its end (a worker's few hundred databases took up to 55 s at the end of a
+    loaded run, in the last test's teardown); ``close()`` waits for those and drops the rest."""
 
-    def make(migrate: bool = True) -> str:
-        url = create_database(server_url, "gct", template=template_db if migrate else None)
-        made.append(url)
+    def __init__(self, server_url: str, template: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.server_url, self.template = server_url, template
+        self.made: list[str] = []
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="drop-db")
+
+    def __call__(self, migrate: bool = True) -> str:
+        url = create_database(self.server_url, "gct", template=self.template if migrate else None)
+        self.made.append(url)
         return url
 
-    yield make
-    drop_databases(server_url, made)
+    def retire(self, url: str) -> None:
+        def drop() -> None:
+            drop_database(self.server_url, url)
+            self.made.remove(url)  # list.remove is atomic under the GIL; one left here is dropped by close()
+
+        self.pool.submit(drop)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        drop_databases(self.server_url, list(self.made))
+
+
+@pytest.fixture(scope="session")
+def make_db(server_url: str, template_db: str) -> Iterator[Databases]:
+    """Factory: a new database at the head migration (a copy of ``template_db``), or empty when
+    migrate=False (``Databases``); all dropped by the end."""
+    databases = Databases(server_url, template_db)
+    try:
+        yield databases
+    finally:
+        databases.close()
 
 
 def drop_databases(server_url: str, urls: list[str]) -> None:
     """Drop ``urls``, several at once: each DROP DATABASE waits for a checkpoint, and concurrent drops share
-    one (measured: 20 drops one by one 2.2 s, 8 at a time 0.36 s; a worker's few hundred databases took up to
-    55 s at the end of a loaded run, in the last test's teardown)."""
+    one (measured: 20 drops one by one 2.2 s, 8 at a time 0.36 s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -108,7 +134,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def fresh_db(make_db: Callable[..., str]) -> Iterator[str]:
+def fresh_db(make_db: Databases) -> Iterator[str]:
     """A new migrated database for one test; its pooled connections are closed after the test (idle pools
     of finished tests would otherwise add up to PostgreSQL's max_connections over a full run)."""
     from service.store.db import dispose_engine
@@ -116,6 +142,7 @@ def fresh_db(make_db: Callable[..., str]) -> Iterator[str]:
     url = make_db()
     yield url
     dispose_engine(url)
+    make_db.retire(url)  # dropped in the background (a test's server, if any, was stopped in its own teardown)
 
 
 @pytest.fixture
