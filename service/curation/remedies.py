@@ -40,6 +40,7 @@ from service.curation import repository as curate_repo
 from service.ingest import service as ingest
 from service.ingest.schemas import TrajectoryIn
 from service.settings import get_settings
+from service.stats import service as stats
 from service.store import arrays
 from service.store.db import db_now
 from service.store.models import Group, SamplingRequest, Trajectory
@@ -47,6 +48,13 @@ from service.store.models import Group, SamplingRequest, Trajectory
 REQUESTED, FILLED, UNFILLED, EXHAUSTED = "remedy_requested", "remedy_filled", "remedy_unfilled", "remedy_exhausted"
 REMEDY_RULES: tuple[str, ...] = (REQUESTED, FILLED, UNFILLED, EXHAUSTED)
 SlotHistory = dict[tuple[int, int], list[SamplingRequest]]
+
+
+def log_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert decision-log rows; the remedy steps among them are counted in the stats rollup in the same
+    transaction (``GET /v1/stats``' ``remedies``). Every decision row goes in through here."""
+    curate_repo.insert_decisions(session, rows)
+    stats.record_remedies(session, rows)
 
 
 def limit_of(action: str, policy: CurationPolicy) -> int:
@@ -367,7 +375,7 @@ def fill_slot(session: Session, group_id: str, idx: int, policy_version: int, t:
     ingest.replace_trajectory(session, g.pk, idx, t)
     now = db_now(session)
     curate_repo.mark_filled(session, req.pk, digest, now)
-    curate_repo.insert_decisions(session, [{
+    log_decisions(session, [{
         "group_pk": g.pk, "idx": idx, "policy_name": g.curation_policy_name,
         "policy_version": g.curation_policy_version, "action": req.reason, "rule": FILLED,
         "reason": f"slot {idx}: {req.reason} filled by {key.name or 'a producer'} (policy version {policy_version}, "
@@ -411,7 +419,7 @@ def expire_waits(session: Session, limit: int = 256) -> list[Group]:
             })
         replaced = any(t.action is None for t in g.trajectories)  # a fill cleared its decision
         (rescore if replaced else curate_now).append(g)
-    curate_repo.insert_decisions(session, decisions)
+    log_decisions(session, decisions)
     ingest.update_groups(session, [{"pk": g.pk, **_rescore_fields()} for g in rescore])
     ingest.update_groups(session, [{"pk": g.pk, "status": "scored", "wait_until": None} for g in curate_now])
     return curate_now

@@ -277,7 +277,7 @@ class _Writes:
         ingest.update_groups(session, self.errors)
         ingest.update_groups(session, self.waiting)
         ingest.update_groups(session, [{"pk": pk, "curated_at": at} for pk, at in self.curated])
-        curate_repo.insert_decisions(session, self.decisions)
+        remedies.log_decisions(session, self.decisions)
         curate_repo.insert_sampling_requests(session, self.requests)
         curate_repo.record_outcomes(session, self.outcomes)
 
@@ -426,4 +426,4 @@ def forget_outcomes(session: Session, rows: list[tuple[str, float | None, str | 
 
 def record_decisions(session: Session, rows: list[dict[str, Any]]) -> None:
     """Decision-log rows (every drop / mask / penalty / error with its reason), for the other stages too."""
-    curate_repo.insert_decisions(session, rows)
+    remedies.log_decisions(session, rows)

@@ -161,16 +161,33 @@ def cells_at(session: Session, dim: str, cells: Sequence[tuple[str, str]], bucke
     return list(session.execute(stmt))
 
 
-_REMEDY_COUNTS = (
-    "SELECT d.action, d.rule, count(*) FROM decisions d JOIN groups g ON g.pk = d.group_pk"
-    " WHERE d.rule LIKE 'remedy\\_%' AND (CAST(:dataset AS text) IS NULL OR g.dataset = :dataset)"
-    " AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since) GROUP BY d.action, d.rule"
+# the remedy steps (decision rows ``remedy_*``, service.curation.remedies) counted per group dataset, UTC hour of
+# the step (epoch seconds), remedy and step; of the groups ``:pks``, or of every stored group when it is NULL
+_REMEDY_FACTS = text(
+    "SELECT g.dataset, CAST(extract(epoch FROM date_trunc('hour', d.created_at, 'UTC')) AS bigint) AS bucket,"
+    " d.action, d.rule, count(*) FROM decisions d JOIN groups g ON g.pk = d.group_pk"
+    " WHERE (CAST(:pks AS bigint[]) IS NULL OR (d.group_pk = ANY(CAST(:pks AS bigint[]))"
+    " AND g.pk = ANY(CAST(:pks AS bigint[])))) AND d.rule LIKE 'remedy\\_%'"
+    " GROUP BY 1, 2, 3, 4"
 )
 
 
-def remedy_counts(session: Session, dataset: str | None, since: Any) -> list[tuple[str, str, int]]:
-    """(remedy, rule, decision rows) of the remedy log (service.curation.remedies)."""
-    return [(a, r, int(n)) for a, r, n in session.execute(text(_REMEDY_COUNTS), {"dataset": dataset, "since": since})]
+def remedy_facts(session: Session, group_pks: Sequence[int] | None) -> list[tuple[str, int, str, str, int]]:
+    """(dataset, hour as epoch seconds, remedy, rule, steps) of the remedy steps of the groups ``group_pks``
+    (all stored groups: None)."""
+    if group_pks is not None and not group_pks:
+        return []
+    params = {"pks": None if group_pks is None else list(group_pks)}
+    return [(ds, int(b), a, r, int(n)) for ds, b, a, r, n in session.execute(_REMEDY_FACTS, params)]
+
+
+def datasets_and_now(session: Session, group_pks: Sequence[int]) -> tuple[dict[int, str], int]:
+    """(group pk -> dataset, the UTC hour of this transaction's ``now()`` as epoch seconds): what a decision row
+    inserted now (``created_at`` defaults to ``now()``) is counted under."""
+    rows = session.execute(text(
+        "SELECT g.pk, g.dataset FROM groups g WHERE g.pk = ANY(CAST(:pks AS bigint[]))"), {"pks": list(group_pks)})
+    hour = session.execute(text("SELECT CAST(extract(epoch FROM date_trunc('hour', now(), 'UTC')) AS bigint)"))
+    return {pk: ds for pk, ds in rows}, int(hour.scalar_one())
 
 
 # the archived groups' share of the rollup (service.archive): added to like stats_cells, read by a rebuild

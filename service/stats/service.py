@@ -22,6 +22,11 @@ length-hacking signal). Groups that never finished scoring (``reward_error``) ar
 The rollup follows the groups through ``record_groups`` (the curation stage, after its writes) and
 ``retract_groups`` (before a rescore / recurate sends curated groups back) and ``record_late_drops`` (a
 group dropped after curation: stale, or refused by a trainer); ``rebuild`` recomputes it.
+
+The remedy log (``remedies`` in every answer: resample / resume steps requested, filled, unfilled,
+exhausted) is counted in cells too (dim ``remedy``, key the remedy, counters by step, bucketed by the hour
+of the step), added as the steps are logged (``record_remedies``): a query reads a few cells whatever the
+number of decision rows, and the counts stay when their groups go to the archive.
 """
 
 from __future__ import annotations
@@ -299,9 +304,45 @@ def retract_groups(session: Session, group_pks: Sequence[int]) -> None:
 
 def record_archived(session: Session, group_pks: Sequence[int]) -> None:
     """The curated groups among ``group_pks`` are about to leave the hot tables (service.archive): call it
-    *before* their rows are deleted, same transaction. Their counters stay in ``stats_cells`` as they are
-    and are also kept in ``stats_archived_cells``, which ``rebuild`` starts from."""
-    repo.add_to_archived_cells(session, cell_counters(facts(session, sorted(set(group_pks)))))
+    *before* their rows are deleted, same transaction. Their counters (remedy steps included) stay in
+    ``stats_cells`` as they are and are also kept in ``stats_archived_cells``, which ``rebuild`` starts from."""
+    pks = sorted(set(group_pks))
+    cells = cell_counters(facts(session, pks))
+    for key, c in remedy_cells(repo.remedy_facts(session, pks)).items():
+        merge_into(cells.setdefault(key, {}), c)
+    repo.add_to_archived_cells(session, cells)
+
+
+# -- the remedy log ----------------------------------------------------------------------------------------
+REMEDY_DIM = "remedy"
+_REMEDY_PREFIX = "remedy_"
+
+
+def remedy_cells(steps: Iterable[tuple[str, int, str, str, int]]) -> dict[CellKey, Counters]:
+    """Counters of the remedy cells ``(dataset, hour as epoch seconds, remedy, rule, count)`` falls in: per
+    remedy (key) and dataset, each hour and all time, and all time over every dataset, as the other cells."""
+    cells: dict[CellKey, Counters] = {}
+    for dataset, epoch, remedy, rule, n in steps:
+        step = rule.removeprefix(_REMEDY_PREFIX)
+        for cell_dataset, bucket in ((dataset, _hour(epoch)), (dataset, ALL_TIME), (ALL_DATASETS, ALL_TIME)):
+            c = cells.setdefault((REMEDY_DIM, remedy, cell_dataset, bucket), {})
+            c[step] = c.get(step, 0.0) + n
+    return cells
+
+
+def stored_remedy_cells(session: Session) -> dict[CellKey, Counters]:
+    """The remedy cells of every stored group's logged steps (a rebuild; migration 0017)."""
+    return remedy_cells(repo.remedy_facts(session, None))
+
+
+def record_remedies(session: Session, decisions: Sequence[Mapping[str, Any]]) -> None:
+    """Count the remedy steps among decision rows just inserted in this transaction (``created_at`` its
+    ``now()``): the one place the remedy log reaches the rollup (service.curation.remedies.log_decisions)."""
+    steps = [d for d in decisions if str(d["rule"]).startswith(_REMEDY_PREFIX)]
+    if not steps:
+        return
+    datasets, hour = repo.datasets_and_now(session, sorted({d["group_pk"] for d in steps}))
+    repo.add_to_cells(session, remedy_cells((datasets[d["group_pk"]], hour, d["action"], d["rule"], 1) for d in steps))
 
 
 def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
@@ -317,6 +358,8 @@ def rebuild(session: Session, chunk: int = 2_000) -> dict[str, int]:
         for key, c in part.items():
             merge_into(cells.setdefault(key, {}), c)
         after, groups = pks[-1], groups + len(pks)
+    for key, c in stored_remedy_cells(session).items():  # the remedy log: every stored group's, curated or not
+        merge_into(cells.setdefault(key, {}), c)
     repo.add_to_cells(session, cells)
     return {"groups": groups, "cells": len(cells)}
 
@@ -439,9 +482,10 @@ def get_stats(
 
 
 def remedies(session: Session, dataset: str | None, since: datetime | None) -> dict[str, dict[str, int]]:
-    """Decision rows of the remedies, by remedy (resample / resume) and step: ``requested``, ``filled``,
-    ``unfilled`` (the deadline passed), ``exhausted`` (cut again past the bound)."""
-    out: dict[str, dict[str, int]] = {}
-    for action, rule, n in repo.remedy_counts(session, dataset, since):
-        out.setdefault(action, {})[rule.removeprefix("remedy_")] = n
-    return out
+    """Remedy steps logged (decision rows), by remedy (resample / resume) and step: ``requested``, ``filled``,
+    ``unfilled`` (the deadline passed), ``exhausted`` (cut again past the bound); from the ``remedy`` cells
+    (hourly from ``since``'s hour, else all time)."""
+    merged = _merged(repo.read_cells(session, REMEDY_DIM, dataset, since, ALL_TIME, per_dataset=False),
+                     lambda key, _dataset: key)
+    return {remedy: {step: int(round(n)) for step, n in sorted(c.items()) if round(n)}
+            for remedy, c in sorted(merged.items()) if any(round(n) for n in c.values())}
