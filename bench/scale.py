@@ -5,7 +5,9 @@ One private database (created, migrated, dropped at the end). Synthetic groups o
 mask, float32 log-probs as bytea, i.e. ~580 bytes of arrays per trajectory) are bulk-loaded with binary
 COPY (``bench.lease._copy_trajectories``), in 4 datasets, a new policy version every 10,000 groups, the
 groups' ``created_at`` spread over the last 5 days and the stats rollup kept through the service's own
-``record_groups``. Loaded groups are ``consumed`` (history), as in a long run.
+``record_groups``. Loaded groups are ``consumed`` (history), as in a long run, with a decision log as
+curation writes one: each group's last member masked (cut at the budget), and every 10th group's slot
+resampled (``remedy_requested`` + ``remedy_filled``): 1.2 decision rows a group.
 
 At each checkpoint of ``--sizes`` (trajectories in the hot tables) it measures, against a real
 ``grpo-curator serve`` over real HTTP:
@@ -59,6 +61,7 @@ PROMPT_TOKENS = 16
 DATASETS = ("math", "code", "chat", "tools")
 GROUPS_PER_VERSION = 10_000
 CHUNK = 1_000  # groups per COPY transaction
+RESAMPLED_EVERY = 10  # every 10th group's cut member was resampled and filled (two more decision rows)
 COPY_BATCH = 50  # groups per commit of the COPY side of the ingest comparison (and per batched API request)
 ANALYZE_EVERY = 25  # chunks between two ANALYZEs of the tables being loaded
 STATS_QUERIES = [{"by": by} for by in ("policy_version", "dataset", "finish_reason", "component")]
@@ -87,6 +90,7 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
     mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(tokens - PROMPT_TOKENS, np.uint8)].tobytes()
     now = datetime.now(UTC)
     from service.settings import get_settings
+    from service.stats import repository as stats_repo
     from service.stats import service as stats
     from service.store import partitions
     from service.store.db import get_engine, make_sessionmaker
@@ -109,6 +113,7 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
                                   at, at, at, at, at + timedelta(seconds=30)))
             _copy_trajectories(conn, pks, mask, rng, per_group=PER_GROUP, tokens_per=tokens,
                                prompt_tokens=PROMPT_TOKENS)
+            _copy_decisions(conn, pks)
             conn.commit()
             if (start - first_pk) // CHUNK % ANALYZE_EVERY == ANALYZE_EVERY - 1:
                 # autovacuum's job in a deployment, which a bulk load outruns: fresh statistics for the planner
@@ -118,14 +123,26 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
                 conn.commit()
             with factory.begin() as session:  # the rollup, as the curation stage keeps it
                 stats.record_groups(session, pks)
+                stats_repo.add_to_cells(session, stats.remedy_cells(stats_repo.remedy_facts(session, pks)))
         conn.execute("SELECT setval(pg_get_serial_sequence('groups', 'pk'), (SELECT max(pk) FROM groups))")
         conn.commit()
     return time.perf_counter() - t0
 
 
+def _copy_decisions(conn: psycopg.Connection, pks: list[int]) -> None:
+    """The decision log curation writes for these groups: the last member masked; every ``RESAMPLED_EVERY``-th
+    group's slot resampled and filled (created with the groups' curation, as the worker logs it)."""
+    with conn.cursor().copy("COPY decisions (group_pk, idx, action, rule, reason) FROM STDIN") as cp:
+        for pk in pks:
+            cp.write_row((pk, PER_GROUP - 1, "mask", "length", "finish_reason length: mask"))
+            if pk % RESAMPLED_EVERY == 0:
+                cp.write_row((pk, PER_GROUP - 1, "resample", "remedy_requested", "slot resampled"))
+                cp.write_row((pk, PER_GROUP - 1, "resample", "remedy_filled", "filled"))
+
+
 def vacuum(url: str) -> None:
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
-        for table in ("groups", "trajectories", "stats_cells", "leases"):
+        for table in ("groups", "trajectories", "decisions", "stats_cells", "leases"):
             conn.execute(f"VACUUM ANALYZE {table}")
 
 
