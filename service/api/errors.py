@@ -81,6 +81,9 @@ class TooManyWaiters(ServiceError):
 _DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
 # SQLSTATEs of a lost or refused connection: class 08, server shutting down / starting, too many clients
 _CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
+# SQLSTATEs of a transaction PostgreSQL cancelled for another's sake (deadlock, serialization failure): nothing
+# of it is stored and the same request can succeed when sent again -- a 503 to retry, not a 500
+_CONFLICT_SQLSTATES = ("40P01", "40001")
 
 
 def error_response(status: int, message: str, detail: Any = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -100,6 +103,22 @@ def _is_db_unavailable(exc: BaseException) -> bool:
         return True
     sqlstate = getattr(exc.orig, "sqlstate", None) or ""
     return sqlstate.startswith(_CONNECTION_SQLSTATES)
+
+
+def db_error_response(exc: BaseException) -> JSONResponse | None:
+    """The 503 of a database error the client may retry -- a transaction PostgreSQL cancelled for a concurrent
+    one's sake, or the database unreachable -- or None: any other statement error is a bug (a 500)."""
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if sqlstate in _CONFLICT_SQLSTATES:
+        return error_response(
+            503, f"database: this request's transaction was cancelled by a concurrent one (SQLSTATE {sqlstate}); "
+            "nothing of it was stored; retry", None, headers={"Retry-After": "1"},
+        )
+    if _is_db_unavailable(exc):
+        return error_response(
+            503, "database: unavailable; retry later", None, headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
+    return None
 
 
 def _allowed_methods(request: Request) -> str:
@@ -141,13 +160,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, message, None, headers=headers)
 
     async def db_error(request: Request, exc: Exception) -> JSONResponse:
-        if not _is_db_unavailable(exc):
+        response = db_error_response(exc)
+        if response is None:
             raise exc  # rendered as a 500 below
-        log.warning("%s %s: database unavailable: %s", request.method, redact_tokens(request.url.path),
-                    exc.__class__.__name__)
-        return error_response(
-            503, "database: unavailable; retry later", None, headers={"Retry-After": str(RETRY_AFTER_S)}
-        )
+        log.warning("%s %s: database error answered 503 to retry: %s", request.method,
+                    redact_tokens(request.url.path),
+                    getattr(getattr(exc, "orig", None), "sqlstate", None) or exc.__class__.__name__)
+        return response
 
     for cls in (*_DB_UNAVAILABLE, sa_exc.DBAPIError):
         app.add_exception_handler(cls, db_error)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Text, any_, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.store.models import Prompt
+from service.store.queries import array_param
 
 _UPDATABLE = ("dataset", "messages", "reference", "metadata", "reward_spec", "curation_policy")
 
@@ -62,7 +63,7 @@ def lock_prompts_for_groups(session: Session, ids: Iterable[str]) -> dict[str, s
     ids = sorted(set(ids))
     if not ids:
         return {}
-    stmt = (select(Prompt.id, Prompt.dataset).where(Prompt.id.in_(ids)).order_by(Prompt.id.collate("C"))
+    stmt = (select(Prompt.id, Prompt.dataset).where(Prompt.id == any_(array_param("ids", ids, Text))).order_by(Prompt.id.collate("C"))
             .with_for_update(read=True, key_share=True))
     return {pid: ds for pid, ds in session.execute(stmt)}
 
@@ -70,7 +71,7 @@ def lock_prompts_for_groups(session: Session, ids: Iterable[str]) -> dict[str, s
 def stored_fields(session: Session, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """prompt id -> its updatable fields as stored (the keys of a prompt row)."""
     cols = [Prompt.__table__.c[c] for c in ("id", *_UPDATABLE)]
-    rows = session.execute(select(*cols).where(Prompt.id.in_(list(set(ids))))).mappings()
+    rows = session.execute(select(*cols).where(Prompt.id == any_(array_param("ids", sorted(set(ids)), Text)))).mappings()
     return {r["id"]: {c: r[c] for c in _UPDATABLE} for r in rows}
 
 

@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Row, bindparam, exists, func, select
+from sqlalchemy import BigInteger, Row, Text, any_, bindparam, exists, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, selectinload
 
 from service.store import prefix
 from service.store.models import Decision, Group, GroupTombstone, Prompt, PromptPrefix, Reward, Trajectory
+from service.store.queries import array_param
 
 _INSERT_GROUPS = (
     pg_insert(Group.__table__).on_conflict_do_nothing(index_elements=[Group.__table__.c.id])
@@ -19,17 +20,24 @@ _INSERT_GROUPS = (
 )
 
 
-def insert_groups_if_new(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
-    """INSERT ... ON CONFLICT (id) DO NOTHING of every row, in their order, in one statement (SQLAlchemy's
-    insertmanyvalues: one multi-row VALUES); returns id -> new pk for the rows inserted (an id that already
-    exists is left out).
+_NEXT_PKS = text("SELECT nextval(pg_get_serial_sequence('groups', 'pk')) FROM generate_series(1, :n)")
 
-    Under concurrent posts of the same id, PostgreSQL makes the losers wait for the winner's commit,
-    so exactly one row is ever stored.
+
+def insert_groups_if_new(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """INSERT ... ON CONFLICT (id) DO NOTHING of every row in one statement (SQLAlchemy's insertmanyvalues: one
+    multi-row VALUES); returns id -> new pk for the rows inserted (an id that already exists is left out).
+
+    The pks are drawn first and given in the rows' order (the queue keeps request order); the rows go in by id
+    (Python's str order, one order for every request). Under concurrent posts of the same id PostgreSQL makes
+    the losers wait for the winner's commit, so exactly one row is ever stored -- and two requests sharing ids
+    wait in one direction: in request order, a batch [a, b] and a batch [b, a] each held one id while
+    waiting for the other's (a deadlock, 40P01).
     """
     if not rows:
         return {}
-    return {gid: pk for gid, pk in session.execute(_INSERT_GROUPS, rows)}
+    pks = sorted(session.execute(_NEXT_PKS, {"n": len(rows)}).scalars())
+    ordered = sorted(({**row, "pk": pk} for row, pk in zip(rows, pks, strict=True)), key=lambda r: r["id"])
+    return {gid: pk for gid, pk in session.execute(_INSERT_GROUPS, ordered)}
 
 
 def existing_groups(session: Session, group_ids: list[str]) -> dict[str, Row[Any]]:
@@ -37,7 +45,7 @@ def existing_groups(session: Session, group_ids: list[str]) -> dict[str, Row[Any
     if not group_ids:
         return {}
     stmt = (select(Group.id, Group.pk, Group.body_hash, Group.status, Group.n_trajectories)
-            .where(Group.id.in_(group_ids)))
+            .where(Group.id == any_(array_param("ids", group_ids, Text))))
     return {row.id: row for row in session.execute(stmt)}
 
 
@@ -47,7 +55,7 @@ def tombstones(session: Session, group_ids: list[str]) -> dict[str, Row[Any]]:
     if not group_ids:
         return {}
     stmt = (select(GroupTombstone.id, GroupTombstone.body_hash, GroupTombstone.n_trajectories)
-            .where(GroupTombstone.id.in_(group_ids)))
+            .where(GroupTombstone.id == any_(array_param("ids", group_ids, Text))))
     return {t.id: t for t in session.execute(stmt)}
 
 
@@ -176,7 +184,7 @@ def mean_rewards(session: Session, group_pks: list[int]) -> dict[int, float | No
 
 
 def prompts_by_id(session: Session, ids: set[str]) -> dict[str, Prompt]:
-    return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id.in_(ids))).scalars()}
+    return {p.id: p for p in session.execute(select(Prompt).where(Prompt.id == any_(array_param("ids", sorted(ids), Text)))).scalars()}
 
 
 def update_groups(session: Session, rows: list[dict[str, Any]]) -> None:
@@ -221,4 +229,4 @@ def replace_trajectory(session: Session, row: tuple[Any, ...]) -> None:
 def delete_groups(session: Session, pks: list[int]) -> None:
     """Take back group rows this transaction just inserted (their ids turned out to be archived)."""
     if pks:
-        session.execute(Group.__table__.delete().where(Group.__table__.c.pk.in_(pks)))
+        session.execute(Group.__table__.delete().where(Group.__table__.c.pk == any_(array_param("pks", pks, BigInteger))))

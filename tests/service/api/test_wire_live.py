@@ -194,3 +194,25 @@ def test_only_connection_failures_count_as_unavailable(engine):
     with pytest.raises(DBAPIError) as refused:
         create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x").connect()
     assert _is_db_unavailable(refused.value), refused.value
+
+
+# helper-35 F2: a deadlock between two requests was a 500; PostgreSQL cancelled one transaction, nothing of it
+# stored, and the same request succeeds when sent again
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
+def test_a_transaction_cancelled_for_a_concurrent_one_is_a_503_to_retry(engine, sqlstate):
+    """Real exceptions raised by PostgreSQL with the SQLSTATE it gives a deadlock victim / a serialization
+    failure: a 503 with Retry-After naming the SQLSTATE; a unique violation stays a bug (no 503)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from service.api.errors import db_error_response
+
+    def raised(code: str) -> DBAPIError:
+        with pytest.raises(DBAPIError) as err, engine.connect() as conn:
+            conn.execute(text(f"DO $$ BEGIN RAISE EXCEPTION 'cancelled' USING ERRCODE = '{code}'; END $$"))
+        return err.value
+
+    response = db_error_response(raised(sqlstate))
+    assert response is not None and response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert f"SQLSTATE {sqlstate}" in response.body.decode()
+    assert db_error_response(raised("23505")) is None

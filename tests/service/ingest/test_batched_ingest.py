@@ -90,6 +90,26 @@ def test_shared_prompts_of_a_batch_come_back_exactly_as_posted(client, session):
             assert stored["logprobs"] == pytest.approx(posted["logprobs"], rel=1e-6)
 
 
+def test_every_read_of_a_request_takes_more_ids_than_postgres_takes_parameters(client, session):
+    """A request of 70,000 groups names 70,000 ids (and as many prompts) in each statement of the ingest path:
+    one array parameter each, not one bind parameter per id (PostgreSQL refuses a statement of more than 65,535:
+    a batch that large was a 500, helper-35 F1)."""
+    from service.ingest import prompts_repository as prompt_repo
+    from service.ingest import repository as group_repo
+
+    for i in range(2):
+        assert client.post("/v1/groups", json=make_group(f"big-{i}", prompt_id=f"pb-{i}")).status_code == 201
+    ids, prompts = [f"big-{i}" for i in range(70_000)], [f"pb-{i}" for i in range(70_000)]
+    assert sorted(group_repo.existing_groups(session, ids)) == ["big-0", "big-1"]
+    assert group_repo.tombstones(session, ids) == {}
+    assert sorted(group_repo.prompts_by_id(session, set(prompts))) == ["pb-0", "pb-1"]
+    assert prompt_repo.lock_prompts_for_groups(session, prompts) == {"pb-0": "toy", "pb-1": "toy"}
+    assert sorted(prompt_repo.stored_fields(session, prompts)) == ["pb-0", "pb-1"]
+    pks = [row.pk for row in group_repo.existing_groups(session, ids).values()]
+    group_repo.delete_groups(session, [*pks, *range(10**9, 10**9 + 70_000)])
+    assert group_repo.existing_groups(session, ids) == {}
+
+
 # -- the idempotency hash: the same as hashing the whole model dump (hashes stored before issue 27 still match)
 def _dump_hash(group: GroupIn) -> str:
     dump = group.model_dump(mode="json")
