@@ -37,6 +37,57 @@ from service.store.processes import exit_on_signals
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The longest files first (summed test time of a full run on CI's 2 cores, 2026-12-06): with --dist loadfile a
+# file is one unit of work, and a 100 s file handed out last is a 100 s tail with the other workers idle.
+# xdist's own order (--loadscope-reorder, on by default) puts the files with the most tests first, i.e. these
+# single-test, minute-long files last; `make test` turns it off (--no-loadscope-reorder) and this order rules.
+# Files not named keep their place after these. A name that no longer exists costs nothing.
+LONGEST_FIRST = (
+    "tests/rollout/test_vllm.py",  # 110 s (vLLM's server start)
+    "tests/rollout/test_vllm_restart.py",  # 99 s (two vLLM starts)
+    "tests/test_docs.py",  # 112 s
+    "tests/rollout/test_producer_service.py",  # 97 s
+    "tests/service/alerts/test_synthetic_long_run.py",  # 87 s
+    "tests/service/worker/test_crash_recovery.py",  # 75 s
+    "tests/service/store/test_embedded.py",  # 69 s
+    "tests/service/delivery/test_long_poll_wakeups.py",  # 67 s
+    "tests/trainer/test_worker_crash.py",  # 59 s
+    "tests/service/alerts/test_breaker.py",  # 57 s
+    "tests/service/api/test_fuzz_api_negative.py",  # 52 s
+    "tests/service/alerts/test_synthetic_runs.py",  # 51 s
+    "tests/service/sessions/test_gateway_failures.py",  # 50 s
+    "tests/test_chaos.py",  # 50 s
+    "tests/service/export/test_export_memory.py",  # 49 s
+    "tests/service/sessions/test_final_answer_stands.py",  # 45 s
+    "tests/service/sessions/test_resume_session.py",  # 42 s
+    "tests/service/cli/test_cli.py",  # 38 s
+    "tests/service/observability/test_dashboard_browser.py",  # 37 s
+    "tests/bench/test_scale.py",  # 37 s
+    "tests/trainer/test_extreme_logprobs.py",  # 34 s
+    "tests/service/delivery/test_lease_concurrency.py",  # 32 s
+    "tests/service/api/test_slow_clients_and_scores.py",  # 31 s
+    "tests/integrations/test_openrlhf_011_upstream.py",  # 30 s
+    "tests/service/sessions/test_finish_reason_claims.py",  # 30 s
+    "tests/service/archive/test_archive_kill.py",  # 29 s
+    "tests/service/sessions/test_tool_misuse_episode.py",  # 27 s
+    "tests/service/delivery/test_long_poll.py",  # 26 s
+    "tests/service/scoring/test_score_budget.py",  # 25 s
+    "tests/service/worker/test_pipeline_failures.py",  # 23 s
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Items of the LONGEST_FIRST files first, in that order; every file's items stay together and in order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep collection order
+
+
 def _server_url() -> str:
     url = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
     if url:
