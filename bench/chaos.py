@@ -341,17 +341,20 @@ def setup_specs(c: Cluster) -> None:
 def _wait_api(c: Cluster, timeout: float = 120) -> None:
     import httpx
 
+    from service.client import health_client
+
     deadline = time.monotonic() + timeout
-    for url in c.api_urls:
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} never became healthy")
-            time.sleep(0.3)
+    with health_client(1) as http:
+        for url in c.api_urls:
+            while True:
+                try:
+                    if http.get(url + "/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} never became healthy")
+                time.sleep(0.3)
 
 
 def kill_cycles(c: Cluster, cycles: int, interval: float, pg_every: int, rng: random.Random) -> tuple[Counter, float]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import openai
 
-from service.client import AgentSessionKey, CuratorClient, default_url, wait_healthy
+from service.client import AgentSessionKey, CuratorClient, default_url, health_client, wait_healthy
 from service.store.processes import spawn_tied, stop_all
 
 TOOLS = [{"type": "function", "function": {
@@ -120,15 +120,16 @@ def _wait_infer(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> 
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("grpo-curator infer exited before it was healthy")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    with health_client(1) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("grpo-curator infer exited before it was healthy")
+            try:
+                if http.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
     raise RuntimeError("grpo-curator infer did not become healthy")
 
 

@@ -29,7 +29,7 @@ import httpx
 
 from rollout.tasks import DEMO_ALPHABET, letter_sum_prompts, letter_sum_spec
 from service.auth.keys import provision_local
-from service.client import API_KEY_ENV, wait_healthy
+from service.client import API_KEY_ENV, health_client, wait_healthy
 from service.store.processes import spawn_tied, stop_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,15 +288,16 @@ def _agent_trajectory(t: dict[str, Any]) -> dict[str, Any]:
 
 def _wait_upstream(base: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"grpo-curator infer exited; see {log}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    with health_client(1) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"grpo-curator infer exited; see {log}")
+            try:
+                if http.get(base + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
     raise RuntimeError(f"grpo-curator infer was not healthy in {timeout_s:g} s; see {log}")
 
 

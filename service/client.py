@@ -10,10 +10,12 @@ Trainers lease batches with ``lease`` / ``ack`` / ``nack``, or let ``batches`` d
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import re
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -78,6 +80,20 @@ class AgentSessionKey:
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default certificate check (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once a process:
+    a client built with the default builds its own, ~40 ms of CPU parsing the CA bundle again (most of a CLI
+    command's client, and most of the CPU of a loop that makes a client a request). A context is shared safely."""
+    return httpx.create_ssl_context()
+
+
+def health_client(timeout_s: float) -> httpx.Client:
+    """One client for a loop of health polls: no connection kept between polls (a server that restarts or
+    closes idle connections is asked afresh each time), the shared TLS context."""
+    return httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0), verify=tls_context())
+
+
 class CuratorClient:
     def __init__(
         self,
@@ -100,7 +116,8 @@ class CuratorClient:
         key = clean_api_key(api_key, "api_key") if api_key is not None else clean_api_key(
             os.environ.get(API_KEY_ENV), API_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
+                                  verify=tls_context())
 
     def close(self) -> None:
         self._http.close()
@@ -444,15 +461,17 @@ def wait_healthy(url: str, proc: Any = None, timeout_s: float = 60.0) -> None:
     """Poll ``GET /healthz`` until it answers 200. ``proc`` (a Popen) exiting first, or the time running
     out, raises RuntimeError (the server's log is the place to look)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
-        try:
-            if httpx.get(url.rstrip("/") + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    # one client for the whole wait, no connection kept: a new client per 0.2 s poll was most of a wait's CPU
+    with health_client(1) as http:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
+            try:
+                if http.get(url.rstrip("/") + "/healthz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
     raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
 
 

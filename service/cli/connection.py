@@ -16,7 +16,7 @@ import os
 
 import httpx
 
-from service.client import API_KEY_ENV, URL_ENV, Connection, default_url, resolve_connection
+from service.client import API_KEY_ENV, URL_ENV, Connection, default_url, resolve_connection, tls_context
 from service.client import redact as _redact
 
 
@@ -62,7 +62,7 @@ def redact(text: str, args: argparse.Namespace | None = None) -> str:
 
 def http_client(url: str, key: str | None, timeout: float = 300.0) -> httpx.Client:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout, verify=tls_context())
 
 
 def unreachable(url: str, exc: BaseException) -> str:
