@@ -191,20 +191,44 @@ def _shell_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+# Commands that talk to no running service, each with the reason: a page whose runnable commands all match one
+# of these runs without the live service (a start is seconds of CPU: 4 of the 5 pages need none). Any other
+# command gets a real service at GRPO_CURATOR_URL; without one, GRPO_CURATOR_URL names an address where nothing
+# listens, so a command misfiled here that does talk to a service fails (connection refused), never passes.
+NEEDS_NO_SERVICE = {
+    r"^source \.venv/bin/activate$": "activates the virtualenv",
+    r"^(\.venv/bin/)?grpo-curator (migrate|keys)\b": "works on the database itself (DATABASE_URL), not through a service",
+    r"^python -m rollout\.agent_example --local\b": "starts its own `serve` and `infer --tiny` (--local)",
+    r"^DATABASE_URL=\S+ python -m bench\.prompt_dedup$": "the app in-process, on databases of its own",
+}
+NO_SERVICE_URL = "http://127.0.0.1:1"  # nothing listens on port 1: connection refused
+
+
+def _needs_service(command: str) -> bool:
+    return not any(re.search(pattern, command) for pattern in NEEDS_NO_SERVICE)
+
+
 @pytest.mark.parametrize("page", [p for p in SHELL_PAGES if p != "docs/api.md" and _commands(p)])
-def test_shell_commands_run_as_written(page, fresh_db, tmp_path, live_server):
-    """Each command that can run here exits 0 (one shell each, in page order, on the page's own database)."""
-    env = _shell_env(DATABASE_URL=fresh_db, GRPO_CURATOR_URL=live_server.url)
-    (tmp_path / "prompts.jsonl").write_text(
-        '{"id": "doc-p1", "dataset": "toy", "messages": [{"role": "user", "content": "6 * 7?"}],'
-        ' "reference": {"answer": "42"}}\n')
-    ran = 0
-    for command, _ in _commands(page):
-        if _cannot(command) is None:
+def test_shell_commands_run_as_written(page, fresh_db, tmp_path):
+    """Each command that can run here exits 0 (one shell each, in page order, on the page's own database), with
+    a real service at GRPO_CURATOR_URL when one of the page's commands may talk to one (``NEEDS_NO_SERVICE``)."""
+    from tests.conftest import start_server, stop_server
+
+    runnable = [command for command, _ in _commands(page) if _cannot(command) is None]
+    server = start_server(fresh_db) if any(_needs_service(c) for c in runnable) else None
+    try:
+        env = _shell_env(DATABASE_URL=fresh_db, GRPO_CURATOR_URL=server.url if server else NO_SERVICE_URL)
+        (tmp_path / "prompts.jsonl").write_text(
+            '{"id": "doc-p1", "dataset": "toy", "messages": [{"role": "user", "content": "6 * 7?"}],'
+            ' "reference": {"answer": "42"}}\n')
+        for command in runnable:
             # the repository's relative paths (.venv/bin/...) from its root; files a command reads from tmp_path
             _run(command, ROOT_DIR if ".venv" in command or "keys" in command else tmp_path, env)
-            ran += 1
-    assert ran or all(_cannot(c) for c, _ in _commands(page))
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert runnable or all(_cannot(c) for c, _ in _commands(page))
+
 
 
 def test_api_md_curl_lines_run_in_order_against_a_real_service(fresh_db, tmp_path):

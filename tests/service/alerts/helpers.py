@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
-from service.worker.pipeline import drain
+from service.alerts import service as alerts_service
+from service.worker.pipeline import run_once
 from tests.helpers import make_group, make_trajectory
 
 
@@ -87,21 +90,38 @@ def setup_spec(api: Any) -> None:
 
 
 def run_versions(api: Any, scorer: Any, last: int, version: Callable[[int], tuple[dict[str, float], Any]],
-                 drain_every: int = 1) -> dict[int, set[tuple[str, str | None, str]]]:
-    """A synthetic run through the real API on the synthetic runs' spec: for each version 1..``last``,
+                 drain_every: int = 1, first: int = 1) -> dict[int, set[tuple[str, str | None, str]]]:
+    """A synthetic run through the real API on the synthetic runs' spec: for each version ``first``..``last``,
     ``version(v)`` -> (its trainer metrics, its POST /v1/groups body); publish the metrics, post the groups,
-    let the real worker drain every ``drain_every`` versions (and at the last: up to ``drain_every - 1``
-    versions are still unscored when evaluated, as with a lagging worker), evaluate after every version.
-    {version: the transitions it caused} for the versions that caused any."""
-    setup_spec(api)
+    let the real worker score and curate every ``drain_every`` versions (and at the last: up to
+    ``drain_every - 1`` versions are still unscored when evaluated, as with a lagging worker), evaluate after
+    every version. {version: the transitions it caused} for the versions that caused any. ``first`` > 1 goes on
+with a run whose versions before it are stored already (a copy of a database that ran them: the spec is
+there, and the worker had caught up at ``first - 1``).
+
+    The worker runs one pass (``run_once``: claim, score, write + curate, maintenance) per catch-up, and it
+    must score every group posted since the last one (its batch, 32, holds them all): what ``drain``'s two
+    extra idle passes per catch-up would have confirmed, checked directly. The worker's own scheduled
+    evaluation (``evaluate_due``, once per ``alert_evaluate_seconds`` per process) is held off: it would
+    take a transition away from the evaluation after the version that caused it (a false "no transition"
+    whenever the 30 s schedule fell on a pathology's version); every version is evaluated explicitly."""
+    if first == 1:
+        setup_spec(api)
     seen: dict[int, set[tuple[str, str | None, str]]] = {}
-    for v in range(1, last + 1):
-        metrics, groups = version(v)
-        publish(api, v, **metrics)
-        r = api.post("/v1/groups", json=groups)
-        assert r.status_code in (200, 201), r.text
-        if v % drain_every == 0 or v == last:
-            drain(api.factory, scorer)
-        if changes := opened(evaluate(api)):
-            seen[v] = changes
+    pending = 0  # groups posted since the worker's last pass
+    with mock.patch.object(alerts_service, "_last_run", [math.inf]):  # never due: see above
+        for v in range(first, last + 1):
+            metrics, groups = version(v)
+            publish(api, v, **metrics)
+            r = api.post("/v1/groups", json=groups)
+            assert r.status_code in (200, 201), r.text
+            pending += len(groups["groups"]) if "groups" in groups else 1
+            if v % drain_every == 0 or v == last:
+                done = run_once(api.factory, scorer)
+                assert (done.scored, done.retried, done.failed, done.fenced) == (pending, 0, 0, 0), \
+                    f"version {v}: the worker's pass left groups unscored: {done} of {pending} posted"
+                assert done.ready + done.dropped == pending, f"version {v}: not all curated: {done}"
+                pending = 0
+            if changes := opened(evaluate(api)):
+                seen[v] = changes
     return seen

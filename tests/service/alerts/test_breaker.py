@@ -1,6 +1,7 @@
 """The circuit breaker: while a pause_leases alert is critical, POST /v1/batches/lease answers 503 with
 Retry-After and the alert; producers keep posting; our trainer logs the reason and waits; resolve resumes
-it; no group is lost or delivered twice. Real server process, real worker, real HTTP."""
+it; no group is lost or delivered twice. Real server process, real worker, real HTTP: one server for the
+module, its tables emptied before each test (``server``)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,45 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient
 from tests.conftest import start_server, stop_server
 from tests.service.alerts.helpers import group
 from trainer.delivery import lease_batch
 
+_RESET = text(
+    "TRUNCATE groups, prompts, trajectories, prompt_prefixes, rewards, decisions, leases, policy_versions,"
+    " stats_cells, sampling_requests, agent_sessions, session_calls, group_tombstones,"
+    " monitor_settings, alerts, alert_transitions, alert_cursor CASCADE"
+)
+
+
+@pytest.fixture(scope="module")
+def shared_server(make_db) -> Iterator:
+    """One server (with its score / curate worker) for the module's real-process tests. Its worker's own
+    scheduled evaluation is off (``alert_evaluate_seconds`` far away): every transition here comes from the
+    tests' POST /v1/alerts/evaluate, which a scheduled one falling between a test's publishes and its
+    evaluation would otherwise take away."""
+    env = {"GRPO_CURATOR_EMBEDDED_WORKER": "true", "GRPO_CURATOR_ALERT_RETRY_AFTER_S": "1",
+           "GRPO_CURATOR_ALERT_EVALUATE_SECONDS": "1e9"}
+    s = start_server(make_db(), env=env)
+    try:
+        yield s
+    finally:
+        stop_server(s)
+        make_db.retire(s.db_url)
+
 
 @pytest.fixture
-def server(fresh_db: str) -> Iterator:
-    env = {"GRPO_CURATOR_EMBEDDED_WORKER": "true", "GRPO_CURATOR_ALERT_RETRY_AFTER_S": "1"}
-    s = start_server(fresh_db, env=env)
-    yield s
-    stop_server(s)
+def server(shared_server) -> Iterator:
+    """The module's server on emptied tables: no groups, leases, published versions, monitor settings
+    or alerts (the built-in specs and policies stay): each test starts where a fresh database would."""
+    engine = create_engine(shared_server.db_url)
+    with engine.begin() as conn:
+        conn.execute(_RESET)
+    engine.dispose()
+    yield shared_server
 
 
 def _wait_ready(http: httpx.Client, ids: list[str], timeout_s: float = 120, ok: frozenset = frozenset({"ready"})) -> None:

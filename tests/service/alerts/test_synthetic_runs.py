@@ -11,14 +11,24 @@ each version (a long noisy healthy run: test_synthetic_long_run.py). Hand comput
 - one answer in four env_error: share at 21 = 0.083 (warning), 22 = 0.17, 23 = 0.25 (critical);
 - every group all-correct: zero-variance share at 22 = 0.67 (warning), at 23 = 1.0 (critical).
 Group monitors alert overall (dataset None) and for the dataset ("toy"); trainer monitors overall only.
+
+Versions 1-20 are the same in every run (the same seed, and no pathology draws anything before START): they
+run once per module (``healthy_start``, which checks that they raised nothing), and each pathology's run goes
+on from a copy of that database with the random stream where it stood, evaluating 21-23 as a run from
+version 1 would.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from service.store.db import dispose_engine
+from service.store.dbadmin import create_database, freeze_template
+from tests.conftest import committing_client
 from tests.service.alerts.helpers import group, healthy_metrics, run_versions, text_of
 
 START, LAST, GROUPS = 21, 23, 4
@@ -48,17 +58,53 @@ def _groups(v: int, pathology: str | None, rng: random.Random) -> list[dict]:
     return out
 
 
-def run(api, scorer, pathology: str | None, last: int, seed: int = 0) -> dict[int, set]:
-    """{version: the transitions it caused} for the versions that caused any (the worker drains every version)."""
-    rng = random.Random(seed)
-
+def _version_fn(pathology: str | None, rng: random.Random):
     def version(v: int) -> tuple[dict[str, float], dict]:
         metrics = healthy_metrics(rng)
         if pathology == "entropy" and v >= START:
             metrics["entropy"] = 0.1
         return metrics, {"groups": _groups(v, pathology, rng)}
 
-    return run_versions(api, scorer, last, version)
+    return version
+
+
+def run(api, scorer, pathology: str | None, last: int, seed: int = 0, first: int = 1,
+        rng_state: Any = None) -> dict[int, set]:
+    """{version: the transitions it caused} for the versions that caused any (the worker drains every version);
+    ``first`` > 1: a run that goes on from a copy of a database that ran 1..first-1, ``rng_state`` the random
+    stream's state there."""
+    rng = random.Random(seed)
+    if rng_state is not None:
+        rng.setstate(rng_state)
+    return run_versions(api, scorer, last, _version_fn(pathology, rng), first=first)
+
+
+@pytest.fixture(scope="module")
+def healthy_start(make_db, scorer) -> Iterator[tuple[str, Any]]:
+    """Versions 1..START-1 of every run, once: (a database that ran them, to be copied; the random stream's
+    state after them). They raise no alert."""
+    db = make_db()
+    rng = random.Random(0)
+    with committing_client(db) as api:
+        assert run_versions(api, scorer, START - 1, _version_fn(None, rng)) == {}
+    dispose_engine(db)
+    freeze_template(make_db.server_url, db)  # no connection while it is copied
+    yield db, rng.getstate()
+    make_db.retire(db)
+
+
+@pytest.fixture
+def started_api(make_db, healthy_start) -> Iterator:
+    """A committing client on a copy of the healthy start's database."""
+    template, _ = healthy_start
+    url = create_database(make_db.server_url, "gct", template=template)
+    make_db.made.append(url)  # dropped with the session's databases if retire() did not get to it
+    try:
+        with committing_client(url) as api:
+            yield api
+    finally:
+        dispose_engine(url)
+        make_db.retire(url)
 
 
 def both(monitor: str, state: str) -> set:
@@ -77,5 +123,7 @@ EXPECTED = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pathology", sorted(EXPECTED))
-def test_each_pathology_raises_its_alert_at_the_expected_version_and_no_other(api, scorer, pathology):
-    assert run(api, scorer, pathology, LAST) == EXPECTED[pathology]
+def test_each_pathology_raises_its_alert_at_the_expected_version_and_no_other(started_api, healthy_start, scorer,
+                                                                             pathology):
+    _, rng_state = healthy_start
+    assert run(started_api, scorer, pathology, LAST, first=START, rng_state=rng_state) == EXPECTED[pathology]

@@ -1,12 +1,13 @@
 """import, export and stats share one client configuration (--url / GRPO_CURATOR_URL, --api-key /
-GRPO_CURATOR_API_KEY) and name the URL when the service cannot be reached (real subprocesses)."""
+GRPO_CURATOR_API_KEY) and name the URL when the service cannot be reached (real command processes, each forked
+from one zygote that imported the CLI: tests/service/cli/commands.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import free_port
-from tests.service.cli.commands import COMMANDS, run_cli
+from tests.service.cli.commands import COMMANDS
 
 
 @pytest.fixture
@@ -18,8 +19,8 @@ def prompts(tmp_path):
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_unknown_host_names_the_url(command, prompts):
-    proc = run_cli([*COMMANDS[command](prompts), "--url", "http://nohost:1"])
+def test_unknown_host_names_the_url(command, prompts, forked):
+    proc = forked.run([*COMMANDS[command](prompts), "--url", "http://nohost:1"])
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: cannot reach the service at http://nohost:1 (unknown host 'nohost')"), line
@@ -27,15 +28,15 @@ def test_unknown_host_names_the_url(command, prompts):
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_grpo_curator_url_is_honoured(command, prompts):
+def test_grpo_curator_url_is_honoured(command, prompts, forked):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    proc = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=url)
+    proc = forked.run(COMMANDS[command](prompts), GRPO_CURATOR_URL=url)
     assert proc.returncode == 1 and f"cannot reach the service at {url} (connection refused)" in proc.stderr
     assert "127.0.0.1:8000" not in proc.stderr
 
 
-def test_not_an_http_url_is_refused(prompts):
-    proc = run_cli(COMMANDS["export"](prompts), GRPO_CURATOR_URL="curator:8000")
+def test_not_an_http_url_is_refused(prompts, forked):
+    proc = forked.run(COMMANDS["export"](prompts), GRPO_CURATOR_URL="curator:8000")
     assert proc.returncode == 1 and "GRPO_CURATOR_URL 'curator:8000': expected an http:// or https:// URL" in proc.stderr
 
 
@@ -58,12 +59,12 @@ def authed_server(make_db):
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_api_key_from_the_environment_and_the_flag(command, prompts, authed_server):
+def test_api_key_from_the_environment_and_the_flag(command, prompts, authed_server, forked):
     """With auth on, the key comes from GRPO_CURATOR_API_KEY or --api-key; a wrong one is the service's 401."""
     server, token = authed_server
-    ok = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
+    ok = forked.run(COMMANDS[command](prompts), GRPO_CURATOR_URL=server.url, GRPO_CURATOR_API_KEY=token)
     assert ok.returncode == 0, ok.stderr
-    ok = run_cli([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
+    ok = forked.run([*COMMANDS[command](prompts), "--api-key", token, "--url", server.url])
     assert ok.returncode == 0, ok.stderr
-    bad = run_cli([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
+    bad = forked.run([*COMMANDS[command](prompts), "--api-key", "gc_wrong"], GRPO_CURATOR_URL=server.url)
     assert bad.returncode == 1 and ("401" in bad.stderr or "API key" in bad.stderr), bad.stderr

@@ -1,5 +1,6 @@
 """One client configuration for every command and adapter (``service.client.resolve_connection``), and no
-error line that shows a URL's password or the API key (real subprocesses, a real service)."""
+error line that shows a URL's password or the API key (real command processes, each forked from one zygote
+that imported the CLI: tests/service/cli/commands.py; a real service)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from grpo_curator_integrations._http import target
 from service.cli.connection import api_key_of
 from service.client import Connection, redact, resolve_connection
 from tests.conftest import free_port
-from tests.service.cli.commands import COMMANDS, run_cli
+from tests.service.cli.commands import COMMANDS
 
 PASSWORD, KEY = "s3cr3t-pw", "gck_0123456789abcdef0123456789abcdef_not-a-real-key"
 
@@ -33,55 +34,55 @@ def prompts(tmp_path):
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("via", ["flag", "env"])
-def test_an_unreachable_service_is_named_without_its_key(command, via, prompts):
+def test_an_unreachable_service_is_named_without_its_key(command, via, prompts, forked):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if via == "flag":
-        proc = run_cli([*COMMANDS[command](prompts), "--url", url, "--api-key", KEY])
+        proc = forked.run([*COMMANDS[command](prompts), "--url", url, "--api-key", KEY])
     else:
-        proc = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=url, GRPO_CURATOR_API_KEY=KEY)
+        proc = forked.run(COMMANDS[command](prompts), GRPO_CURATOR_URL=url, GRPO_CURATOR_API_KEY=KEY)
     assert proc.returncode == 1
     assert f"cannot reach the service at http://127.0.0.1:{port} (connection refused)" in _no_secret(proc)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("via", ["flag", "env"])
-def test_a_url_with_a_password_is_refused_without_showing_it(command, via, prompts):
+def test_a_url_with_a_password_is_refused_without_showing_it(command, via, prompts, forked):
     """httpx would send ``user:password@`` as Basic auth in place of the Bearer key: refused, named, not shown."""
     url = f"http://alice:{PASSWORD}@127.0.0.1:{free_port()}"
     if via == "flag":
-        proc = run_cli([*COMMANDS[command](prompts), "--url", url, "--api-key", KEY])
+        proc = forked.run([*COMMANDS[command](prompts), "--url", url, "--api-key", KEY])
         source = "--url"
     else:
-        proc = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=url, GRPO_CURATOR_API_KEY=KEY)
+        proc = forked.run(COMMANDS[command](prompts), GRPO_CURATOR_URL=url, GRPO_CURATOR_API_KEY=KEY)
         source = "GRPO_CURATOR_URL"
     out = _no_secret(proc)
     assert proc.returncode == 1 and f"{source} 'http://***@127.0.0.1:" in out and "user:password@" in out, out
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_a_key_with_a_trailing_newline_is_stripped_and_one_with_a_control_character_refused(command, prompts):
+def test_a_key_with_a_trailing_newline_is_stripped_and_one_with_a_control_character_refused(command, prompts, forked):
     """A Kubernetes secret's trailing newline: the key is sent stripped (here: no service, so the connection
     is what fails, not the header). A newline inside the key: refused naming the setting, never the key."""
     port = free_port()
-    proc = run_cli(COMMANDS[command](prompts), GRPO_CURATOR_URL=f"http://127.0.0.1:{port}", GRPO_CURATOR_API_KEY=KEY + "\n")
+    proc = forked.run(COMMANDS[command](prompts), GRPO_CURATOR_URL=f"http://127.0.0.1:{port}", GRPO_CURATOR_API_KEY=KEY + "\n")
     assert "(connection refused)" in _no_secret(proc) and "malformed" not in proc.stderr
-    proc = run_cli([*COMMANDS[command](prompts), "--url", f"http://127.0.0.1:{port}", "--api-key", KEY[:8] + "\n" + KEY[8:]])
+    proc = forked.run([*COMMANDS[command](prompts), "--url", f"http://127.0.0.1:{port}", "--api-key", KEY[:8] + "\n" + KEY[8:]])
     out = _no_secret(proc)
     assert proc.returncode == 1 and "--api-key: the API key holds" in out and KEY[8:] not in out, out
 
 
-def test_a_url_that_is_not_http_is_refused_without_its_password(prompts):
-    proc = run_cli(COMMANDS["export"](prompts), GRPO_CURATOR_URL=f"ftp://alice:{PASSWORD}@host/x")
+def test_a_url_that_is_not_http_is_refused_without_its_password(prompts, forked):
+    proc = forked.run(COMMANDS["export"](prompts), GRPO_CURATOR_URL=f"ftp://alice:{PASSWORD}@host/x")
     assert proc.returncode == 1 and "'ftp://***@host/x': expected an http:// or https:// URL" in _no_secret(proc)
 
 
-def test_help_shows_the_default_url_without_its_password():
-    proc = run_cli(["stats", "--help"], GRPO_CURATOR_URL=f"http://alice:{PASSWORD}@curator:8000")
+def test_help_shows_the_default_url_without_its_password(forked):
+    proc = forked.run(["stats", "--help"], GRPO_CURATOR_URL=f"http://alice:{PASSWORD}@curator:8000")
     assert proc.returncode == 0 and "http://***@curator:8000" in _no_secret(proc)
 
 
-def test_a_refused_key_stays_out_of_every_error(prompts, make_db):
+def test_a_refused_key_stays_out_of_every_error(prompts, make_db, forked):
     """The service answers 401 (auth on, a key it does not know): each command's error line does not name the
     key."""
     from service.auth.keys import create_key
@@ -94,7 +95,7 @@ def test_a_refused_key_stays_out_of_every_error(prompts, make_db):
     server = start_server(db)
     try:
         for command, argv in COMMANDS.items():
-            proc = run_cli([*argv(prompts), "--url", server.url, "--api-key", KEY])
+            proc = forked.run([*argv(prompts), "--url", server.url, "--api-key", KEY])
             assert proc.returncode == 1, (command, proc.stdout)
             assert proc.stderr.startswith("error: "), (command, proc.stderr)
             assert f"{server.url}" in proc.stderr and ": 401 " in proc.stderr, (command, proc.stderr)  # names the URL

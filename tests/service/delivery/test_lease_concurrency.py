@@ -1,7 +1,8 @@
 """Exactly-once delivery with real processes: producers, trainers, a killed trainer, racing retries.
 
-The service runs under uvicorn (two worker processes) on its own database; groups are made ready by a
-marker process (test setup in place of the curation worker, see ``tests.service.delivery.helpers.mark_ready``).
+The service runs under uvicorn (two worker processes) on its own database, one server for the module: each
+test starts from emptied tables (``reset``). Groups are made ready by a marker process (test setup in place
+of the curation worker, see ``tests.service.delivery.helpers.mark_ready``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,10 +24,30 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from service.client import CuratorClient
-from tests.conftest import ROOT, start_server, stop_server
-from tests.service.delivery.helpers import group_ids, marker, producer, seed_ready, trainer
+from tests.conftest import ROOT, LiveServer, start_server, stop_server
+from tests.service.delivery.helpers import group_ids, marker, producer, reset, seed_ready, trainer
 
 N_PER_PRODUCER = 1050
+
+
+@pytest.fixture(scope="module")
+def shared_server(make_db) -> Iterator[LiveServer]:
+    """One server (two uvicorn worker processes) for the module's tests."""
+    server = start_server(make_db(), workers=2)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+        make_db.retire(server.db_url)
+
+
+@pytest.fixture
+def live_server(shared_server: LiveServer) -> LiveServer:
+    """The module's server, its groups and leases emptied."""
+    engine = create_engine(shared_server.db_url)
+    reset(engine)
+    engine.dispose()
+    return shared_server
 
 
 def _wait_all_consumed(db_url: str, total: int, timeout_s: float) -> int:
@@ -55,11 +77,13 @@ def _db_rows(db_url: str) -> tuple[list, list]:
 
 
 @pytest.mark.slow
-def test_exactly_once_under_four_trainers_and_two_producers(make_db, tmp_path: Path):
-    server = start_server(make_db(), workers=2)
+def test_exactly_once_under_four_trainers_and_two_producers(live_server, tmp_path: Path):
+    server = live_server
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     outs = [str(tmp_path / f"trainer{i}.json") for i in range(4)]
+    producers: list = []
+    helpers: list = []
     try:
         producers = [
             ctx.Process(target=producer, args=(server.url, f"prod{i}", N_PER_PRODUCER, 50)) for i in range(2)
@@ -82,7 +106,10 @@ def test_exactly_once_under_four_trainers_and_two_producers(make_db, tmp_path: P
         groups, leases = _db_rows(server.db_url)
     finally:
         stop.set()
-        stop_server(server)
+        for p in producers + helpers:  # a failed run's leftovers must not reach the next test's tables
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
 
     # the database: every group consumed, by exactly one acked lease, which is the lease it records
     assert len(groups) == total and {g.status for g in groups} == {"consumed"}

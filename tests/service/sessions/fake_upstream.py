@@ -17,7 +17,7 @@ Hostile answers (an upstream that misbehaves), set at run time with ``POST /fake
 -1e30, below ingest's floor), ``negative-id`` (a
 completion id below 0), ``huge-id`` (2^31), ``list`` (a JSON list, no choices), ``bad-tool`` (a call of
 ``add`` whose arguments are not JSON), ``tools-dict`` (``tool_calls`` an object, not a list), ``slow``
-(answers after 1.5 s), ``version-7`` (an ``x-policy-version: 7`` header), ``refuse`` (a 400, as vLLM refuses
+(answers after 1.5 s), ``stall`` (answers after 5 s: past the tests' call deadline of 3 s, GATEWAY_ENV), ``version-7`` (an ``x-policy-version: 7`` header), ``refuse`` (a 400, as vLLM refuses
 a prompt past the model's context). A request's max_tokens is
 echoed as ``usage.max_tokens_seen``, its sampling parameters as ``usage.sampling_seen``, the names of all
 its fields as ``usage.fields_seen`` (what the gateway forwarded). ``POST /fake/say`` (body: the text) makes
@@ -86,7 +86,8 @@ def _sglang(kind: str, body: dict[str, Any], choice: dict[str, Any], prompt: lis
 
 
 MODES = ("ok", "nan", "positive", "abyss", "negative-id", "huge-id", "list", "bad-tool", "tools-dict", "slow",
-         "version-7", "refuse")
+         "stall", "version-7", "refuse")
+DELAY_S = {"slow": 1.5, "stall": 5.0}  # how long the answer of a mode that answers late takes
 REFUSAL = {"object": "error", "message": "This model's maximum context length is 512 tokens.",
            "type": "BadRequestError", "code": 400}
 
@@ -172,10 +173,10 @@ def app(finish_reason: str = "stop", flavor: str = "vllm") -> Starlette:
         return out
 
     async def respond(kind: str, request: Request) -> Response:
-        if mode["now"] == "slow":
+        if mode["now"] in DELAY_S:
             import asyncio
 
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(DELAY_S[mode["now"]])
         if mode["now"] == "refuse":
             return Response(orjson.dumps(REFUSAL), status_code=400, media_type="application/json")
         out = _hostile(mode["now"], answer(kind, orjson.loads(await request.body())))

@@ -9,6 +9,13 @@ from typing import Any
 import httpx
 import openai
 
+# one client for every request of a test process: a top-level ``httpx.post`` builds a client, and with it an SSL
+# context (~27 ms of CPU) per request, which was most of the tests' own CPU; no keep-alive, so each request still
+# opens its own connection as before (none is reused across a server's restart or its idle timeout)
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+# the agents' (the `openai` SDK's) transport, shared the same way (the SDK's own client builds one per agent)
+AGENT_HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), follow_redirects=True)
+
 USER = [{"role": "user", "content": "add 2 and 3"}]
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "add two integers",
@@ -21,13 +28,14 @@ def open_session(url: str, group_id: str | None = None, group_size: int = 1, **e
             "prompt_id": extra.pop("prompt_id", "agent-add"),
             "prompt": {"dataset": "agents", "messages": [{"role": "user", "content": "add 2 and 3"}],
                        "reference": {"answer": "5"}}, **extra}
-    r = httpx.post(url + "/v1/sessions", json=body)
+    r = HTTP.post(url + "/v1/sessions", json=body)
     assert r.status_code == 201, r.text
     return {**r.json(), "group_id": body["group_id"]}
 
 
 def agent(session: dict[str, Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0,
+                         http_client=AGENT_HTTP)
 
 
 def turn(client: openai.OpenAI, messages: list[dict[str, Any]], seed: int, model: str = "tiny",
@@ -40,21 +48,21 @@ def turn(client: openai.OpenAI, messages: list[dict[str, Any]], seed: int, model
 
 
 def finish(session: dict[str, Any], **body: Any) -> dict[str, Any]:
-    r = httpx.post(session["base_url"] + "/finish", json=body,
-                   headers={"Authorization": f"Bearer {session['api_key']}"})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def read(session: dict[str, Any], tokens: bool = True) -> dict[str, Any]:
-    r = httpx.get(session["base_url"], params={"include_tokens": tokens},
+    r = HTTP.post(session["base_url"] + "/finish", json=body,
                   headers={"Authorization": f"Bearer {session['api_key']}"})
     assert r.status_code == 200, r.text
     return r.json()
 
 
+def read(session: dict[str, Any], tokens: bool = True) -> dict[str, Any]:
+    r = HTTP.get(session["base_url"], params={"include_tokens": tokens},
+                 headers={"Authorization": f"Bearer {session['api_key']}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def group(url: str, group_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/groups/{group_id}", params={"include_tokens": True})
+    r = HTTP.get(f"{url}/v1/groups/{group_id}", params={"include_tokens": True})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -65,12 +73,12 @@ def _auth(session: dict[str, Any]) -> dict[str, str]:
 
 def chat_call(session: dict[str, Any], **extra: Any) -> httpx.Response:
     """One chat call as raw HTTP (a 4-token answer of ``fake`` to ``USER`` unless ``extra`` says otherwise)."""
-    return httpx.post(session["base_url"] + "/chat/completions", timeout=30, headers=_auth(session),
-                      json={"model": "fake", "messages": USER, "max_tokens": 4, **extra})
+    return HTTP.post(session["base_url"] + "/chat/completions", timeout=30, headers=_auth(session),
+                     json={"model": "fake", "messages": USER, "max_tokens": 4, **extra})
 
 
 def finish_call(session: dict[str, Any], **body: Any) -> httpx.Response:
-    return httpx.post(session["base_url"] + "/finish", json=body, timeout=30, headers=_auth(session))
+    return HTTP.post(session["base_url"] + "/finish", json=body, timeout=30, headers=_auth(session))
 
 
 def age(db_url: str, *sessions: dict[str, Any], seconds: float) -> None:
@@ -88,7 +96,7 @@ def age(db_url: str, *sessions: dict[str, Any], seconds: float) -> None:
 
 
 def _fake(fake_url: str, route: str, content: str) -> None:
-    r = httpx.post(fake_url.removesuffix("/v1") + route, content=content)
+    r = HTTP.post(fake_url.removesuffix("/v1") + route, content=content)
     assert r.status_code == 200, r.text
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
+    HTTP,
     TOOLS,
     USER,
     age,
@@ -42,6 +43,14 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
     """The module's API: a wall time of 600 s (a session ``age``d past it has run out of time; the group
     deadline stays the default 7200 s)."""
     return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="8", GRPO_CURATOR_SESSION_MAX_SECONDS="600")
+
+
+@pytest.fixture(scope="module")
+def limited(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """The module's other API: a call limit of 2 (a call past it right after the final answer) and a group
+    deadline of 600 s (a group ``age``d past it is overdue; the wall time stays the default 3600 s). Its
+    tests' sessions make at most 2 calls each, and none is ``age``d but the deadline test's."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="600")
 
 
 def _final_wrong(fake: Upstream, s: dict[str, Any]) -> None:
@@ -89,17 +98,16 @@ def test_a_refused_call_after_the_final_answer_is_no_cut(gateway: LiveServer, fa
     assert r.status_code == 422 and r.json()["detail"]["claimed"] == claim, r.text
 
 
-@pytest.mark.parametrize(("env", "after", "status"), [
-    ({"GRPO_CURATOR_SESSION_MAX_CALLS": "2"}, {}, 409),  # one call past the call limit
-    ({"GRPO_CURATOR_SESSION_CALL_TIMEOUT_S": "1"}, {"slow": True}, 502),  # a call that times out upstream
+@pytest.mark.parametrize(("api", "mode", "status"), [
+    ("limited", "ok", 409),  # one call past the call limit (2)
+    ("gateway", "stall", 502),  # a call that times out upstream (the fake answers past the 3 s call deadline)
 ])
-def test_a_limit_or_failure_after_the_final_answer_ends_it_as_stop(gateway_for: Callable[..., LiveServer],
-        fake: Upstream, env: dict[str, str], after: dict[str, Any], status: int) -> None:
-    gw = gateway_for(fake.url, **env)
+def test_a_limit_or_failure_after_the_final_answer_ends_it_as_stop(request: pytest.FixtureRequest,
+        fake: Upstream, api: str, mode: str, status: int) -> None:
+    gw: LiveServer = request.getfixturevalue(api)
     s = open_session(gw.url)
     _final_wrong(fake, s)
-    mode = "slow" if after.pop("slow", False) else "ok"
-    r = call_in_mode(fake.url, s, mode, tools=TOOLS, **after)
+    r = call_in_mode(fake.url, s, mode, tools=TOOLS)
     assert r.status_code == status, r.text
     state = read(s, tokens=False)
     assert state["status"] == "finished" and state["finish_reason"] == "stop", state
@@ -120,16 +128,15 @@ def test_a_late_call_after_the_final_answer_ends_it_as_stop(gateway: LiveServer,
     assert read(cut, tokens=False)["finish_reason"] == "timeout"
 
 
-def test_never_finishing_after_the_final_answer_is_scored_at_the_deadline(gateway_for: Callable[..., LiveServer],
-                                                                          fake: Upstream) -> None:
-    gw = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="60")
+def test_never_finishing_after_the_final_answer_is_scored_at_the_deadline(limited: LiveServer, fake: Upstream) -> None:
+    gw = limited
     gid = f"g-deadline-{time.monotonic_ns()}"
     silent, other, cut = (open_session(gw.url, gid, 3) for _ in range(3))
     _final_wrong(fake, silent)  # the agent never finishes it
     _final_wrong(fake, other)
     end_next(fake.url, "tool_calls")  # cut by the deadline while asking for a tool: left out, no negative
     assert chat_call(cut, tools=TOOLS).status_code == 200
-    age(gw.db_url, silent, other, cut, seconds=61)  # the group deadline passes (below the wall time, 3600 s)
+    age(gw.db_url, silent, other, cut, seconds=601)  # the group deadline passes (below the wall time, 3600 s)
     assert finish_call(other).status_code == 200  # after the deadline: the group is posted now
     g = group(gw.url, gid)
     by_session = {t["metadata"]["session_id"]: t["finish_reason"] for t in g["trajectories"]}
@@ -193,8 +200,8 @@ def test_the_environment_going_on_after_the_answer_is_no_extra_call(gateway: Liv
 
 
 def _completion(s: dict[str, Any], prompt: Any, **extra: Any) -> httpx.Response:
-    return httpx.post(s["base_url"] + "/completions", timeout=30, headers={"Authorization": f"Bearer {s['api_key']}"},
-                      json={"model": "fake", "prompt": prompt, "max_tokens": 4, **extra})
+    return HTTP.post(s["base_url"] + "/completions", timeout=30, headers={"Authorization": f"Bearer {s['api_key']}"},
+                     json={"model": "fake", "prompt": prompt, "max_tokens": 4, **extra})
 
 
 @pytest.mark.parametrize("route", ["chat", "completions"])

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
+    HTTP,
     TOOLS,
     age,
     chat_call,
@@ -36,8 +37,19 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
     return gateway_for(fake.url, GRPO_CURATOR_SESSION_MAX_CALLS="2", GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="600")
 
 
+@pytest.fixture(scope="module")
+def swept(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServer:
+    """The module's other API: its own worker sweeping group deadlines of 60 s (a group ``age``d past one is
+    overdue; the wall time stays the default 3600 s), and a sequence limit of 8 tokens, below every prompt of
+    the fake's (a group of this API cannot be posted). Its two tests each read one of these: the deadline's
+    group has no finished session (nothing is posted, whatever its length), and the group that cannot be
+    posted is finished at once, far from any deadline."""
+    return gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="60", GRPO_CURATOR_EMBEDDED_WORKER="true",
+                       GRPO_CURATOR_WORKER_POLL_SECONDS="0.2", GRPO_CURATOR_MAX_SEQUENCE_TOKENS="8")
+
+
 def _join(gateway: LiveServer, session: dict[str, Any], size: int) -> httpx.Response:
-    return httpx.post(gateway.url + "/v1/sessions", json={
+    return HTTP.post(gateway.url + "/v1/sessions", json={
         "group_id": session["group_id"], "group_size": size, "policy_version": 0, "prompt_id": "agent-add",
         "prompt": {"dataset": "agents", "messages": [{"role": "user", "content": "add 2 and 3"}],
                    "reference": {"answer": "5"}}})
@@ -82,8 +94,8 @@ def test_a_malformed_agent_request_is_a_400_naming_the_field_never_an_environmen
     gateway: LiveServer, route: str, body: dict[str, Any], named: str
 ) -> None:
     session = open_session(gateway.url)
-    r = httpx.post(session["base_url"] + route, json={"model": "fake", **body},
-                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    r = HTTP.post(session["base_url"] + route, json={"model": "fake", **body},
+                  headers={"Authorization": f"Bearer {session['api_key']}"})
     assert r.status_code == 400 and r.json()["error"].startswith(named), r.text
     state = read(session, tokens=False)
     assert state["status"] == "open" and state["n_calls"] == 0
@@ -174,28 +186,23 @@ def test_a_group_trains_at_one_temperature(gateway: LiveServer) -> None:
     assert group(gateway.url, a["group_id"])["sampling"]["temperature"] == 0.7
 
 
-def test_a_group_that_cannot_be_posted_is_recorded_and_never_retried(
-    gateway_for: Callable[..., LiveServer], fake: Upstream
-) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_MAX_SEQUENCE_TOKENS="8")  # the fake's prompts are longer
+def test_a_group_that_cannot_be_posted_is_recorded_and_never_retried(swept: LiveServer) -> None:
+    gateway = swept  # a sequence limit of 8 tokens: the fake's prompts are longer
     session = open_session(gateway.url)
     assert chat_call(session).status_code == 200
     done = finish_call(session)
     assert done.status_code == 200 and done.json()["group_ingested"] is False
     state = read(session, tokens=False)
     assert state["status"] == "failed" and "exceed" in state["error"] and not state["ingested"]
-    assert httpx.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404
+    assert HTTP.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404
     again = finish_call(session).json()  # nothing retries it
     assert again["status"] == "failed" and again["group_ingested"] is False
     r = _join(gateway, session, 1)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id")
 
 
-def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_members(
-    gateway_for: Callable[..., LiveServer], fake: Upstream
-) -> None:
-    gateway = gateway_for(fake.url, GRPO_CURATOR_SESSION_GROUP_DEADLINE_S="60", GRPO_CURATOR_EMBEDDED_WORKER="true",
-                          GRPO_CURATOR_WORKER_POLL_SECONDS="0.2")
+def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_members(swept: LiveServer) -> None:
+    gateway = swept  # its worker sweeps group deadlines of 60 s
     session = open_session(gateway.url, group_size=2)
     assert chat_call(session).status_code == 200
     assert read(session, tokens=False)["status"] == "open"  # the worker leaves it be before the deadline
@@ -208,7 +215,7 @@ def test_the_deadline_ends_open_sessions_when_none_finished_and_refuses_new_memb
     assert chat_call(session).status_code == 409
     r = _join(gateway, session, 2)
     assert r.status_code == 409 and r.json()["error"].startswith("group_id"), r.text
-    assert httpx.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404  # nothing to train
+    assert HTTP.get(f"{gateway.url}/v1/groups/{session['group_id']}").status_code == 404  # nothing to train
 
 
 def test_the_deadline_refuses_new_members_without_a_worker(gateway: LiveServer) -> None:

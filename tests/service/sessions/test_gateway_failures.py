@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import httpx
 import openai
 import pytest
 
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.service.sessions.conftest import GATEWAY_ENV
-from tests.service.sessions.helpers import age, agent, end_next, finish, group, open_session, read, turn
-from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
+from tests.service.sessions.helpers import HTTP, age, agent, end_next, finish, group, open_session, read, turn
+from tests.service.sessions.upstreams import Upstream, start_fake_vllm, start_infer, stop
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    """Our transformers upstream over the tiny random model, built in its own process (``infer --tiny``): these
+    tests read its tokenizer's tokens, never its weights, so none is saved for them (the package's
+    ``upstream`` saves one for a test that loads the very same weights)."""
+    server = start_infer(None)
+    yield server
+    stop(server)
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +66,18 @@ def test_a_session_key_cannot_read_or_write_another_session(gateway: LiveServer)
     a, b = open_session(gateway.url), open_session(gateway.url)
     a_key = {"Authorization": f"Bearer {a['api_key']}"}
     body = {"model": "fake", "messages": USER, "max_tokens": 2}
-    assert httpx.post(b["base_url"] + "/chat/completions", json=body, headers=a_key).status_code == 403
-    assert httpx.get(b["base_url"], headers=a_key).status_code == 403
-    assert httpx.post(b["base_url"] + "/finish", json={}, headers=a_key).status_code == 403
+    assert HTTP.post(b["base_url"] + "/chat/completions", json=body, headers=a_key).status_code == 403
+    assert HTTP.get(b["base_url"], headers=a_key).status_code == 403
+    assert HTTP.post(b["base_url"] + "/finish", json={}, headers=a_key).status_code == 403
     forged = {"Authorization": f"Bearer gcs_{b['session_id']}_guess"}
-    assert httpx.get(b["base_url"], headers=forged).status_code == 401
+    assert HTTP.get(b["base_url"], headers=forged).status_code == 401
     assert read(b)["n_calls"] == 0 and read(b)["status"] == "open"
 
 
 def test_streaming_is_refused_with_a_400_naming_the_field(gateway: LiveServer) -> None:
     session = open_session(gateway.url)
-    r = httpx.post(session["base_url"] + "/chat/completions", json={"messages": USER, "stream": True},
-                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    r = HTTP.post(session["base_url"] + "/chat/completions", json={"messages": USER, "stream": True},
+                  headers={"Authorization": f"Bearer {session['api_key']}"})
     assert r.status_code == 400 and r.json()["error"].startswith("stream")
     assert read(session)["n_calls"] == 0
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import httpx
-
 from tests.conftest import LiveServer
-from tests.service.sessions.helpers import age, agent, finish, open_session, read, turn
+from tests.service.sessions.helpers import HTTP, age, agent, finish, open_session, read, turn
 from tests.service.sessions.upstreams import Upstream
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
@@ -19,7 +17,7 @@ USER = [{"role": "user", "content": "add 2 and 3"}]
 def _wait_group(url: str, group_id: str, timeout_s: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/groups/{group_id}")
+        r = HTTP.get(f"{url}/v1/groups/{group_id}")
         if r.status_code == 200 and r.json()["status"] not in ("received", "scoring"):
             return r.json()
         time.sleep(0.3)
@@ -35,7 +33,7 @@ def test_the_worker_sweeps_an_overdue_group_without_a_new_session(
     stuck = open_session(gateway.url, group_id=done["group_id"], group_size=3)
     turn(agent(done), USER, seed=0, model="fake")
     assert finish(done)["group_ingested"] is False  # 1 of 3: the group waits
-    assert httpx.get(f"{gateway.url}/v1/groups/{done['group_id']}").status_code == 404
+    assert HTTP.get(f"{gateway.url}/v1/groups/{done['group_id']}").status_code == 404
     age(gateway.db_url, done, stuck, seconds=61)  # the group deadline passes (the wall time, 3600 s, does not)
     group = _wait_group(gateway.url, done["group_id"])  # nothing else is called: the worker's sweep posts it
     meta = group["metadata"]
@@ -44,6 +42,6 @@ def test_the_worker_sweeps_an_overdue_group_without_a_new_session(
     assert len(group["trajectories"]) == 1 and group["trajectories"][0]["metadata"]["session_id"] == done["session_id"]
     left = read(stuck, tokens=False)
     assert left["status"] == "finished" and left["finish_reason"] == "timeout" and left["ingested"]
-    r = httpx.post(stuck["base_url"] + "/chat/completions", json={"messages": USER, "max_tokens": 2},
-                   headers={"Authorization": f"Bearer {stuck['api_key']}"})
+    r = HTTP.post(stuck["base_url"] + "/chat/completions", json={"messages": USER, "max_tokens": 2},
+                  headers={"Authorization": f"Bearer {stuck['api_key']}"})
     assert r.status_code == 409  # the left-out session takes no more calls

@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.helpers import (
+    HTTP,
     TOOLS,
     USER,
     age,
@@ -35,7 +35,7 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
 def _curated(url: str, group_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/groups/{group_id}")
+        r = HTTP.get(f"{url}/v1/groups/{group_id}")
         if r.status_code == 200 and r.json()["status"] in ("ready", "dropped", "waiting"):
             return r.json()
         time.sleep(0.3)

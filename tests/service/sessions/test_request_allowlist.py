@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import TOOLS, USER, open_session, read
+from tests.service.sessions.helpers import HTTP, TOOLS, USER, open_session, read
 
 ROUTES = {"chat": "/chat/completions", "completions": "/completions"}
 BODY: dict[str, dict[str, Any]] = {"chat": {"model": "fake", "messages": USER, "max_tokens": 4},
@@ -48,8 +48,8 @@ REFUSED: list[tuple[str, str, Any]] = [
 
 
 def _post(session: dict[str, Any], kind: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(session["base_url"] + ROUTES[kind], json=body, timeout=30,
-                      headers={"Authorization": f"Bearer {session['api_key']}"})
+    return HTTP.post(session["base_url"] + ROUTES[kind], json=body, timeout=30,
+                     headers={"Authorization": f"Bearer {session['api_key']}"})
 
 
 @pytest.mark.parametrize(("kind", "field", "value"), REFUSED, ids=[f"{k}-{f}" for k, f, _ in REFUSED])

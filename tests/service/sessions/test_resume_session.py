@@ -7,6 +7,7 @@ that does not extend the checkpoint fills nothing (the slot stays open)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,13 +19,13 @@ from sqlalchemy import text
 from filters.advantages import compute_advantages
 from filters.types import AdvantageConfig
 from service.client import CuratorClient
-from service.store.db import get_engine, make_sessionmaker
+from service.store.db import dispose_engine, get_engine, make_sessionmaker
 from service.worker.pipeline import drain
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.conftest import Databases, LiveServer, start_server, stop_server
 from tests.helpers import assert_client_error
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import end_next, finish, group, open_session, read, say, set_mode
+from tests.service.sessions.helpers import HTTP, end_next, finish, group, open_session, read, say, set_mode
 from tests.service.sessions.upstreams import Upstream
 
 SPEC = {"name": "math", "components": [{"name": "correct", "kind": "verifier.math", "outcome": True}]}
@@ -33,9 +34,11 @@ TOOL = [8, 9]  # a tool's result, rendered into the second call's prompt
 C = COMPLETION_IDS  # what fake_vllm generates for every call
 
 
-@pytest.fixture
-def gateway(fresh_db: str, fake: Upstream) -> Iterator[LiveServer]:
-    server = start_server(fresh_db, env={**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": fake.url})
+@contextlib.contextmanager
+def _resume_gateway(db_url: str, fake: Upstream) -> Iterator[LiveServer]:
+    """The API on ``db_url`` over ``fake``, its dataset ``agents`` scored by ``math`` and curated by a policy
+    that resumes a member cut by the budget (once)."""
+    server = start_server(db_url, env={**GATEWAY_ENV, "GRPO_CURATOR_INFERENCE_URL": fake.url})
     try:
         with httpx.Client(base_url=server.url) as c:
             assert c.post("/v1/reward-specs", json=SPEC).status_code == 201
@@ -48,14 +51,34 @@ def gateway(fresh_db: str, fake: Upstream) -> Iterator[LiveServer]:
         stop_server(server)
 
 
+@pytest.fixture(scope="module")
+def gateway(make_db: Databases, fake: Upstream) -> Iterator[LiveServer]:
+    """One API for the module: each test cuts and resumes a group of its own (its own group id), and reads
+    only that group; what one test leaves (another group waiting, ready, a newer policy version) is nothing
+    another test reads. The test that reads the whole service (the sampling requests of ``agents``, a lease)
+    runs on ``own_gateway``."""
+    url = make_db()
+    with _resume_gateway(url, fake) as server:
+        yield server
+    dispose_engine(url)  # this process's pooled connections (``_drain``, ``_n_sessions``)
+    make_db.retire(url)
+
+
+@pytest.fixture
+def own_gateway(fresh_db: str, fake: Upstream) -> Iterator[LiveServer]:
+    """The API on a database of the test's own (nothing else waiting, ready or requested there)."""
+    with _resume_gateway(fresh_db, fake) as server:
+        yield server
+
+
 def _complete(fake: Upstream, session: dict[str, Any], prompt: list[int], text: str | None = None
               ) -> dict[str, Any]:
     """One completion; ``text`` is what the fake model "says" (a final_answer must occur in it)."""
     if text is not None:
         say(fake.url, text)
-    r = httpx.post(session["base_url"] + "/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 4,
-                                                               "temperature": 1.0},
-                   headers={"Authorization": f"Bearer {session['api_key']}"})
+    r = HTTP.post(session["base_url"] + "/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 4,
+                                                              "temperature": 1.0},
+                  headers={"Authorization": f"Bearer {session['api_key']}"})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -75,7 +98,7 @@ def _cut_group(fake: Upstream, url: str, gid: str) -> None:
 
 
 def _resume(url: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(url + "/v1/sessions", json=body)
+    return HTTP.post(url + "/v1/sessions", json=body)
 
 
 def _drain(server: LiveServer, scorer) -> None:
@@ -88,8 +111,9 @@ def _n_sessions(server: LiveServer) -> int:
 
 
 def test_a_cut_member_resumed_through_the_gateway_rejoins_its_group_and_trains(
-    gateway: LiveServer, fake: Upstream, scorer
+    own_gateway: LiveServer, fake: Upstream, scorer
 ) -> None:
+    gateway = own_gateway  # the only resume request of ``agents`` and the only group to lease are this test's
     _cut_group(fake, gateway.url, "g")
     _drain(gateway, scorer)
     before = group(gateway.url, "g")
@@ -205,14 +229,14 @@ def test_a_continuation_served_by_a_newer_policy_fills_its_slot(gateway: LiveSer
     the upstream (already serving 7) tagged the continuation with 7, and the fill -- posted at the session's
     6 -- was refused, so the slot waited out its deadline. The fill is posted by the newest version that
     generated its tokens."""
-    _cut_group(fake, gateway.url, "g")
+    _cut_group(fake, gateway.url, "v")
     _drain(gateway, scorer)
-    assert group(gateway.url, "g")["status"] == "waiting"
+    assert group(gateway.url, "v")["status"] == "waiting"
     for v in range(1, 8):
-        assert httpx.post(gateway.url + "/v1/policy", json={"version": v}).status_code in (200, 201)
-    r = _resume(gateway.url, {"resume": {"group_id": "g", "index": 3}, "policy_version": 6})
+        assert HTTP.post(gateway.url + "/v1/policy", json={"version": v}).status_code in (200, 201)
+    r = _resume(gateway.url, {"resume": {"group_id": "v", "index": 3}, "policy_version": 6})
     assert r.status_code == 201, r.text
-    session = {**r.json(), "group_id": "g"}
+    session = {**r.json(), "group_id": "v"}
     set_mode(fake.url, "version-7")
     try:
         _complete(fake, session, session["checkpoint"]["token_ids"], "\\boxed{5}")
@@ -221,6 +245,6 @@ def test_a_continuation_served_by_a_newer_policy_fills_its_slot(gateway: LiveSer
     done = finish(session, final_answer="\\boxed{5}")
     assert done["group_ingested"] is True, read(session, tokens=False)["error"]
     _drain(gateway, scorer)
-    g = group(gateway.url, "g")
+    g = group(gateway.url, "v")
     assert g["status"] == "ready", g
     assert 7 in g["trajectories"][3]["versions"]  # the continuation's tokens keep the version that made them

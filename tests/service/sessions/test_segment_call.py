@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.fake_upstream import COMPLETION_IDS
-from tests.service.sessions.helpers import agent, finish, group, open_session, read
+from tests.service.sessions.helpers import HTTP, agent, finish, group, open_session, read
 from tests.service.sessions.upstreams import Upstream
 
 P = [1, 11, 12, 13, 4]
@@ -27,7 +27,7 @@ def gateway(gateway_for: Callable[..., LiveServer], fake: Upstream) -> LiveServe
 
 
 def _segment(session: dict[str, Any], key: str | None = None) -> httpx.Response:
-    return httpx.post(session["base_url"] + "/segment", headers={"Authorization": f"Bearer {key or session['api_key']}"})
+    return HTTP.post(session["base_url"] + "/segment", headers={"Authorization": f"Bearer {key or session['api_key']}"})
 
 
 def _two_calls(session: dict[str, Any], mark: bool) -> None:

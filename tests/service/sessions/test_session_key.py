@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from service.app import create_app
@@ -21,6 +20,7 @@ from service.store.db import dispose_engine
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.helpers import bearer, make_group
 from tests.service.sessions.conftest import GATEWAY_ENV
+from tests.service.sessions.helpers import HTTP
 from tests.service.sessions.upstreams import Upstream
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
@@ -40,13 +40,13 @@ def keyed(make_db: Callable[..., str], fake: Upstream) -> Iterator[tuple[LiveSer
 def _open(url: str, producer: str) -> dict[str, Any]:
     body = {"group_id": f"g-{uuid.uuid4().hex[:8]}", "group_size": 1, "policy_version": 0, "prompt_id": "agent-add",
             "prompt": {"dataset": "agents", "messages": USER, "reference": {"answer": "5"}}}
-    r = httpx.post(url + "/v1/sessions", json=body, headers=bearer(producer))
+    r = HTTP.post(url + "/v1/sessions", json=body, headers=bearer(producer))
     assert r.status_code == 201, r.text
     return r.json()
 
 
 def _n_calls(session: dict[str, Any], admin: str) -> int:
-    r = httpx.get(session["base_url"], headers=bearer(admin))
+    r = HTTP.get(session["base_url"], headers=bearer(admin))
     assert r.status_code == 200, r.text
     return r.json()["n_calls"]
 
@@ -55,17 +55,17 @@ def test_a_session_key_reaches_only_its_own_session(keyed: tuple[LiveServer, dic
     server, tokens, _ = keyed
     a, b = _open(server.url, tokens["prod"]), _open(server.url, tokens["prod"])
     a_key = bearer(a["api_key"])
-    r = httpx.post(a["base_url"] + "/chat/completions", json=CHAT, headers=a_key)
+    r = HTTP.post(a["base_url"] + "/chat/completions", json=CHAT, headers=a_key)
     assert r.status_code == 200, r.text  # its own session: forwarded
     for method, route, body in [("POST", "/chat/completions", CHAT), ("POST", "/completions", {"prompt": "x"}),
                                 ("POST", "/finish", {}), ("GET", "", None)]:
-        r = httpx.request(method, b["base_url"] + route, json=body, headers=a_key)
+        r = HTTP.request(method, b["base_url"] + route, json=body, headers=a_key)
         assert r.status_code == 403 and "another session" in r.json()["error"], (route, r.text)
     forged = bearer(f"gcs_{b['session_id']}_{a['api_key'].rsplit('_', 1)[1]}")  # B's id, A's secret
-    assert httpx.get(b["base_url"], headers=forged).status_code == 401
-    assert httpx.post(b["base_url"] + "/chat/completions", json=CHAT, headers=forged).status_code == 401
+    assert HTTP.get(b["base_url"], headers=forged).status_code == 401
+    assert HTTP.post(b["base_url"] + "/chat/completions", json=CHAT, headers=forged).status_code == 401
     unknown = f"{server.url}/v1/sessions/{'0' * 32}"
-    assert httpx.get(unknown, headers=bearer(f"gcs_{'0' * 32}_x")).status_code == 401
+    assert HTTP.get(unknown, headers=bearer(f"gcs_{'0' * 32}_x")).status_code == 401
     assert _n_calls(b, tokens["ops"]) == 0 and _n_calls(a, tokens["ops"]) == 1
 
 
@@ -84,37 +84,37 @@ def test_a_session_key_is_refused_on_every_non_gateway_route(keyed: tuple[LiveSe
     failures = []
     for method, path, _ in routes:
         body = {"json": {}} if method in ("POST", "PUT", "PATCH") else {}
-        r = httpx.request(method, server.url + _url(path), headers=key, **body)
+        r = HTTP.request(method, server.url + _url(path), headers=key, **body)
         if r.status_code != 403 or "only on its own session's routes" not in r.json()["error"]:
             failures.append(f"{method} {path} -> {r.status_code}: {r.text[:120]}")
     assert not failures, "\n".join(failures)
     # a well-formed request changes nothing either
     group = make_group("sk-group", dataset="agents")
-    assert httpx.post(server.url + "/v1/groups", json=group, headers=key).status_code == 403
-    assert httpx.get(server.url + "/v1/groups/sk-group", headers=bearer(tokens["ops"])).status_code == 404
-    lease = httpx.post(server.url + "/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1}, headers=key)
+    assert HTTP.post(server.url + "/v1/groups", json=group, headers=key).status_code == 403
+    assert HTTP.get(server.url + "/v1/groups/sk-group", headers=bearer(tokens["ops"])).status_code == 404
+    lease = HTTP.post(server.url + "/v1/batches/lease", json={"trainer_id": "t", "max_groups": 1}, headers=key)
     assert lease.status_code == 403
     new = {"group_id": "sk-new", "group_size": 1, "policy_version": 0, "prompt_id": "agent-add"}
-    assert httpx.post(server.url + "/v1/sessions", json=new, headers=key).status_code == 403
+    assert HTTP.post(server.url + "/v1/sessions", json=new, headers=key).status_code == 403
 
 
 def test_a_session_key_is_spent_once_its_session_finished(keyed: tuple[LiveServer, dict[str, str], str]) -> None:
     server, tokens, _ = keyed
     session = _open(server.url, tokens["prod"])
     key = bearer(session["api_key"])
-    assert httpx.post(session["base_url"] + "/chat/completions", json=CHAT, headers=key).status_code == 200
-    done = httpx.post(session["base_url"] + "/finish", json={"final_answer": "fak"}, headers=key)
+    assert HTTP.post(session["base_url"] + "/chat/completions", json=CHAT, headers=key).status_code == 200
+    done = HTTP.post(session["base_url"] + "/finish", json={"final_answer": "fak"}, headers=key)
     assert done.status_code == 200 and done.json()["finish_reason"] == "stop"
     for route, body in [("/chat/completions", CHAT), ("/completions", {"prompt": [1, 2]})]:
-        r = httpx.post(session["base_url"] + route, json=body, headers=key)
+        r = HTTP.post(session["base_url"] + route, json=body, headers=key)
         assert r.status_code == 409 and r.json()["detail"]["finish_reason"] == "stop", r.text
-    again = httpx.post(session["base_url"] + "/finish", json={"final_answer": "6", "finish_reason": "env_error"},
-                       headers=key)
+    again = HTTP.post(session["base_url"] + "/finish", json={"final_answer": "6", "finish_reason": "env_error"},
+                      headers=key)
     assert again.status_code == 200 and again.json()["finish_reason"] == "stop"
-    state = httpx.get(session["base_url"], headers=key)  # it still reads its own outcome
+    state = HTTP.get(session["base_url"], headers=key)  # it still reads its own outcome
     assert state.status_code == 200
     assert state.json()["n_calls"] == 1 and state.json()["final_answer"] == "fak" and state.json()["status"] == "finished"
-    assert httpx.get(server.url + "/v1/groups/" + state.json()["group_id"], headers=key).status_code == 403
+    assert HTTP.get(server.url + "/v1/groups/" + state.json()["group_id"], headers=key).status_code == 403
 
 
 def test_a_producer_key_calls_a_session_and_every_answered_call_is_stored(
@@ -125,8 +125,8 @@ def test_a_producer_key_calls_a_session_and_every_answered_call_is_stored(
     server, tokens, _ = keyed
     session = _open(server.url, tokens["prod"])
     for _ in range(2):
-        r = httpx.post(session["base_url"] + "/chat/completions", json=CHAT, headers=bearer(tokens["prod"]))
+        r = HTTP.post(session["base_url"] + "/chat/completions", json=CHAT, headers=bearer(tokens["prod"]))
         assert r.status_code == 200, r.text
-    state = httpx.get(session["base_url"], params={"include_tokens": "true"}, headers=bearer(tokens["ops"])).json()
+    state = HTTP.get(session["base_url"], params={"include_tokens": "true"}, headers=bearer(tokens["ops"])).json()
     assert state["n_calls"] == 2 and [c["index"] for c in state["calls"]] == [0, 1]
     assert all(c["completion_token_ids"] and c["error"] is None for c in state["calls"])

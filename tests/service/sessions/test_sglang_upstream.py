@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import httpx
 import pytest
 
 from tests.conftest import LiveServer
 from tests.service.sessions.fake_upstream import COMPLETION_IDS, render
-from tests.service.sessions.helpers import agent, finish, open_session, read
+from tests.service.sessions.helpers import HTTP, agent, finish, open_session, read
 from tests.service.sessions.upstreams import Upstream, start_fake_vllm, stop
 
 USER = [{"role": "user", "content": "add 2 and 3"}]
@@ -56,8 +55,8 @@ def test_sglang_token_ids_and_logprobs_are_recorded_and_hidden_from_the_agent(sg
 def test_the_agent_that_asks_for_sglang_fields_gets_them(sglang_gateway: LiveServer) -> None:
     gateway = sglang_gateway
     session = open_session(gateway.url)
-    r = httpx.post(session["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {session['api_key']}"},
-                   json={"messages": USER, "return_prompt_token_ids": True, "return_meta_info": True, "logprobs": True})
+    r = HTTP.post(session["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {session['api_key']}"},
+                  json={"messages": USER, "return_prompt_token_ids": True, "return_meta_info": True, "logprobs": True})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["prompt_token_ids"] == render(USER)
@@ -70,8 +69,8 @@ def test_an_old_sglang_without_the_setting_is_an_env_error_naming_it(gateway_for
     try:
         gateway = gateway_for(fake.url)
         session = open_session(gateway.url)
-        r = httpx.post(session["base_url"] + "/chat/completions", json={"messages": USER},
-                       headers={"Authorization": f"Bearer {session['api_key']}"})
+        r = HTTP.post(session["base_url"] + "/chat/completions", json={"messages": USER},
+                      headers={"Authorization": f"Bearer {session['api_key']}"})
         assert r.status_code == 502 and "GRPO_CURATOR_INFERENCE_SGLANG_META_INFO" in r.json()["error"]["message"]
         state = read(session)
         assert state["finish_reason"] == "env_error" and state["calls"][0]["completion_token_ids"] is None

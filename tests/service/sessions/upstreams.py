@@ -30,9 +30,13 @@ def save_tiny_model(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def start_infer(model_dir: Path, policy_version: int | None = None) -> Upstream:
+def start_infer(model_dir: Path | None, policy_version: int | None = None) -> Upstream:
+    """``grpo-curator infer`` over ``model_dir`` (served by its folder's name), or None: ``--tiny``, the tiny
+    random model built in the subprocess (``rollout.infer.tiny_model(0)``, served as ``tiny``), for a test that
+    reads its tokenizer's tokens but never loads its weights (nothing to save first)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "service.cli", "infer", "--model", str(model_dir), "--port", str(port)]
+    which = ["--tiny"] if model_dir is None else ["--model", str(model_dir)]
+    cmd = [sys.executable, "-m", "service.cli", "infer", *which, "--port", str(port)]
     if policy_version is not None:
         cmd += ["--policy-version", str(policy_version)]
     return _start(cmd, port)
@@ -52,15 +56,16 @@ def _start(cmd: list[str], port: int) -> Upstream:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # a loaded machine loads torch slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"infer exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return Upstream(base + "/v1", proc)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    with httpx.Client(timeout=1) as http:  # one client for the polls (a client per poll: an SSL context each)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"infer exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if http.get(base + "/health").status_code == 200:
+                    return Upstream(base + "/v1", proc)
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
     proc.kill()
     raise RuntimeError("infer did not become healthy in 300 s")
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,29 +60,50 @@ def test_embedded_default_survives_restart(tmp_path):
     assert _leftovers(data_dir) == []  # the embedded PostgreSQL stopped with its last user
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_no_embedded_postgres_left_after_a_signal(tmp_path, sig):
+@pytest.fixture(scope="module")
+def initialised(tmp_path_factory) -> Path:
+    """A state directory a first ``serve`` made (initdb, migrations) and stopped, leaving nothing running."""
+    data_dir = tmp_path_factory.mktemp("embedded-initialised") / "state"
+    proc, _ = _serve(data_dir, free_port())
+    _stop(proc)
+    assert _leftovers(data_dir) == []
+    return data_dir
+
+
+@pytest.fixture
+def state(initialised: Path, tmp_path: Path) -> Path:
+    """A copy of ``initialised`` of the test's own (``cp -a``: the owner stays pgserver's user when run as root)
+    for the tests of how serve and its PostgreSQL stop: they start on an initialised data directory, as every
+    start after the first does, without an initdb and a migration each (~3 s; the first start is
+    test_embedded_default_survives_restart's, and test_embedded_lockdown's)."""
     data_dir = tmp_path / "state"
+    subprocess.run(["cp", "-a", str(initialised), str(data_dir)], check=True)
+    return data_dir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_no_embedded_postgres_left_after_a_signal(state, sig):
+    data_dir = state
     proc, _ = _serve(data_dir, free_port())
     assert _leftovers(data_dir, wait_s=0), "the embedded server should be running while serve is"
     _stop(proc, sig)
     assert _leftovers(data_dir) == []
 
 
-def test_a_hangup_takes_the_graceful_shutdown_of_a_terminate(tmp_path):
+def test_a_hangup_takes_the_graceful_shutdown_of_a_terminate(state):
     """uvicorn handles SIGTERM, not SIGHUP: a SIGHUP's SystemExit raised inside its event loop was swallowed by
     a task on a loaded machine and serve never exited (CI: 30 s timeout; by hand: 3 of 3 serves stuck for
     minutes under 4 busy loops). serve turns a hang-up into SIGTERM, so it exits as a terminate does."""
-    data_dir = tmp_path / "state"
+    data_dir = state
     proc, _ = _serve(data_dir, free_port())
     _stop(proc, signal.SIGHUP)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read().decode(errors="replace")[-2000:]
     assert _leftovers(data_dir) == []
 
 
-def test_a_killed_user_does_not_keep_the_server_alive(tmp_path):
+def test_a_killed_user_does_not_keep_the_server_alive(state):
     """SIGKILL skips every exit hook: the server outlives it, but the next serve stops it on exit."""
-    data_dir = tmp_path / "state"
+    data_dir = state
     proc, _ = _serve(data_dir, free_port())
     _stop(proc, signal.SIGKILL)
     assert _leftovers(data_dir, wait_s=0)  # nothing could stop it

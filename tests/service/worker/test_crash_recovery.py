@@ -210,6 +210,13 @@ class _KilledWorkers:
         self.judge.server_close()
 
 
+def _claims_lapsed(api) -> bool:
+    """Every claimed group's claim is past, by the clock the claim query reads (clock_timestamp())."""
+    with api.factory() as s:
+        return s.execute(text("SELECT coalesce(bool_and(claimed_until < clock_timestamp()), false) FROM groups"
+                              " WHERE claimed_by IS NOT NULL")).scalar_one()
+
+
 def _answer(body: dict):
     return ("answer", "Score: 7" if "fine 1" in json.dumps(body) else "Score: 3")  # variance: not dropped
 
@@ -239,8 +246,10 @@ def test_a_dead_batch_of_8_is_scored_in_2_claims_with_its_attempts_unchanged(api
         claimed = _groups(api)
         assert len({g.claimed_by for g in claimed.values()}) == 1 and None not in {g.claimed_by for g in claimed.values()}
         w.kill()
-        time.sleep(max(0.0, (max(g.claimed_until for g in claimed.values()) - datetime.now(UTC)).total_seconds())
-                   + 2.5)  # the claim expires (it is no longer renewed)
+        deadline = time.monotonic() + 30  # the claim expires (it is no longer renewed), by the database's clock
+        while not _claims_lapsed(api) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _claims_lapsed(api), "the dead worker's claim never expired"
         endpoint = JudgeEndpoint(url=w.judge.base_url, max_retries=0, timeout_s=30)
         with Scorer(processes=1, timeout_s=60, judge_endpoints={"fake": endpoint}) as scorer:
             passes = [run_once(api.factory, scorer, batch=8).ready for _ in range(2)]
