@@ -46,7 +46,7 @@ LONGEST_FIRST = (
     "tests/rollout/test_vllm.py",  # 110 s (vLLM's server start)
     "tests/rollout/test_vllm_restart.py",  # 99 s (two vLLM starts)
     "tests/test_docs.py",  # 112 s
-    "tests/rollout/test_producer_service.py",  # 97 s
+    "tests/rollout/test_demo_agent.py",  # ~45-70 s loaded (the demo end to end, its agent stage)
     "tests/service/alerts/test_synthetic_long_run.py",  # 87 s
     "tests/service/worker/test_crash_recovery.py",  # 75 s
     "tests/service/store/test_embedded.py",  # 69 s
@@ -58,8 +58,6 @@ LONGEST_FIRST = (
     "tests/service/sessions/test_gateway_failures.py",  # 50 s
     "tests/test_chaos.py",  # 50 s
     "tests/service/export/test_export_memory.py",  # 49 s
-    "tests/service/sessions/test_final_answer_stands.py",  # 45 s
-    "tests/service/sessions/test_resume_session.py",  # 42 s
     "tests/service/cli/test_cli.py",  # 38 s
     "tests/service/observability/test_dashboard_browser.py",  # 37 s
     "tests/bench/test_scale.py",  # 37 s
@@ -67,11 +65,11 @@ LONGEST_FIRST = (
     "tests/service/delivery/test_lease_concurrency.py",  # 32 s
     "tests/service/api/test_slow_clients_and_scores.py",  # 31 s
     "tests/integrations/test_openrlhf_011_upstream.py",  # 30 s
-    "tests/service/sessions/test_finish_reason_claims.py",  # 30 s
     "tests/service/archive/test_archive_kill.py",  # 29 s
     "tests/service/sessions/test_tool_misuse_episode.py",  # 27 s
     "tests/service/delivery/test_long_poll.py",  # 26 s
     "tests/service/scoring/test_score_budget.py",  # 25 s
+    "tests/rollout/test_producer_service.py",  # ~25 s
     "tests/service/worker/test_pipeline_failures.py",  # 23 s
 )
 

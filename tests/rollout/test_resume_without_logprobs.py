@@ -46,37 +46,25 @@ def _cut_group_without_logprobs(url: str, db_url: str, tmp_path: Any, scorer: An
     return policy, cfg, group["id"], reqs
 
 
-def test_a_trajectory_without_logprobs_is_resumed_without_any(fresh_db, tmp_path, scorer):
-    server = start_server(fresh_db)
-    try:
-        policy, cfg, gid, reqs = _cut_group_without_logprobs(server.url, fresh_db, tmp_path, scorer)
-        cfg.max_tokens = 4
-        with CuratorClient(server.url) as c:
-            assert fill_slots(c, policy, reqs, cfg) == len(reqs)
-            g = c.get_group(gid, include_tokens=True)
-        for r in reqs:
-            t = g["trajectories"][r["index"]]
-            k = len(r["checkpoint"]["token_ids"])
-            assert t["logprobs"] is None  # no behaviour policy for the whole trajectory, never half
-            assert t["token_ids"][:k] == r["checkpoint"]["token_ids"] and len(t["token_ids"]) > k
-            assert set(t["versions"][k:]) == {policy.version}
-        assert {(r["index"], "remedy_filled") for r in reqs} <= {(d["index"], d["rule"]) for d in g["decisions"]}
-    finally:
-        stop_server(server)
-
-
-def test_a_refused_fill_is_logged_and_released_and_the_producer_goes_on(fresh_db, tmp_path, scorer, caplog):
+def test_a_trajectory_without_logprobs_is_resumed_without_any_and_a_refused_fill_is_logged_and_released(
+        fresh_db, tmp_path, scorer, caplog):
+    """One cut group's resume requests (one server, one posted group): the first is filled with made-up
+    log-probs for its checkpoint's tokens and refused; the producer goes on and fills the others, each
+    resumed without log-probs."""
     server = start_server(fresh_db)
     try:
         policy, cfg, gid, reqs = _cut_group_without_logprobs(server.url, fresh_db, tmp_path, scorer)
         assert len(reqs) >= 2
+        cfg.max_tokens = 4
         bad, good = reqs[0], reqs[1:]
         n = len(bad["checkpoint"]["token_ids"])  # made-up log-probs for the checkpoint's tokens: refused (422)
         bad = {**bad, "checkpoint": {**bad["checkpoint"], "logprobs": [0.0] * n}}
         with caplog.at_level(logging.ERROR, logger="rollout.producer"), CuratorClient(server.url) as c:
             assert fill_slots(c, policy, [bad, *good], cfg) == len(good)  # the requests after it are served
-            g = c.get_group(gid)
+            g = c.get_group(gid, include_tokens=True)
             again = c.sampling_requests(20, producer_id="p3", dataset="letter-sum")
+
+        # the refused fill: logged naming the group, the slot and the field; its request released
         [record] = [r for r in caplog.records if "refused" in r.getMessage()]
         text = record.getMessage()
         assert gid in text and f"slot {bad['index']}" in text and "trajectory.logprobs" in text and "422" in text
@@ -85,5 +73,15 @@ def test_a_refused_fill_is_logged_and_released_and_the_producer_goes_on(fresh_db
         assert row.status == "done" and row.filled_at is None  # released: never offered again
         assert bad["request_id"] not in {r["request_id"] for r in again}
         assert g["status"] == "waiting"  # the refused slot waits for its deadline, then trains without it
+
+        # the fills taken: resumed without log-probs
+        for r in good:
+            t = g["trajectories"][r["index"]]
+            k = len(r["checkpoint"]["token_ids"])
+            assert t["logprobs"] is None, "no behaviour policy for the whole trajectory, never half"
+            assert t["token_ids"][:k] == r["checkpoint"]["token_ids"] and len(t["token_ids"]) > k, "continued"
+            assert set(t["versions"][k:]) == {policy.version}
+        assert {(r["index"], "remedy_filled") for r in good} <= {(d["index"], d["rule"]) for d in g["decisions"]}
+        assert bad["index"] not in {d["index"] for d in g["decisions"] if d["rule"] == "remedy_filled"}
     finally:
         stop_server(server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,9 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
+from sqlalchemy import create_engine, text
 
 from reward_models.scoring import Scorer
 from service.client import CuratorClient
+from service.settings import Settings
 from service.store.db import get_engine, make_sessionmaker
 from service.worker.pipeline import drain
 from tests.helpers import make_group
@@ -48,6 +51,20 @@ def _wait(cond, timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def _lease_time_left(db_url: str, trainer_id: str) -> float:
+    """Seconds until the last active lease of ``trainer_id`` expires, on the database's clock (0 when none
+    is left): after its trainer died, the moment its groups may be leased again."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            left = conn.execute(text(
+                "SELECT extract(epoch FROM max(expires_at) - clock_timestamp()) FROM leases "
+                "WHERE status = 'active' AND trainer_id = :t"), {"t": trainer_id}).scalar()
+    finally:
+        engine.dispose()
+    return max(0.0, float(left or 0.0))
 
 
 def _start_trainer(url: str, ckpt: Path) -> subprocess.Popen:
@@ -184,8 +201,14 @@ def test_sigkill_between_checkpoint_and_ack_does_not_train_twice(live_server, tm
         proxy.http.close()
     assert load_trainer_state(latest_checkpoint(ckpt)).policy_version == 3  # all three updates are durable
 
+    # the resumed trainer polls until past the moment the killed one's leases expire (read from the service's
+    # database: at most lease_s after the kill, not a fixed 2 x lease_s), plus the service's lease_wait_check_s
+    # (a long poll hears of groups an expiry released within that) and two polls more: had the checkpoint not
+    # settled them, their groups would come back to it then and be trained a second time
+    wait_s = 1.0
+    left = _lease_time_left(live_server.db_url, "ckack") + Settings.model_fields["lease_wait_check_s"].default
     cfg = TrainerConfig(service_url=live_server.url, trainer_id="ckack", model_config=model, lr=0.01,
-                        max_groups=1, wait_seconds=1.0, max_idle_polls=2 + int(lease_s * 2),
+                        max_groups=1, wait_seconds=wait_s, max_idle_polls=2 + math.ceil(left / wait_s),
                         lease_seconds=lease_s, checkpoint_dir=str(ckpt), save_every=3)
     with CuratorClient(live_server.url) as client:
         history = run(cfg, client, max_steps=6)
