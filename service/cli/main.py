@@ -61,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # after SIGTERM, open requests (long polls, exports a client stopped reading) get this long,
             # then are cancelled, so shutdown always completes
             timeout_graceful_shutdown=settings.shutdown_timeout_s,
+            timeout_keep_alive=settings.keep_alive_s,
         )
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start (its reason is logged at error level)
         if exc.code != STARTUP_FAILURE:

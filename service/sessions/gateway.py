@@ -51,7 +51,10 @@ def client_for(state: Any) -> httpx.Client:
     """The app's one pooled HTTP client to the upstreams (keep-alive: no new connection per call)."""
     with _CLIENT_LOCK:
         if getattr(state, "gateway_client", None) is None:
-            state.gateway_client = httpx.Client(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+            # idle connections dropped after 4 s: before an upstream on uvicorn (vLLM, SGLang, `infer`: 5 s)
+            # closes them, so a call is not sent into a closing connection (a retry and a second generation)
+            state.gateway_client = httpx.Client(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
+                                                                    keepalive_expiry=4.0))
         return state.gateway_client
 
 
