@@ -80,12 +80,17 @@ class AgentSessionKey:
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
 
-@functools.cache
 def tls_context() -> ssl.SSLContext:
-    """httpx's default certificate check (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once a process:
-    a client built with the default builds its own, ~40 ms of CPU parsing the CA bundle again (most of a CLI
-    command's client, and most of the CPU of a loop that makes a client a request). A context is shared safely."""
-    return httpx.create_ssl_context()
+    """httpx's default certificate check (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR as they are now), built
+    once a process for each value of those two: a client built with the default builds its own, ~40 ms of CPU
+    parsing the CA bundle again (most of a CLI command's client, and most of the CPU of a loop that makes a
+    client a request). A context is shared safely."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    return httpx.create_ssl_context()  # reads the same two variables (trust_env)
 
 
 def health_client(timeout_s: float) -> httpx.Client:

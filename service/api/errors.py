@@ -81,9 +81,10 @@ class TooManyWaiters(ServiceError):
 _DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
 # SQLSTATEs of a lost or refused connection: class 08, server shutting down / starting, too many clients
 _CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
-# SQLSTATEs of a transaction PostgreSQL cancelled for another's sake (deadlock, serialization failure): nothing
-# of it is stored and the same request can succeed when sent again -- a 503 to retry, not a 500
-_CONFLICT_SQLSTATES = ("40P01", "40001")
+# SQLSTATEs of a statement PostgreSQL cancelled and rolled back for a reason outside the request: a deadlock, a
+# serialization failure (another transaction's sake), a lock timeout, a cancel or statement timeout (an operator's
+# or the server's). The same request can succeed when sent again -- a 503 to retry, not a 500
+_CONFLICT_SQLSTATES = ("40P01", "40001", "55P03", "57014")
 
 
 def error_response(status: int, message: str, detail: Any = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -106,13 +107,14 @@ def _is_db_unavailable(exc: BaseException) -> bool:
 
 
 def db_error_response(exc: BaseException) -> JSONResponse | None:
-    """The 503 of a database error the client may retry -- a transaction PostgreSQL cancelled for a concurrent
-    one's sake, or the database unreachable -- or None: any other statement error is a bug (a 500)."""
+    """The 503 of a database error the client may retry -- a transaction PostgreSQL cancelled (deadlock,
+    serialization, lock timeout, cancel), or the database unreachable -- or None: any other statement error is a
+    bug (a 500)."""
     sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
     if sqlstate in _CONFLICT_SQLSTATES:
         return error_response(
-            503, f"database: this request's transaction was cancelled by a concurrent one (SQLSTATE {sqlstate}); "
-            "nothing of it was stored; retry", None, headers={"Retry-After": "1"},
+            503, f"database: the database cancelled this request's transaction (SQLSTATE {sqlstate}) and rolled it "
+            "back; retry", None, headers={"Retry-After": "1"},
         )
     if _is_db_unavailable(exc):
         return error_response(

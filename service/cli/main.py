@@ -50,6 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from uvicorn.config import STARTUP_FAILURE
 
     hangup_as_terminate()  # uvicorn handles SIGTERM, not SIGHUP: a hang-up must not raise inside its loop
+    raise_open_files_limit()
     try:
         uvicorn.run(
             "service.app:create_served_app",
@@ -69,6 +70,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CommandFailed(f"the server could not start on {host}:{port} (port in use? the reason is logged at "
                             "--log-level error or lower)") from None
     return 0
+
+
+def raise_open_files_limit() -> None:
+    """The soft limit on open files up to the hard one (workers inherit it): every idle keep-alive connection
+    holds a descriptor for GRPO_CURATOR_KEEP_ALIVE_S, and under the common soft limit of 1,024 about 1,000 idle
+    clients made the server drop every new connection, /healthz and long polls included (helper-40)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):  # the kernel's own cap (nr_open) is lower: keep what we have
+            pass
 
 
 def check_port_free(host: str, port: int) -> None:

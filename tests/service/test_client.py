@@ -207,3 +207,20 @@ class TestRetries:
             with pytest.raises(CuratorError) as err:
                 list(c.batches("t0", max_batches=1, max_groups=1, retries=2, backoff_s=0.01))
         assert err.value.status_code == 503 and len(network.sent) == 3
+
+
+def test_the_shared_tls_context_follows_ssl_cert_file(monkeypatch):
+    """One context a process while SSL_CERT_FILE / SSL_CERT_DIR stay as they are; set later, they are read again
+    (helper-40: a CA bundle named after the first client was ignored, while a plain httpx client honoured it)."""
+    import certifi
+
+    from service.client import tls_context
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    first = tls_context()
+    assert tls_context() is first
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+    assert tls_context() is not first
+    monkeypatch.delenv("SSL_CERT_FILE")
+    assert tls_context() is first

@@ -3,6 +3,7 @@ the database going away (503 JSON with Retry-After; the client waits and retries
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -198,10 +199,11 @@ def test_only_connection_failures_count_as_unavailable(engine):
 
 # helper-35 F2: a deadlock between two requests was a 500; PostgreSQL cancelled one transaction, nothing of it
 # stored, and the same request succeeds when sent again
-@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001", "55P03", "57014"])
 def test_a_transaction_cancelled_for_a_concurrent_one_is_a_503_to_retry(engine, sqlstate):
-    """Real exceptions raised by PostgreSQL with the SQLSTATE it gives a deadlock victim / a serialization
-    failure: a 503 with Retry-After naming the SQLSTATE; a unique violation stays a bug (no 503)."""
+    """Real exceptions raised by PostgreSQL with the SQLSTATE it gives a deadlock victim, a serialization
+    failure, a lock timeout and a cancelled statement (helper-40: a pg_cancel_backend or lock_timeout of a waiting
+    ingest was a 500): a 503 with Retry-After naming the SQLSTATE; a unique violation stays a bug (no 503)."""
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
@@ -244,3 +246,33 @@ def test_an_idle_connection_outlives_the_clients_keep_alive(proxied):
         time.sleep(6.0)  # the behaviour is the idle time itself: past 5 s
         sock.sendall(request)
         assert answered(sock).startswith(b"HTTP/1.1 "), "the server closed the idle connection"
+
+
+def test_serve_raises_its_open_files_limit_to_the_hard_one(make_db):
+    """Idle keep-alive connections hold a descriptor each for 75 s: `serve` started under a soft limit of 256
+    runs with the hard limit (helper-40: under 1,024, ~1,000 idle clients made it drop every new connection)."""
+    import resource
+    import subprocess
+    import sys
+
+    from service.client import wait_healthy
+    from tests.conftest import ROOT, free_port
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": make_db(), "GRPO_CURATOR_EMBEDDED_WORKER": "false",
+           "GRPO_CURATOR_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        line = next(x for x in open(f"/proc/{proc.pid}/limits").read().splitlines() if x.startswith("Max open files"))
+        soft_now = line.split()[3]
+        if hard == resource.RLIM_INFINITY:
+            assert soft_now != "256", line
+        else:
+            assert soft_now == str(hard), line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
