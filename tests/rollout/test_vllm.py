@@ -298,16 +298,27 @@ def test_gateway_chat_session_is_vllms_tokens_segmented_where_its_retokenisation
     assert sorted(k for seg in segs for k in seg) == [0, 1, 2]  # every call in exactly one segment
 
 
-def abort_in_flight(server: VLLMServer, worker: threading.Thread) -> int:
-    """Start ``worker`` (a long request) and abort everything vLLM has in flight until something was aborted
-    -> how many requests were (0 when the request ended first)."""
-    worker.start()
-    aborted, deadline = 0, time.monotonic() + 120
-    while not aborted and worker.is_alive() and time.monotonic() < deadline:
-        r = httpx.post(server.base + "/abort_requests", json={}, timeout=30)
+def abort_held(server: VLLMServer, worker: threading.Thread) -> int:
+    """Pause vLLM's scheduler keeping what it holds, start ``worker`` (a long request), abort everything vLLM
+    holds until something was aborted, resume -> how many requests were aborted.
+
+    Deterministic: racing a running request with abort polls lost on a fresh-clone CI run twice (4 sequences
+    of 500 tokens, then 64), the whole request generated between two polls; paused, it cannot finish first."""
+    with httpx.Client(base_url=server.base, timeout=30) as dev:
+        r = dev.post("/pause", params={"mode": "keep", "clear_cache": "false"})
         assert r.status_code == 200, r.text
-        aborted = r.json()["aborted"]
-        time.sleep(0.05)
+        aborted = 0
+        try:
+            worker.start()
+            deadline = time.monotonic() + 120
+            while not aborted and worker.is_alive() and time.monotonic() < deadline:
+                r = dev.post("/abort_requests", json={})
+                assert r.status_code == 200, r.text
+                aborted = r.json()["aborted"]
+                time.sleep(0.02)
+        finally:
+            r = dev.post("/resume")
+            assert r.status_code == 200, r.text
     worker.join(300)
     return aborted
 
@@ -317,9 +328,7 @@ N_ABORTED = 64
 
 def test_aborted_request_ends_as_aborted(vllm_server):
     sampler = VLLMSampler(vllm_server.url, EOS, 1.0, model=vllm_server.served_name)
-    # ignore_eos and no stop token: only max_tokens ends it. 64 sequences of 500 tokens (~32k tokens, seconds even
-    # on an idle machine) so the abort lands while vLLM's scheduler holds the request: with 4 sequences (~2k
-    # tokens) an idle fresh-clone CI run generated the whole request between two abort polls
+    # ignore_eos and no stop token: only max_tokens ends it (it cannot end as "length" before the abort anyway)
     body = {**sampler.body([1, 5, 6], n=N_ABORTED, max_tokens=500, seed=3), "ignore_eos": True, "stop_token_ids": []}
     answer: dict[str, Any] = {}
 
@@ -327,13 +336,19 @@ def test_aborted_request_ends_as_aborted(vllm_server):
         answer["r"] = httpx.post(vllm_server.url + "/completions", json=body, timeout=300)
 
     try:
-        assert abort_in_flight(vllm_server, threading.Thread(target=generate)), "it finished before the abort"
+        aborted = abort_held(vllm_server, threading.Thread(target=generate))
+        assert aborted, f"nothing was aborted; the request answered {answer.get('r')}"
+        assert answer["r"].status_code == 200, answer["r"].text
+        completions = parse_completions(answer["r"].json(), N_ABORTED)
+        assert [c.finish_reason for c in completions] == ["aborted"] * N_ABORTED  # never "stop": not an answer
+        assert all(len(c.tokens) < 500 for c in completions)
+        # it serves on after the resume: a scheduler left paused would hang every later test on this server
+        short = {**sampler.body([1, 5, 6], n=1, max_tokens=4, seed=3), "ignore_eos": True, "stop_token_ids": []}
+        after = httpx.post(vllm_server.url + "/completions", json=short, timeout=120)
+        [c] = parse_completions(after.json(), 1)
+        assert len(c.tokens) == 4 and c.finish_reason == "length"
     finally:
         sampler.close()
-    assert answer["r"].status_code == 200, answer["r"].text
-    completions = parse_completions(answer["r"].json(), N_ABORTED)
-    assert [c.finish_reason for c in completions] == ["aborted"] * N_ABORTED  # never "stop": not an answer
-    assert all(len(c.tokens) < 500 for c in completions)
 
 
 # last in the file: it leaves the session's server on weights that are neither the old nor the new ones
