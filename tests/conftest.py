@@ -7,13 +7,16 @@
 - ``session``: each test runs inside a transaction that is rolled back (join_transaction_mode="create_savepoint").
 - ``client``: FastAPI's TestClient over the real app, its request sessions joined to that transaction.
 - ``fresh_db``: a new, empty, migrated database for tests that need real concurrency or real processes.
-- ``live_server``: the app under uvicorn in a subprocess on a fresh database (real HTTP, real processes).
+- ``live_server``: the app under uvicorn in a process of its own on a fresh database (real HTTP, real
+  processes): ``start_server`` forks ``grpo-curator serve`` from a zygote that imported it once
+  (tests/forked_cli.py), a subprocess when it runs several workers.
 - ``api``: a TestClient over a fresh database whose requests really commit (a worker reads them), with
   ``api.factory`` for the worker; ``scorer``: one real Scorer (a killable process pool) per module.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -33,6 +36,7 @@ from service.store.db import to_sqlalchemy_url
 from service.store.dbadmin import create_database, drop_database, freeze_template
 from service.store.migrate import upgrade
 from service.store.processes import exit_on_signals
+from tests.forked_cli import ForkedProcess, Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -232,8 +236,25 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, url: str, db_url: str, proc: subprocess.Popen) -> None:
+    def __init__(self, url: str, db_url: str, proc: subprocess.Popen | ForkedProcess) -> None:
         self.url, self.db_url, self.proc = url, db_url, proc
+
+
+# what ``grpo-curator serve`` imports before it serves: the app, uvicorn and the parts uvicorn picks at run time
+SERVE_PRELOAD = ("service.cli.main", "service.app", "service.store.db", "service.store.migrate", "alembic.command",
+                 "alembic.config", "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.main", "uvloop",
+                 "uvicorn.loops.uvloop", "uvicorn.protocols.http.httptools_impl",
+                 "uvicorn.protocols.websockets.websockets_impl", "uvicorn.lifespan.on")
+_server_zygote: list[Zygote] = []
+
+
+def server_zygote() -> Zygote:
+    """One zygote per test process that imported what ``serve`` imports (~2 s of CPU per server start on 2
+    cores, ~150 starts a run); closed when the process ends."""
+    if not _server_zygote:
+        _server_zygote.append(Zygote(cwd=str(ROOT), preload=SERVE_PRELOAD))
+        atexit.register(_server_zygote[0].close)
+    return _server_zygote[0]
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -262,8 +283,13 @@ def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int
     }
     for _ in range(5):  # a port taken by another process in between: again on another port
         port = free_port()
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
-        proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        argv = ["serve", "--port", str(port), "--workers", str(workers)]
+        proc: subprocess.Popen | ForkedProcess
+        if workers == 1:  # forked from the zygote: the same ``serve`` after its imports
+            proc = server_zygote().spawn(argv, full_env, text=False, stdout=False)
+        else:  # uvicorn's worker processes are started by the server: a process of its own
+            proc = subprocess.Popen([sys.executable, "-m", "service.cli", *argv], env=full_env, cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, proc, timeout_s=60)
@@ -289,6 +315,7 @@ def stop_server(server: LiveServer) -> None:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.proc.kill()
+        server.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from typing import IO, Any
 
 # what ``grpo-curator archive`` imports (imports only: no thread pool, connection or setting is made by them)
@@ -29,31 +31,50 @@ PRELOAD = ("service.cli.main", "service.cli.archive", "service.archive.service",
 
 
 class ForkedProcess:
-    """The part of ``subprocess.Popen`` the tests use: pid, stdout, stderr (text), send_signal, wait."""
+    """The part of ``subprocess.Popen`` the tests use: pid, args, stdout, stderr (text, or bytes when spawned
+    with ``text=False``), send_signal, terminate, kill, poll, wait."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[str], stderr: IO[str]) -> None:
+    def __init__(self, zygote: Zygote, pid: int, argv: list[str], stdout: IO[Any], stderr: IO[Any]) -> None:
         self._zygote, self.pid, self.stdout, self.stderr = zygote, pid, stdout, stderr
+        self.args = ["service.cli", *argv]
         self.returncode: int | None = None
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, sig)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def wait(self, timeout: float | None = None) -> int:
+    def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._zygote._wait(self.pid, timeout)
+            self.returncode = self._zygote._poll(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"forked command {self.pid}", timeout or 0)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        assert self.returncode is not None
         return self.returncode
 
 
 class Zygote:
-    """``with Zygote() as z: proc = z.spawn(argv, env)``: argv as after ``python -m service.cli``."""
+    """``with Zygote() as z: proc = z.spawn(argv, env)``: argv as after ``python -m service.cli``.
+    ``preload``: the modules to import before the first fork (default: what ``grpo-curator archive`` imports).
+    Safe to use from several threads; a wait never blocks the zygote (it polls)."""
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str | None = None, preload: tuple[str, ...] = PRELOAD) -> None:
+        self._lock = threading.Lock()
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", str(theirs.fileno())],
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", str(theirs.fileno()), *preload],
                                       pass_fds=[theirs.fileno()], cwd=cwd)
         theirs.close()
         ready = self._recv(120)
@@ -67,23 +88,25 @@ class Zygote:
             raise RuntimeError(f"the zygote exited ({self._proc.poll()})")
         return json.loads(data)
 
-    def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedProcess:
-        r_out, w_out = os.pipe()
+    def spawn(self, argv: list[str], env: dict[str, str], *, text: bool = True, stdout: bool = True) -> ForkedProcess:
+        """``stdout=False``: the command's stdout goes to /dev/null (nobody reads a pipe the command could fill)."""
+        r_out, w_out = os.pipe() if stdout else (None, os.open(os.devnull, os.O_WRONLY))
         r_err, w_err = os.pipe()
         try:
-            socket.send_fds(self._sock, [json.dumps({"spawn": argv, "env": env}).encode()], [w_out, w_err])
+            with self._lock:
+                socket.send_fds(self._sock, [json.dumps({"spawn": argv, "env": env}).encode()], [w_out, w_err])
+                pid = self._recv(60)["pid"]
         finally:
             os.close(w_out)
             os.close(w_err)
-        pid = self._recv(60)["pid"]
-        return ForkedProcess(self, pid, os.fdopen(r_out, "r"), os.fdopen(r_err, "r"))
+        mode = "r" if text else "rb"
+        out = os.fdopen(r_out, mode) if r_out is not None else open(os.devnull, mode)  # noqa: SIM115
+        return ForkedProcess(self, pid, argv, out, os.fdopen(r_err, mode))
 
-    def _wait(self, pid: int, timeout: float | None) -> int:
-        self._sock.send(json.dumps({"wait": pid}).encode())
-        try:
-            return self._recv(timeout)["returncode"]
-        except TimeoutError:
-            raise subprocess.TimeoutExpired(f"forked command {pid}", timeout or 0) from None
+    def _poll(self, pid: int) -> int | None:
+        with self._lock:
+            self._sock.send(json.dumps({"poll": pid}).encode())
+            return self._recv(60)["returncode"]
 
     def close(self) -> None:
         self._sock.close()  # the zygote ends at EOF
@@ -134,10 +157,10 @@ def _child(argv: list[str], env: dict[str, str], out: int, err: int) -> None:
             os._exit(code)
 
 
-def _serve(fd: int) -> None:
+def _serve(fd: int, preload: list[str]) -> None:
     import importlib
 
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     sock = socket.socket(fileno=fd)
     sys.stdout.flush()
@@ -157,9 +180,10 @@ def _serve(fd: int) -> None:
                 os.close(f)
             sock.send(json.dumps({"pid": pid}).encode())
         else:
-            _, status = os.waitpid(req["wait"], 0)
-            sock.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+            done, status = os.waitpid(req["poll"], os.WNOHANG)
+            code = os.waitstatus_to_exitcode(status) if done else None
+            sock.send(json.dumps({"returncode": code}).encode())
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), sys.argv[2:])

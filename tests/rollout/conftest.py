@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.vllm_server import VLLMServer, save_tiny_model, unavailable_reason
+from rollout.vllm_server import VLLM_ARGS_ENV, VLLMServer, save_tiny_model, unavailable_reason
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -72,7 +72,11 @@ def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"vLLM: {reason}")
-    server = VLLMServer(vllm_model, log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log")
+    # eager unless GRPO_CURATOR_VLLM_ARGS says otherwise: most of a CPU start is torch.compile's warm-up
+    # (docs/vllm.md), and what these tests check (token ids, processed log-probs, finish reasons) is the server's
+    # contract, the same compiled or eager
+    eager = [] if VLLM_ARGS_ENV in os.environ else ["--enforce-eager"]
+    server = VLLMServer(vllm_model, log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log", extra_args=eager)
     try:
         server.wait_ready(900)
         yield server

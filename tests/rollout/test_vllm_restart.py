@@ -33,7 +33,7 @@ def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service
 
     Its two servers run ``--enforce-eager`` (unless GRPO_CURATOR_VLLM_ARGS is given): vLLM's torch.compile
     warm-up is most of a CPU start (measured: engine init 73 s compiled, 9 s eager) and this test checks which
-    weights are served, not the compiled path (the session's server, which the other tests use, keeps it)."""
+    weights are served, not the compiled path (the session's server runs eager too: tests/rollout/conftest.py)."""
     if VLLM_ARGS_ENV not in os.environ:
         monkeypatch.setenv(VLLM_ARGS_ENV, "--enforce-eager")
     ckpts = tmp_path / "ckpts"

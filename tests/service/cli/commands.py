@@ -54,7 +54,8 @@ class Forked:
         try:
             code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()  # the test fails here (the zygote still owes the answer to this wait: no more runs)
+            proc.kill()  # the test fails here
+            proc.wait()
             raise
         finally:
             for reader in readers:
