@@ -38,7 +38,9 @@ def make_group(i: int, rng: random.Random) -> bytes:
             "messages": [{"role": "assistant", "content": text_}],
             "token_ids": [rng.randrange(150_000) for _ in range(TOKENS)],
             "loss_mask": [0] * 128 + [1] * (TOKENS - 128),
-            "logprobs": [round(-rng.random() * 3, 6) for _ in range(TOKENS)],
+            # as a sampler reports them: float32 values (vLLM's, the trainer's) written as doubles, mostly near 0
+            # (a peaked distribution), so up to 17 significant digits and up to 20 after the point
+            "logprobs": [float(np.float32(-rng.expovariate(4.0))) for _ in range(TOKENS)],
             "finish_reason": "stop" if j % 4 else "length",
         })
     return orjson.dumps({

@@ -27,13 +27,17 @@ MAX_DEPTH = 64
 JSON_MEDIA_TYPES = ("application/json",)
 # an escape for NUL or for a surrogate (paired surrogates are legal; the walk tells them apart)
 _ESCAPES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
-# numbers that may not fit: after mapping every digit to '0' (and 'E' to 'e'), a run of 19 digits
-# or an exponent of three digits (searches with a literal start: a few ms for megabytes)
+# numbers that may not fit: after mapping every digit to '0' (and 'E' to 'e'), a run of 19 digits that is
+# not a fraction (the digits after a '.': any number of them is a finite double) or an exponent of three
+# digits (searches with a literal start: a few ms for megabytes). Fractions matter: a log-prob near 0 is
+# written with up to 20 (Python's repr of -0.00012345678901234567), and a body of them took the exact path,
+# ~16x the fast one (6 MB of token ids and log-probs: 374 ms vs 23 ms)
 # every key is a string followed by ':' (a string value holding '":' only over-counts, which is safe)
 _KEY_SPELLING = re.compile(rb'"[ \t\r\n]*:')
 _CONTAINERS = frozenset({dict, list})
 _DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
 _LONG_DIGITS = b"0" * 19
+_FRACTION = re.compile(rb"\.0+")
 _BIG_EXPONENT = re.compile(rb"e[+-]?000")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _BAD_TEXT = re.compile(r"[\x00\ud800-\udfff]")
@@ -174,7 +178,9 @@ def _suspicious(raw: bytes) -> bool:
     if _ESCAPES.search(raw):
         return True
     digits = raw.translate(_DIGITS)
-    return _LONG_DIGITS in digits or _BIG_EXPONENT.search(digits) is not None
+    if _BIG_EXPONENT.search(digits) is not None:
+        return True
+    return _LONG_DIGITS in digits and _LONG_DIGITS in _FRACTION.sub(b".", digits)
 
 
 def find_problem(doc: Any, path: str = "") -> tuple[str, str] | None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.api.wire_checks import INT64_MAX, INT64_MIN, WireError, check_content_type, parse_json_body
+from service.api.wire_checks import INT64_MAX, INT64_MIN, WireError, _suspicious, check_content_type, parse_json_body
 
 text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
 scalars = st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats(allow_nan=False, allow_infinity=False) | text
@@ -81,6 +81,29 @@ def test_content_types_refused(value):
 @pytest.mark.parametrize("value", ["application/json", "Application/JSON; charset=utf-8"])
 def test_content_types_accepted(value):
     check_content_type(value)
+
+
+def test_long_fractions_take_the_fast_path_and_long_integers_beside_them_are_still_caught():
+    """Log-probs near 0 are written with up to 20 fraction digits (repr(-0.00012345678901234567)): they fit a
+    double, so they must not send a body down the exact path (~16x slower); a 19-digit integer part,
+    anywhere beside them, still must."""
+    fractions = [-0.00012345678901234567, -0.0009876543210987654, 0.1234567890123456789, -1.2345678901234567e-05]
+    assert any(len(r.split(".")[1]) >= 19 for r in map(repr, fractions))  # the shape this guards
+    doc = {"logprobs": fractions * 50, "token_ids": list(range(100))}
+    raw = json.dumps(doc).encode()
+    assert not _suspicious(raw)
+    assert parse_json_body(raw) == doc
+    for bad, field in ((9223372036854775808, "token_ids[100]"), (-9223372036854775809, "token_ids[100]")):
+        body = json.dumps({**doc, "token_ids": [*doc["token_ids"], bad]}).encode()
+        assert _suspicious(body)
+        with pytest.raises(WireError) as err:
+            parse_json_body(body)
+        assert (err.value.status, err.value.field) == (422, field)
+    # a float whose integer part is 19+ digits long is still looked at (and is fine: a finite double)
+    big = raw[:-1] + b', "x": 12345678901234567890.5}'
+    assert _suspicious(big) and parse_json_body(big)["x"] == 12345678901234567890.5
+    # an integer right after a fraction's digits (".5,1234...") is not a fraction
+    assert _suspicious(b'{"a": [0.00000000000000000001,12345678901234567890]}')
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast-path", "exact-path"])
