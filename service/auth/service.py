@@ -34,17 +34,17 @@ import ipaddress
 import logging
 import re
 import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import SessionDep
 from service.api.errors import Forbidden, Unauthorized
+from service.api.lru import Lru
 from service.auth import repository as key_repo
 
 
@@ -126,56 +126,41 @@ def split_session_token(token: str) -> tuple[str, str] | None:
     return (session_id, secret) if sep and session_id and secret else None
 
 
-def authenticate_session(request: Request, session: SessionDep, token: str, session_param: str) -> SessionKey:
+async def authenticate_session(request: Request, session: SessionDep, token: str, session_param: str) -> SessionKey:
     """The session key ``token`` for the session the path names (403 for another session's, 401 for a
-    wrong secret or a session that does not exist); the lookup's transaction ends here, as in
-    ``authenticate``."""
+    wrong secret or a session that does not exist). A key this process verified before needs neither the
+    database nor a worker thread (an agent's every call after its first); else it is looked up in a worker
+    thread, the lookup's transaction ending there, as in ``authenticate``."""
     parts = split_session_token(token)
     if parts is None:
         raise Unauthorized("authorization: malformed session key (gcs_<session id>_<secret>)")
     if parts[0] != request.path_params.get(session_param):
         raise Forbidden("authorization: this session key belongs to another session")
     digest = hash_secret(parts[1])
-    known = _verified_session_keys.get(parts[0], digest)
+    known = _verified_session_keys.get((parts[0], digest))
     if known is not None:
         return known
+    return await run_in_threadpool(_look_up_session_key, session, parts[0], digest)
+
+
+def _look_up_session_key(session: SessionDep, session_id: str, digest: str) -> SessionKey:
     try:
-        row = key_repo.session_secret(session, parts[0])
+        row = key_repo.session_secret(session, session_id)
     finally:
         session.commit()
     # the digest is compared even when the session is unknown, so timing does not tell ids apart
     matches = hmac.compare_digest(digest, row[0] if row is not None else "0" * 64)
     if row is None or not matches:
         raise Unauthorized("authorization: wrong session key")
-    return _verified_session_keys.put(parts[0], digest, SessionKey(session_id=parts[0], dataset=row[1]))
+    return _verified_session_keys.put((session_id, digest), SessionKey(session_id=session_id, dataset=row[1]))
 
 
-class _VerifiedSessionKeys:
-    """Session keys this process verified, by (session id, sha256 of the secret): what a check reads (the
-    secret's hash, the dataset) never changes once a session exists, so a key once verified is verified
-    again without a lookup (an agent's every call). Only matches are kept (a wrong key is looked up each
-    time); at most ``size``, the least recently used dropped first. The session's own routes read its row
-    and check the key against it again (``service.sessions.service.authorize``)."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self._keys, self._lock = size, OrderedDict[tuple[str, str], SessionKey](), threading.Lock()
-
-    def get(self, session_id: str, digest: str) -> SessionKey | None:
-        with self._lock:
-            known = self._keys.get((session_id, digest))
-            if known is not None:
-                self._keys.move_to_end((session_id, digest))
-            return known
-
-    def put(self, session_id: str, digest: str, key: SessionKey) -> SessionKey:
-        with self._lock:
-            self._keys[(session_id, digest)] = key
-            while len(self._keys) > self.size:
-                self._keys.popitem(last=False)
-        return key
-
-
-_verified_session_keys = _VerifiedSessionKeys(size=65536)
+# Session keys this process verified, by (session id, sha256 of the secret): what a check reads (the secret's
+# hash, the dataset) never changes once a session exists, so a key once verified is verified again without a
+# lookup (an agent's every call). Only matches are kept (a wrong key is looked up each time); at most 65,536,
+# the least recently used dropped first. The session's own routes check the key against its row again
+# (``service.sessions.service.admit``).
+_verified_session_keys = Lru[tuple[str, str], SessionKey](size=65536)
 
 
 def _session_token(request: Request) -> str | None:
@@ -263,7 +248,9 @@ def _dataset_values(request: Request, name: str) -> list[str]:
 
 
 def _checker(access: Access) -> Any:
-    def check(request: Request, session: SessionDep) -> None:
+    # async: what needs the database (an API key's lookup, a session key's first) runs in a worker thread, and
+    # nothing else does (a session key verified before: no hand-off to the threadpool)
+    async def check(request: Request, session: SessionDep) -> None:
         if access.public or (
             access.public_setting and getattr(request.app.state.settings, access.public_setting)
         ):
@@ -273,9 +260,10 @@ def _checker(access: Access) -> Any:
             if access.session_param is None:
                 raise Forbidden("authorization: a session key is valid only on its own session's routes "
                                 "(/v1/sessions/{session_id}/...); this route needs an API key")
-            request.state.principal = authenticate_session(request, session, session_token, access.session_param)
+            request.state.principal = await authenticate_session(request, session, session_token,
+                                                                 access.session_param)
             return
-        key = request.state.principal = authenticate(request, session, access.token_param)
+        key = request.state.principal = await run_in_threadpool(authenticate, request, session, access.token_param)
         if not access.admits(key.role):
             allowed = ", ".join(sorted({*access.roles, Role.admin}))
             raise Forbidden(f"authorization: role {key.role.value!r} may not use this route (allowed: {allowed})")

@@ -5,12 +5,14 @@
 back, so a SIGKILL of the API loses no answered call and a session goes on after a restart (everything it
 needs is in its row).
 
-Cost per call (``bench/gateway.py``): two connections from the pool, three statements. The reservation reads
-the locked row together with what the limits need (``repository.call_slot``) and writes the placeholder and
-the session's count in one statement (``repository.reserve_call``); an answer that ends nothing is stored by one statement
-that is its own transaction (``repository.store_answer``: the session's row, while open, then the call's), any
-other on the locked path (``_store_locked``). The route's access check verified the session key (a positive
-check is cached: ``service.auth``); it is checked again here against the locked row.
+Cost per call (``bench/gateway.py``): two connections from the pool, two statements, one hand-off to the
+threadpool. The reservation writes the placeholder and the session's count in one statement
+(``repository.reserve_call``) that finds the session as the checks saw it: as the session's last call through
+this process left it (``_known``), else as read first with what the limits need (``repository.call_slot``: a
+third statement); an answer that ends nothing is stored by one statement that is its own transaction
+(``repository.store_answer``: the session's row, while open, then the call's), any other on the locked path
+(``_store_locked``). The route's access check verified the session key (a positive check is cached:
+``service.auth``); it is checked again here against the session's row.
 
 Whose failure is it: the upstream failing after its retries ends the session as ``env_error`` (the
 environment's: never a negative); a tool call the model got wrong (``misuse``) marks the session, which
@@ -26,7 +28,8 @@ negative, whatever the agent says at finish). A tool misuse the gateway saw wins
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -34,6 +37,7 @@ from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import BadRequest, Conflict, NotFound, ServiceError
+from service.api.lru import Lru
 from service.auth.service import PRODUCER
 from service.sessions import group as group_service
 from service.sessions import repository as repo
@@ -107,18 +111,36 @@ def _served(state: Any, client: httpx.Client, upstream: str, timeout_s: float) -
 
 
 def _limit(db: Session, slot: repo.CallSlot, settings: Settings) -> str | None:
+    """The session limit the call reaches, if any; the clock's (``timeout``) only on a slot read with it (else the
+    reservation checks the database's clock against ``_deadline``)."""
     row = slot.row
     if row.n_calls >= settings.session_max_calls and (
             row.n_calls - repo.segment_marks(db, row.id) >= settings.session_max_calls):  # marks are no calls
         return "max_turns"
     if row.n_tokens >= settings.session_max_tokens:
         return "length"
-    if (slot.now - row.created_at).total_seconds() > settings.session_max_seconds:
+    if slot.now is not None and slot.now > _deadline(slot, settings):
         return "timeout"
-    started = slot.group_started
-    if started is not None and (slot.now - started).total_seconds() > settings.session_group_deadline_s:
-        return "timeout"  # the group's deadline: the environment's limit
     return None
+
+
+_NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def _deadline(slot: repo.CallSlot, settings: Settings) -> datetime:
+    """The last moment the session takes a call: ``session_max_seconds`` after it began, or its group's deadline
+    (the environment's limit) when that comes first."""
+    ends = _after(slot.row.created_at, settings.session_max_seconds)
+    if slot.group_started is not None:
+        ends = min(ends, _after(slot.group_started, settings.session_group_deadline_s))
+    return ends
+
+
+def _after(start: datetime, seconds: float) -> datetime:
+    try:
+        return start + timedelta(seconds=seconds)
+    except OverflowError:  # a limit past the calendar: none
+        return _NEVER
 
 
 def _check_temperature(slot: repo.CallSlot, body: dict[str, Any]) -> None:
@@ -173,15 +195,41 @@ def _check(request: Request, db: Session, slot: repo.CallSlot, kind: sampling.Ki
 
 def _placeholder(db: Session, slot: repo.CallSlot, settings: Settings, kind: sampling.Kind,
                  body: dict[str, Any]) -> _Reserved | None:
-    """The call's placeholder stored at the session's next index, as read (``repository.reserve_call``);
-    None when the session changed since."""
+    """The call's placeholder stored at the session's next index, while the session is as the checks saw it and
+    before its deadline (``repository.reserve_call``); None when it is not."""
     row = slot.row
     _check_temperature(slot, body)
     sent = capped(sampling.sent(kind, body), settings.session_max_tokens - row.n_tokens)
     if not repo.reserve_call(db, {"session_id": row.id, "idx": row.n_calls, "kind": kind, "request": sent,
-                                  "upstream": row.upstream, "attempts": 0, "latency_ms": 0.0}):
+                                  "upstream": row.upstream, "attempts": 0, "latency_ms": 0.0},
+                             slot, _deadline(slot, settings)):
         return None
     return _Reserved(row.n_calls, sent, row.upstream, row.policy_version)
+
+
+# Each session as the last call this process reserved or stored for it left it (a slot without a clock): the
+# session's next call is checked against it and reserved by one statement, reading nothing first; the
+# reservation finds the session so or writes nothing (another call, a segment mark, its end, a call through
+# another API process, its or its group's start moved, the deadline passed), and the call then reads the
+# session. Kept only once the group made a call before the one that left it (a group's first call may race
+# another session's: the next call reads which one was first). At most 16,384 sessions (~11 MB), the least
+# recently used dropped first (a process with more sessions in flight reads some of them again).
+_known = Lru[str, repo.CallSlot](size=16384)
+
+
+def _leave(slot: repo.CallSlot, n_calls: int, n_tokens: int) -> None:
+    """``slot``'s session known (``_known``) with ``n_calls`` calls and ``n_tokens`` tokens."""
+    _known.put(slot.row.id, replace(slot, row=slot.row._replace(n_calls=n_calls, n_tokens=n_tokens), now=None))
+
+
+def _checked_placeholder(request: Request, db: Session, slot: repo.CallSlot, kind: sampling.Kind, body: Any,
+                         settings: Settings, fetched: dict[str, frozenset[str] | None]) -> _Reserved | None:
+    if _check(request, db, slot, kind, body, settings, fetched) is not None:
+        return None
+    reserved = _placeholder(db, slot, settings, kind, body)
+    if reserved is not None and slot.made:
+        _leave(slot, reserved.idx + 1, slot.row.n_tokens)
+    return reserved
 
 
 def _reserve(request: Request, factory: sessionmaker[Session], settings: Settings, session_id: str,
@@ -189,14 +237,21 @@ def _reserve(request: Request, factory: sessionmaker[Session], settings: Setting
     """The call checked (who calls, the request, the session's state and limits) and its index reserved: a
     stored placeholder (``attempts`` 0) counts against ``session_max_calls`` while the call is in flight.
     First without a lock, each statement its own transaction (autocommit): the placeholder is written only
-    if the session is still open at the index read, so concurrent calls never share an index nor pass
-    ``session_max_calls``. A call at a limit, or one that lost that race, takes ``_reserve_locked``."""
+    if the session is still as the checks saw it (open, at the index and tokens read, before its deadline), so
+    concurrent calls never share an index nor pass ``session_max_calls``. A session key's call is checked
+    against the session as this process last left it (``_known``), its reservation the one statement; else, or
+    when that finds the session changed, the session is read first. A call at a limit, or one that lost a
+    race, takes ``_reserve_locked``."""
     with factory() as db:
         db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        slot = _slot(request, db, session_id, lock=False)
+        known = _known.get(session_id) if service.holds_session_key(request) else None
         reserved = None
-        if _check(request, db, slot, kind, body, settings, fetched) is None:
-            reserved = _placeholder(db, slot, settings, kind, body)
+        if known is not None and service.admit(request, db, known.row, session_id, PRODUCER):
+            reserved = _checked_placeholder(request, db, known, kind, body, settings, fetched)
+        if reserved is None:
+            _known.drop(session_id)
+            reserved = _checked_placeholder(request, db, _slot(request, db, session_id, lock=False), kind, body,
+                                            settings, fetched)
         db.commit()  # (an API key's check ends the first transaction: what follows it is an ordinary one)
     return reserved if reserved is not None else _reserve_locked(request, factory, settings, session_id, kind, body,
                                                                  fetched)
@@ -206,6 +261,7 @@ def _reserve_locked(request: Request, factory: sessionmaker[Session], settings: 
                     kind: sampling.Kind, body: dict[str, Any], fetched: dict[str, frozenset[str] | None]) -> _Reserved:
     """``_reserve`` in one transaction with the session row locked. A limit reached ends the session
     (committed though the call is refused, 409)."""
+    _known.drop(session_id)
     with factory.begin() as db:
         slot = _slot(request, db, session_id, lock=True)
         row = slot.row
@@ -215,7 +271,9 @@ def _reserve_locked(request: Request, factory: sessionmaker[Session], settings: 
                            "in flight", detail={"finish_reason": None})
         if reason is None:  # (no group lock on this path: the lock order stays row -> group, as at finish)
             reserved = _placeholder(db, slot, settings, kind, body)
-            assert reserved is not None  # the row is locked: it is as read
+            if reserved is None:  # the row is locked: only its group's start moved (a session created meanwhile)
+                raise ServiceError("session_id: the session's group changed while this call was reserved; call "
+                                   "again", status_code=503)
             return reserved
         repo.lock_group(db, row.group_id)
         service.close(db, row, reason)
@@ -265,6 +323,7 @@ def _store(factory: sessionmaker[Session], settings: Settings, session_id: str, 
     n_tokens = None if tokens is None else len(tokens.prompt_ids) + len(tokens.completion_ids)
     ends = broken or aborted or (n_tokens is not None and n_tokens >= settings.session_max_tokens)
     if ends or not _store_open(factory, settings, session_id, idx, n_tokens, misuse, values):
+        _known.drop(session_id)
         _store_locked(factory, settings, session_id, idx, values, n_tokens, broken, aborted)
     if broken:
         return Answer(502, {"error": {"message": error, "type": "upstream_error"}}, {})
@@ -308,12 +367,16 @@ def _store_open(factory: sessionmaker[Session], settings: Settings, session_id: 
     """An answer that ends nothing, stored in one statement that is its own transaction (autocommit: committed
     when it returns, so before the answer goes back): the session's row, while it is open, then the call's.
     False, with nothing written, when the session is open no more, or its tokens (an answer without any) are
-    at the limit: ``_store_locked`` decides then."""
+    at the limit: ``_store_locked`` decides then. The session's known slot (``_known``) takes its calls and
+    tokens as stored."""
     with factory() as db:
         db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         stored = repo.store_answer(db, session_id, idx, n_tokens, misuse, values, settings.session_max_tokens)
         db.commit()
-    return stored
+    known = _known.get(session_id)
+    if known is not None and stored is not None:
+        _leave(known, *stored)
+    return stored is not None
 
 
 def _store_locked(factory: sessionmaker[Session], settings: Settings, session_id: str, idx: int,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, Text, bindparam, func, insert, literal, select, text, true, update
+from sqlalchemy import DateTime, Integer, Text, bindparam, func, insert, literal, select, text, true, update
 from sqlalchemy.orm import Session, aliased
 
 from service.store.models import AgentSession, Prompt, SessionCall
@@ -43,13 +43,29 @@ def insert_call(db: Session, row: dict[str, Any]) -> None:
     db.flush()
 
 
+class SlotRow(NamedTuple):
+    """What a call's checks read of its session's row (service.sessions.gateway), unlocked."""
+
+    id: str
+    secret_hash: str
+    dataset: str | None
+    group_id: str
+    upstream: str
+    policy_version: int
+    status: str
+    finish_reason: str | None
+    n_calls: int
+    n_tokens: int
+    created_at: datetime
+
+
 @dataclass(frozen=True)
 class CallSlot:
     """What a call's checks read, in one round trip: the session's row, the clock (``now()``), its group's first
     session's creation time (the group deadline) and its group's first call's temperature."""
 
-    row: Any  # locked: the ORM row (AgentSession); else a plain row of ``SLOT_COLUMNS``
-    now: datetime
+    row: Any  # locked: the ORM row (AgentSession); else a ``SlotRow``
+    now: datetime | None  # None: the session as a call of this process left it (no clock read; gateway._known)
     group_started: datetime | None
     made: bool  # whether the group made a call (segment marks are no calls)
     first_temperature: Any  # that call's ``temperature`` (None when it gave none)
@@ -74,7 +90,14 @@ def _call_slot_statement(lock: bool) -> Any:
 
 def _reserve_call_statement() -> Any:
     s, c = AgentSession.__table__, SessionCall.__table__
-    as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"))
+    peer = s.alias("peer")
+    group_started = select(func.min(peer.c.created_at)).where(peer.c.group_id == s.c.group_id).scalar_subquery()
+    at = DateTime(timezone=True)  # (no parameter is named as a column: that would be a value to set)
+    as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"),
+               s.c.n_tokens == bindparam("seen_tokens", type_=Integer),
+               s.c.created_at == bindparam("seen_start", type_=at),
+               group_started.is_not_distinct_from(bindparam("seen_group_start", type_=at)),
+               func.now() <= bindparam("not_after", type_=at))
     bump = update(s).where(*as_read).values(n_calls=s.c.n_calls + 1).returning(s.c.id).cte("bump")
     # its own transaction (autocommit), a synchronous commit: an asynchronous one saved a WAL flush, but a
     # PostgreSQL crash with the call in flight then lost the placeholder while the answer's statement still
@@ -89,15 +112,15 @@ def _store_answer_statement() -> Any:
     opened = (update(s).where(s.c.id == bindparam("a_session_id"), s.c.status == "open",
                               n_tokens < bindparam("max_tokens", type_=Integer))
               .values(n_tokens=n_tokens, misuse=func.coalesce(s.c.misuse, bindparam("session_misuse", type_=Text)))
-              .returning(s.c.id).cte("open_session"))
+              .returning(s.c.id, s.c.n_calls, s.c.n_tokens).cte("open_session"))
     return (update(c).where(c.c.session_id == opened.c.id, c.c.idx == bindparam("a_idx"))
-            .values({name: bindparam(f"a_{name}", type_=c.c[name].type) for name in ANSWERED}).returning(c.c.idx))
+            .values({name: bindparam(f"a_{name}", type_=c.c[name].type) for name in ANSWERED})
+            .returning(opened.c.n_calls, opened.c.n_tokens))
 
 
 # what a call's checks read of its session (service.sessions.gateway); a call's placeholder's columns, and
 # those its answer sets
-SLOT_COLUMNS = ("id", "secret_hash", "dataset", "group_id", "upstream", "policy_version", "status", "finish_reason",
-                "n_calls", "n_tokens", "created_at")
+SLOT_COLUMNS = SlotRow._fields
 RESERVED = ("session_id", "idx", "kind", "request", "upstream", "attempts", "latency_ms")
 ANSWERED = ("attempts", "latency_ms", "response", "prompt_ids", "completion_ids", "logprobs", "finish_reason",
             "policy_version", "error", "misuse")
@@ -109,29 +132,38 @@ _RESERVE_CALL, _STORE_ANSWER = _reserve_call_statement(), _store_answer_statemen
 def call_slot(db: Session, session_id: str, lock: bool = False) -> CallSlot | None:
     """The session's row (``lock``: locked, ``FOR UPDATE``), with ``now()``, ``group_started_at`` and
     ``group_temperature`` read by the same statement; None for an unknown session."""
-    found = db.execute(_CALL_SLOT_LOCKED if lock else _CALL_SLOT, {"session_id": session_id}).first()
+    params = {"session_id": session_id}
+    # unlocked (a call's reservation): a SlotRow, run on the session's connection without the ORM's work
+    found = (db.execute(_CALL_SLOT_LOCKED, params) if lock else db.connection().execute(_CALL_SLOT, params)).first()
     if found is None:
         return None
-    return CallSlot(found[0] if lock else found, found.now, found.group_started, bool(found.made), found.temperature)
+    row = found[0] if lock else SlotRow(*found[:len(SLOT_COLUMNS)])
+    return CallSlot(row, found.now, found.group_started, bool(found.made), found.temperature)
 
 
-def reserve_call(db: Session, call: dict[str, Any]) -> bool:
+def reserve_call(db: Session, call: dict[str, Any], slot: CallSlot, not_after: datetime) -> bool:
     """The call's placeholder (``RESERVED``'s columns) inserted and counted on its session (``n_calls`` + 1),
-    in one statement, only while the session is open with ``call["idx"]`` calls (as it was read): False,
-    with nothing written, when another call, a segment mark or the session's end came first. The session's
-    ORM row, when loaded, keeps its old ``n_calls``."""
-    return db.execute(_RESERVE_CALL, {f"r_{name}": call[name] for name in RESERVED}).first() is not None
+    in one statement, only while the session is as its checks saw it (``slot``: open, with ``call["idx"]`` calls,
+    its tokens, its and its group's start) and the database's clock is not past ``not_after``: False, with
+    nothing written, when another call, a segment mark, the session's end or its deadline came first. The
+    session's ORM row, when loaded, keeps its old ``n_calls``."""
+    params = {f"r_{name}": call[name] for name in RESERVED}
+    params.update(seen_tokens=slot.row.n_tokens, seen_start=slot.row.created_at, seen_group_start=slot.group_started,
+                  not_after=not_after)
+    return db.connection().execute(_RESERVE_CALL, params).first() is not None
 
 
 def store_answer(db: Session, session_id: str, idx: int, n_tokens: int | None, misuse: str | None,
-                 call: dict[str, Any], max_tokens: int) -> bool:
+                 call: dict[str, Any], max_tokens: int) -> tuple[int, int] | None:
     """The answer of call ``idx`` (``ANSWERED``'s columns) written in one statement, only while its session is
     open with fewer than ``max_tokens`` tokens (``n_tokens``, or as it was when None): the session's row
     first (its ``n_tokens``, its first ``misuse``; locked as the statement runs, as ``finish`` locks it), then
-    the call's. False when the session is not (nothing is written)."""
+    the call's. The session's calls and tokens as it left them; None when the session is not (nothing is
+    written)."""
     params = {f"a_{name}": call[name] for name in ANSWERED}
     params.update(a_session_id=session_id, a_idx=idx, n_tokens=n_tokens, session_misuse=misuse, max_tokens=max_tokens)
-    return db.execute(_STORE_ANSWER, params).first() is not None
+    stored = db.connection().execute(_STORE_ANSWER, params).first()
+    return None if stored is None else (stored[0], stored[1])
 
 
 def calls(db: Session, session_id: str) -> list[SessionCall]:

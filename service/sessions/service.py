@@ -152,14 +152,24 @@ def authorize(request: Request, db: Session, session_id: str, need: Role, lock: 
     return repo.get_session(db, session_id, lock=lock)
 
 
+def _session_token(request: Request) -> str | None:
+    token = _bearer(request)
+    return token if token is not None and token.startswith(SESSION_PREFIX) else None
+
+
+def holds_session_key(request: Request) -> bool:
+    """Whether the caller sends a session key (``admit`` checks it against the session's row, reading nothing)."""
+    return _session_token(request) is not None
+
+
 def admit(request: Request, db: Session, row: Any, session_id: str, need: Role) -> bool:
     """``authorize``'s check of a row already read (None: an unknown session, 404). True for the session's
     own key (the transaction goes on); False for an API key, whose lookup ended the transaction
     (``authenticate``): the caller reads the row again, and locks it again."""
     if row is None:
         raise NotFound(f"session_id: no session {session_id!r}")
-    token = _bearer(request)
-    if token is not None and token.startswith(SESSION_PREFIX):
+    token = _session_token(request)
+    if token is not None:
         sid, sep, secret = token[len(SESSION_PREFIX):].partition("_")
         if sid != session_id:
             raise Forbidden("authorization: this session key belongs to another session")

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import atexit
 import logging
+import select
 import threading
+import time
 import warnings
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
-from sqlalchemy import Engine, create_engine, text
+from psycopg.pq import ConnStatus
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.settings import Settings, get_settings
@@ -84,16 +88,62 @@ def _cached_engine(url: str, settings: Settings, options: str | None = None) -> 
     key = f"{url}#{options}"
     with _lock:
         if key not in _engines:
-            _engines[key] = create_engine(
+            engine = create_engine(
                 url,
                 pool_size=settings.db_pool_size,
                 max_overflow=settings.db_max_overflow,
-                pool_pre_ping=True,
                 json_serializer=_json_dumps,
                 json_deserializer=orjson.loads,
                 connect_args={"options": options},
             )
+            _check_on_checkout(engine)
+            _engines[key] = engine
         return _engines[key]
+
+
+# A pooled connection is pinged (SELECT 1: a round trip) when it is checked out, unless it came back to the pool
+# less than this long ago and its socket holds nothing unread: a server that shut down, restarted or ended the
+# backend (pg_terminate_backend, idle_session_timeout) closed the socket, so it reads an end of file (after a
+# FATAL message) and is pinged, fails and goes with every older connection, as pool_pre_ping would. What only a
+# ping sees is a peer gone without a word (a network cut, a middlebox dropping idle flows): that takes a while
+# idle, and then the connection is pinged. A pre-ping on every checkout was two of a gateway call's five round
+# trips (docs/agents.md, "What a call costs").
+PING_IDLE_S = 10.0
+_RETURNED_AT = "grpo_curator_returned_at"
+
+
+def _check_on_checkout(engine: Engine) -> None:
+    def connected(dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()  # new: as good as a ping (pool_pre_ping skips it too)
+
+    def checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        returned = record.info.get(_RETURNED_AT)
+        if returned is not None and time.monotonic() - returned < PING_IDLE_S and _nothing_unread(dbapi_connection):
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as exc:  # as pool_pre_ping: the pool connects anew and goes on
+            raise InvalidatePoolError(f"ping on checkout failed: {exc}") from exc
+
+    event.listen(engine, "connect", connected)
+    event.listen(engine, "checkin", checked_in)
+    event.listen(engine, "checkout", checked_out)
+
+
+def _nothing_unread(dbapi_connection: Any) -> bool:
+    """Whether a psycopg connection is open and its socket has nothing to read (no end of file, no message)."""
+    try:
+        pgconn = dbapi_connection.pgconn
+        if dbapi_connection.closed or pgconn.status != ConnStatus.OK:
+            return False
+        poller = select.poll()  # (not select.select: the descriptor may be past FD_SETSIZE, serve raises the limit)
+        poller.register(pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
+    except Exception:  # not psycopg's, or its socket gone: the ping decides
+        return False
 
 
 def get_engine(url: str | None = None) -> Engine:
@@ -137,14 +187,3 @@ def db_now(session: Session) -> datetime:
     a wait's ``wait_until``, a curation's ``curated_at``) is taken from it, never from the process's own clock
     (a worker's clock may be skewed from the database's)."""
     return session.execute(text("SELECT clock_timestamp()")).scalar_one()
-
-
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """Commit on success, roll back on error; used by the request dependency."""
-    with factory() as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
