@@ -3,9 +3,10 @@ imports the CLI (and what its commands import) once, then forks one child per co
 separate process running ``service.cli.main.main(argv)`` with its own environment, stdout and stderr
 (pipes the test reads), and exit status: what ``python -m service.cli ARGV`` does after its imports.
 
-Used where a test starts many short-lived command processes to SIGKILL them (tests/service/archive/
-test_archive_kill.py): each ``python -m service.cli`` start took ~2 s of imports before the command's first
-line, and the kills land after that line anyway.
+Used where tests start many command processes: the archiver the kill test SIGKILLs 20 times
+(tests/service/archive/test_archive_kill.py), the CLI tests' commands (tests/service/cli), and every
+``grpo-curator serve`` that ``tests.conftest.start_server`` starts (~110 a run). Each ``python -m service.cli``
+start took ~2 s of imports before the command's first line.
 
 Nothing is connected, configured or cached in the zygote before a fork (it only imports modules); the
 child clears the cached settings after taking its environment.
