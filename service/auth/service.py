@@ -146,8 +146,10 @@ async def authenticate_session(request: Request, session: SessionDep, token: str
 def _look_up_session_key(session: SessionDep, session_id: str, digest: str) -> SessionKey:
     try:
         row = key_repo.session_secret(session, session_id)
-    finally:
-        session.commit()
+    except BaseException:  # the database's error, as it is: a commit here would replace it (PendingRollbackError)
+        session.rollback()
+        raise
+    session.commit()
     # the digest is compared even when the session is unknown, so timing does not tell ids apart
     matches = hmac.compare_digest(digest, row[0] if row is not None else "0" * 64)
     if row is None or not matches:

@@ -210,8 +210,9 @@ def _placeholder(db: Session, slot: repo.CallSlot, settings: Settings, kind: sam
 # Each session as the last call this process reserved or stored for it left it (a slot without a clock): the
 # session's next call is checked against it and reserved by one statement, reading nothing first; the
 # reservation finds the session so or writes nothing (another call, a segment mark, its end, a call through
-# another API process, its or its group's start moved, the deadline passed), and the call then reads the
-# session. Kept only once the group made a call before the one that left it (a group's first call may race
+# another API process, its or its group's start moved, its group's first call is another, the deadline passed),
+# and the call then reads the session; a refusal by what was known (the group's temperature) is decided again
+# on the session as read. Kept only once the group made a call before the one that left it (a group's first call may race
 # another session's: the next call reads which one was first). At most 16,384 sessions (~11 MB), the least
 # recently used dropped first (a process with more sessions in flight reads some of them again).
 _known = Lru[str, repo.CallSlot](size=16384)
@@ -247,7 +248,10 @@ def _reserve(request: Request, factory: sessionmaker[Session], settings: Setting
         known = _known.get(session_id) if service.holds_session_key(request) else None
         reserved = None
         if known is not None and service.admit(request, db, known.row, session_id, PRODUCER):
-            reserved = _checked_placeholder(request, db, known, kind, body, settings, fetched)
+            try:
+                reserved = _checked_placeholder(request, db, known, kind, body, settings, fetched)
+            except BadRequest:  # refused by what this process knew (the group's temperature): the session decides
+                reserved = None
         if reserved is None:
             _known.drop(session_id)
             reserved = _checked_placeholder(request, db, _slot(request, db, session_id, lock=False), kind, body,

@@ -69,22 +69,30 @@ class CallSlot:
     group_started: datetime | None
     made: bool  # whether the group made a call (segment marks are no calls)
     first_temperature: Any  # that call's ``temperature`` (None when it gave none)
+    first_call: str | None = None  # which call that is ("<session id>#<index>"; None before any)
+
+
+def _group_first_call(group_id: Any) -> Any:
+    """The first call of group ``group_id`` (an outer column): each of its sessions' first call (one primary-key
+    probe a session), the earliest of those; never a sort of every call of the group, nor their requests read
+    (only that one's temperature). Its ``temperature``, ``made`` (true) and ``key`` ("<session id>#<index>")."""
+    peer, call = aliased(AgentSession), aliased(SessionCall)
+    own = (select(call.created_at, call.session_id, call.idx, call.request["temperature"].label("temperature"))
+           .where(call.session_id == peer.id, call.kind != SEGMENT_MARK).order_by(call.idx).limit(1).lateral("own"))
+    key = func.concat(own.c.session_id, "#", own.c.idx).label("key")
+    return (select(own.c.temperature, literal(True).label("made"), key).select_from(peer).join(own, true())
+            .where(peer.group_id == group_id).order_by(own.c.created_at, own.c.session_id, own.c.idx).limit(1))
 
 
 def _call_slot_statement(lock: bool) -> Any:
-    peer, call = aliased(AgentSession), aliased(SessionCall)
+    peer = aliased(AgentSession)
     started = select(func.min(peer.created_at)).where(peer.group_id == AgentSession.group_id).scalar_subquery()
-    # the group's first call: each of its sessions' first call (one primary-key probe a session), the earliest
-    # of those; never a sort of every call of the group, nor their requests read (only that one's temperature)
-    own = (select(call.created_at, call.session_id, call.idx, call.request["temperature"].label("temperature"))
-           .where(call.session_id == peer.id, call.kind != SEGMENT_MARK).order_by(call.idx).limit(1).lateral("own"))
-    first = (select(own.c.temperature, literal(True).label("made")).select_from(peer).join(own, true())
-             .where(peer.group_id == AgentSession.group_id)
-             .order_by(own.c.created_at, own.c.session_id, own.c.idx).limit(1).lateral("first"))
+    first = _group_first_call(AgentSession.group_id).lateral("first")
     # locked (the path that may end the session): the ORM row; else a plain row of the columns the checks read
     session = [AgentSession] if lock else [AgentSession.__table__.c[name] for name in SLOT_COLUMNS]
     stmt = (select(*session, func.now().label("now"), started.label("group_started"), first.c.made,
-                   first.c.temperature).outerjoin(first, true()).where(AgentSession.id == bindparam("session_id")))
+                   first.c.temperature, first.c.key).outerjoin(first, true())
+            .where(AgentSession.id == bindparam("session_id")))
     return stmt.with_for_update(of=AgentSession) if lock else stmt
 
 
@@ -92,11 +100,16 @@ def _reserve_call_statement() -> Any:
     s, c = AgentSession.__table__, SessionCall.__table__
     peer = s.alias("peer")
     group_started = select(func.min(peer.c.created_at)).where(peer.c.group_id == s.c.group_id).scalar_subquery()
+    first = _group_first_call(s.c.group_id)
+    first_call = first.with_only_columns(first.selected_columns.key).scalar_subquery()
     at = DateTime(timezone=True)  # (no parameter is named as a column: that would be a value to set)
     as_read = (s.c.id == bindparam("r_session_id"), s.c.status == "open", s.c.n_calls == bindparam("r_idx"),
                s.c.n_tokens == bindparam("seen_tokens", type_=Integer),
                s.c.created_at == bindparam("seen_start", type_=at),
                group_started.is_not_distinct_from(bindparam("seen_group_start", type_=at)),
+               # the group's first call (whose temperature the group keeps) still the one the checks saw: a
+               # session's first call reserved late may be stored as earlier than calls made meanwhile
+               first_call.is_not_distinct_from(bindparam("seen_first_call", type_=Text)),
                func.now() <= bindparam("not_after", type_=at))
     bump = update(s).where(*as_read).values(n_calls=s.c.n_calls + 1).returning(s.c.id).cte("bump")
     # its own transaction (autocommit), a synchronous commit: an asynchronous one saved a WAL flush, but a
@@ -138,18 +151,18 @@ def call_slot(db: Session, session_id: str, lock: bool = False) -> CallSlot | No
     if found is None:
         return None
     row = found[0] if lock else SlotRow(*found[:len(SLOT_COLUMNS)])
-    return CallSlot(row, found.now, found.group_started, bool(found.made), found.temperature)
+    return CallSlot(row, found.now, found.group_started, bool(found.made), found.temperature, found.key)
 
 
 def reserve_call(db: Session, call: dict[str, Any], slot: CallSlot, not_after: datetime) -> bool:
     """The call's placeholder (``RESERVED``'s columns) inserted and counted on its session (``n_calls`` + 1),
     in one statement, only while the session is as its checks saw it (``slot``: open, with ``call["idx"]`` calls,
-    its tokens, its and its group's start) and the database's clock is not past ``not_after``: False, with
+    its tokens, its and its group's start, its group's first call) and the database's clock is not past ``not_after``: False, with
     nothing written, when another call, a segment mark, the session's end or its deadline came first. The
     session's ORM row, when loaded, keeps its old ``n_calls``."""
     params = {f"r_{name}": call[name] for name in RESERVED}
     params.update(seen_tokens=slot.row.n_tokens, seen_start=slot.row.created_at, seen_group_start=slot.group_started,
-                  not_after=not_after)
+                  seen_first_call=slot.first_call, not_after=not_after)
     return db.connection().execute(_RESERVE_CALL, params).first() is not None
 
 

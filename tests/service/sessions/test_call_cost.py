@@ -76,3 +76,35 @@ def test_a_call_reads_the_session_a_segment_mark_or_time_changed(api, fresh_db: 
     assert status == 409, late
     assert client.get(f"/v1/sessions/{session['session_id']}", headers=session["headers"]).json()[
         "finish_reason"] == "timeout"
+
+
+# Attack on the fast path (helper-42): B's first call, its timestamp taken before its reservation waited on B's
+# row (a finish of B held it), was stored as earlier than A's calls made meanwhile, so B's call became the group's
+# first and the group's temperature B's. The process that knew A kept A's first call's temperature and let A
+# sample at it; another process followed the database. The state that race leaves is written directly here.
+def test_a_call_reads_the_session_when_its_group_s_first_call_changed(api) -> None:
+    client, statements = api
+
+    def opened(group: str) -> dict[str, Any]:
+        r = client.post("/v1/sessions", json={"group_id": group, "group_size": 2, "policy_version": 0,
+                                              "prompt_id": "cost", "prompt": {"dataset": "agents", "messages": USER,
+                                                                                "reference": {"answer": "5"}}})
+        assert r.status_code == 201, r.text
+        return {**r.json(), "headers": {"Authorization": f"Bearer {r.json()['api_key']}"}}
+
+    def call(session: dict[str, Any], temperature: float) -> int:
+        r = client.post(f"/v1/sessions/{session['session_id']}/chat/completions", headers=session["headers"],
+                        json={"model": "fake", "messages": USER, "max_tokens": 4, "temperature": temperature})
+        return r.status_code
+
+    a, b = opened("g-first"), opened("g-first")
+    assert [call(a, 0.5) for _ in range(3)] == [200] * 3  # A's first call is the group's: 0.5; A known now
+    assert call(b, 1.0) == 400 and call(b, 0.5) == 200
+    with client.app.state.engine.begin() as db:  # B's call at 1.0, stored as the group's first
+        db.execute(text("UPDATE session_calls SET created_at = created_at - interval '1 hour', "
+                        "request = jsonb_set(request, '{temperature}', '1.0') WHERE session_id = :s"),
+                   {"s": b["session_id"]})
+    statements.clear()
+    assert call(a, 0.5) == 400, "sampled at the temperature of a call that is no longer the group's first"
+    assert "SELECT" in statements, statements  # the reservation found the group changed: the session was read
+    assert call(a, 1.0) == 200 and call(b, 1.0) == 200
