@@ -212,9 +212,9 @@ def _placeholder(db: Session, slot: repo.CallSlot, settings: Settings, kind: sam
 # reservation finds the session so or writes nothing (another call, a segment mark, its end, a call through
 # another API process, its or its group's start moved, its group's first call is another, the deadline passed),
 # and the call then reads the session; a refusal by what was known (the group's temperature) is decided again
-# on the session as read. Kept only once the group made a call before the one that left it (a group's first call may race
-# another session's: the next call reads which one was first). At most 16,384 sessions (~11 MB), the least
-# recently used dropped first (a process with more sessions in flight reads some of them again).
+# on the session as read. Kept only once the group made a call (a group's first call is reserved under the
+# group's lock, ``_locked_reservation``). At most 16,384 sessions (~11 MB), the least recently used dropped
+# first (a process with more sessions in flight reads some of them again).
 _known = Lru[str, repo.CallSlot](size=16384)
 
 
@@ -226,6 +226,8 @@ def _leave(slot: repo.CallSlot, n_calls: int, n_tokens: int) -> None:
 def _checked_placeholder(request: Request, db: Session, slot: repo.CallSlot, kind: sampling.Kind, body: Any,
                          settings: Settings, fetched: dict[str, frozenset[str] | None]) -> _Reserved | None:
     if _check(request, db, slot, kind, body, settings, fetched) is not None:
+        return None
+    if not slot.made:  # the group's first call fixes its temperature: reserved under the group's lock only
         return None
     reserved = _placeholder(db, slot, settings, kind, body)
     if reserved is not None and slot.made:
@@ -264,26 +266,47 @@ def _reserve(request: Request, factory: sessionmaker[Session], settings: Setting
 def _reserve_locked(request: Request, factory: sessionmaker[Session], settings: Settings, session_id: str,
                     kind: sampling.Kind, body: dict[str, Any], fetched: dict[str, frozenset[str] | None]) -> _Reserved:
     """``_reserve`` in one transaction with the session row locked. A limit reached ends the session
-    (committed though the call is refused, 409)."""
+    (committed though the call is refused, 409). (Not ``factory.begin()``: an API key's check commits the
+    transaction it began, and the session goes on in a new one.)"""
     _known.drop(session_id)
-    with factory.begin() as db:
-        slot = _slot(request, db, session_id, lock=True)
-        row = slot.row
-        reason = _check(request, db, slot, kind, body, settings, fetched)
-        if reason == "max_turns" and repo.in_flight(db, session_id, settings.session_call_timeout_s + 5):
-            raise Conflict("session_id: the session's calls (GRPO_CURATOR_SESSION_MAX_CALLS) are all taken by calls "
-                           "in flight", detail={"finish_reason": None})
-        if reason is None:  # (no group lock on this path: the lock order stays row -> group, as at finish)
-            reserved = _placeholder(db, slot, settings, kind, body)
-            if reserved is None:  # the row is locked: only its group's start moved (a session created meanwhile)
-                raise ServiceError("session_id: the session's group changed while this call was reserved; call "
-                                   "again", status_code=503)
-            return reserved
-        repo.lock_group(db, row.group_id)
-        service.close(db, row, reason)
-        group_service.ingest_if_complete(db, row.group_id, settings)
-        reason = row.finish_reason
+    with factory() as db:
+        try:
+            reserved, reason = _locked_reservation(request, db, settings, session_id, kind, body, fetched)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+    if reserved is not None:
+        return reserved
     raise Conflict(f"session_id: the session has ended ({reason}: a session limit)", detail={"finish_reason": reason})
+
+
+def _locked_reservation(request: Request, db: Session, settings: Settings, session_id: str, kind: sampling.Kind,
+                        body: dict[str, Any], fetched: dict[str, frozenset[str] | None]
+                        ) -> tuple[_Reserved | None, str | None]:
+    """(the reservation, None), or (None, the finish reason of the session a limit ended)."""
+    slot = _slot(request, db, session_id, lock=True)
+    if not slot.made:
+        # no call in the group yet: concurrent first calls of its sessions (through any process) would each
+        # see none and each fix a temperature; under the group's lock (row -> group, as at finish) they come
+        # one after the other, each reading what the one before stored
+        repo.lock_group(db, slot.row.group_id)
+        slot = repo.call_slot(db, session_id, lock=True) or slot
+    row = slot.row
+    reason = _check(request, db, slot, kind, body, settings, fetched)
+    if reason == "max_turns" and repo.in_flight(db, session_id, settings.session_call_timeout_s + 5):
+        raise Conflict("session_id: the session's calls (GRPO_CURATOR_SESSION_MAX_CALLS) are all taken by calls "
+                       "in flight", detail={"finish_reason": None})
+    if reason is None:  # (the group's lock only for its first call: the lock order stays row -> group, as at finish)
+        reserved = _placeholder(db, slot, settings, kind, body)
+        if reserved is None:  # the row is locked: only its group's start moved (a session created meanwhile)
+            raise ServiceError("session_id: the session's group changed while this call was reserved; call "
+                               "again", status_code=503)
+        return reserved, None
+    repo.lock_group(db, row.group_id)
+    service.close(db, row, reason)
+    group_service.ingest_if_complete(db, row.group_id, settings)
+    return None, row.finish_reason
 
 
 def call(request: Request, factory: sessionmaker[Session], client: httpx.Client, settings: Settings,

@@ -110,17 +110,23 @@ def _cached_engine(url: str, settings: Settings, options: str | None = None) -> 
 # trips (docs/agents.md, "What a call costs").
 PING_IDLE_S = 10.0
 _RETURNED_AT = "grpo_curator_returned_at"
+_FRESH = "connected, never checked in"
 
 
 def _check_on_checkout(engine: Engine) -> None:
     def connected(dbapi_connection: Any, record: Any) -> None:
-        record.info[_RETURNED_AT] = time.monotonic()  # new: as good as a ping (pool_pre_ping skips it too)
+        record.info[_RETURNED_AT] = _FRESH  # new: as good as a ping (pool_pre_ping skips it too)
 
     def checked_in(dbapi_connection: Any, record: Any) -> None:
         record.info[_RETURNED_AT] = time.monotonic()
 
     def checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         returned = record.info.get(_RETURNED_AT)
+        if returned is _FRESH:
+            # never pinged: the pool tries a checkout twice, and a failed ping of the connection it just made in
+            # place of a dead one (ended too, a moment later) was the second try: "This connection is closed", a
+            # 500. Unpinged, its first statement fails instead: the database's error, a 503 to retry.
+            return
         if returned is not None and time.monotonic() - returned < PING_IDLE_S and _nothing_unread(dbapi_connection):
             return
         try:

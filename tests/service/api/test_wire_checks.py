@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.api.wire_checks import INT64_MAX, INT64_MIN, WireError, _suspicious, check_content_type, parse_json_body
+from service.api.wire_checks import (
+    INT64_MAX,
+    INT64_MIN,
+    WireError,
+    _suspicious,
+    check_content_type,
+    parse_json_body,
+)
 
 text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
 scalars = st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats(allow_nan=False, allow_infinity=False) | text

@@ -186,6 +186,34 @@ def test_a_group_trains_at_one_temperature(gateway: LiveServer) -> None:
     assert group(gateway.url, a["group_id"])["sampling"]["temperature"] == 0.7
 
 
+# Attack (helper-43): two sessions' first calls at once, at two temperatures, each saw no call in the group and
+# each was stored: a group trained at two temperatures (20 of 40 rounds, before and after the fast path). A
+# group's first call is reserved under the group's lock: one of them is first, the other a 400 (nothing stored).
+def test_concurrent_first_calls_of_a_group_fix_one_temperature(gateway: LiveServer) -> None:
+    import threading
+
+    for _ in range(20):
+        a = open_session(gateway.url, group_size=2)
+        b = open_session(gateway.url, group_id=a["group_id"], group_size=2)
+        start: threading.Barrier = threading.Barrier(2)
+        answers: dict[float, int] = {}
+
+        def first(session: dict[str, Any], t: float, start: threading.Barrier, answers: dict[float, int]) -> None:
+            start.wait()
+            answers[t] = chat_call(session, temperature=t).status_code
+
+        threads = [threading.Thread(target=first, args=(s, t, start, answers)) for s, t in ((a, 0.5), (b, 1.0))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(answers.values()) == [200, 400], answers
+        kept = 0.5 if answers[0.5] == 200 else 1.0
+        assert read(a, tokens=False)["n_calls"] + read(b, tokens=False)["n_calls"] == 1
+        loser = b if kept == 0.5 else a
+        assert chat_call(loser, temperature=kept).status_code == 200  # the group's temperature, as the first's
+
+
 def test_a_group_that_cannot_be_posted_is_recorded_and_never_retried(swept: LiveServer) -> None:
     gateway = swept  # a sequence limit of 8 tokens: the fake's prompts are longer
     session = open_session(gateway.url)
