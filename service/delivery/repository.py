@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 from psycopg.rows import namedtuple_row
-from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, update
+from sqlalchemy import CursorResult, and_, func, insert, or_, select, text, true, update
 from sqlalchemy.orm import Session, selectinload
 
 from filters.types import TRAINED_ACTIONS
@@ -90,13 +90,21 @@ def lock_ready_groups(
     datasets: frozenset[str] | None = None,
     need_logprobs: bool = False,
 ) -> list[Any]:
-    """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``.
+    """Up to ``limit`` ready groups in delivery order, locked ``FOR UPDATE SKIP LOCKED``, each with its
+    deliverable trajectories and their token ids: rows (pk, policy_version, n, tokens), n = 0 for a group
+    with nothing deliverable. One statement (a lease's round trips are most of its cost on a busy host).
 
     ``after`` = (policy_version, pk) of the last row of the previous chunk (keyset pagination);
     'oldest' is ingest order (pk), which also puts redelivered groups first; 'freshest' is
     policy_version descending, then pk.
     """
-    stmt = select(Group.pk, Group.policy_version).where(Group.status == "ready")
+    sizes = (
+        select(func.count().label("n"), func.coalesce(func.sum(Trajectory.seq_len), 0).label("tokens"))
+        .where(Trajectory.group_pk == Group.pk, _DELIVERABLE)
+        .lateral("sizes")
+    )
+    stmt = select(Group.pk, Group.policy_version, sizes.c.n, sizes.c.tokens).join(sizes, true())
+    stmt = stmt.where(Group.status == "ready")
     if min_version is not None:  # by the group's oldest token (a fill or a resume may be older than the group)
         stmt = stmt.where(STALENESS_VERSION >= min_version)
     if datasets is not None:
@@ -115,29 +123,7 @@ def lock_ready_groups(
             stmt = stmt.where(
                 or_(Group.policy_version < version, and_(Group.policy_version == version, Group.pk > pk))
             )
-    return list(session.execute(stmt.limit(limit).with_for_update(skip_locked=True)).all())
-
-
-def deliverable_sizes(session: Session, group_pks: Sequence[int]) -> dict[int, tuple[int, int]]:
-    """group pk -> (deliverable trajectories, their token ids); groups with none are absent."""
-    if not group_pks:
-        return {}
-    stmt = (
-        select(Trajectory.group_pk, func.count(), func.coalesce(func.sum(Trajectory.seq_len), 0))
-        .where(Trajectory.group_pk.in_(group_pks), _DELIVERABLE)
-        .group_by(Trajectory.group_pk)
-    )
-    return {pk: (int(n), int(tokens)) for pk, n, tokens in session.execute(stmt)}
-
-
-def mark_leased(session: Session, group_pks: Sequence[int], lease_id: str) -> None:
-    stmt = (
-        update(Group)
-        .where(Group.pk.in_(group_pks))
-        .values(status="leased", lease_id=lease_id)
-        .execution_options(synchronize_session=False)
-    )
-    session.execute(stmt)
+    return list(session.execute(stmt.limit(limit).with_for_update(of=Group, skip_locked=True)).all())
 
 
 def lock_request_id(session: Session, request_id: str) -> None:
@@ -146,10 +132,17 @@ def lock_request_id(session: Session, request_id: str) -> None:
 
 
 def insert_lease(session: Session, row: dict[str, Any], lease_seconds: float) -> Any:
-    """Insert a lease expiring ``lease_seconds`` from now (database clock); returns its times."""
+    """Mark the lease's groups (``row["group_pks"]``) leased and insert the lease, expiring ``lease_seconds``
+    from now (database clock), in one statement; returns its times."""
+    marked = (
+        update(Group)
+        .where(Group.pk.in_(row["group_pks"]))
+        .values(status="leased", lease_id=row["id"])
+        .cte("marked")
+    )
     expires = func.clock_timestamp() + func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds)
     stmt = insert(Lease).values(**row, expires_at=expires).returning(Lease.created_at, Lease.expires_at)
-    return session.execute(stmt).one()
+    return session.execute(stmt.add_cte(marked)).one()
 
 
 # -- reading -------------------------------------------------------------------------------------------

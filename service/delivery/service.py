@@ -116,9 +116,8 @@ def claim_groups(
             session, min_version=min_version, order=body.order, after=after, limit=size, datasets=datasets,
             need_logprobs=body.need_logprobs,
         )
-        sizes = lease_repo.deliverable_sizes(session, [r.pk for r in rows])
         for row in rows:
-            if claim.offer(row.pk, *sizes.get(row.pk, (0, 0))) == "full":
+            if claim.offer(row.pk, int(row.n), int(row.tokens)) == "full":
                 return claim
         if len(rows) < size:
             return claim
@@ -228,7 +227,6 @@ def lease_once(
     if not claim.pks or (not final and body.min_groups is not None and len(claim.pks) < body.min_groups):
         return None  # the caller rolls back, releasing the claimed rows
     lease_id = uuid.uuid4().hex
-    lease_repo.mark_leased(session, claim.pks, lease_id)
     row = {
         "id": lease_id,
         "trainer_id": body.trainer_id,
@@ -266,12 +264,19 @@ async def lease(
     notification's wake-up reaches it. 429 when the process already has ``hub.max_waiters`` waiting.
     A client that went away is not leased for.
     """
-    if body.request_id is None:  # a retried request_id may replay its batch (lease_once checks the pause)
-        await run_in_threadpool(check_leasing, session, key.datasets)  # 503 while a pause_leases alert is critical
     lease_seconds = body.lease_seconds or default_lease_seconds
     deadline = time.monotonic() + body.wait_seconds
     filtered = body.max_staleness is not None or body.min_groups is not None or body.need_logprobs
-    if body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready():
+
+    def attempt_now() -> bool:
+        return body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready()
+
+    # 503 while a pause_leases alert is critical. An attempt checks it itself (``lease_once``; a retried
+    # request_id may replay its batch, paused or not), so the check runs here only before a wait that starts
+    # without an attempt, and before a max_staleness attempt's drop of stale groups (which it commits)
+    if body.request_id is None and (body.max_staleness is not None or not attempt_now()):
+        await run_in_threadpool(check_leasing, session, key.datasets)
+    if attempt_now():
         generation = hub.generation
         outcome = Outcome()
         batch = await _attempt(session, body, lease_seconds, body.wait_seconds <= 0, hub, key, outcome)
