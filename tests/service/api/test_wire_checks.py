@@ -111,6 +111,12 @@ def test_long_fractions_take_the_fast_path_and_long_integers_beside_them_are_sti
     assert _suspicious(big) and parse_json_body(big)["x"] == 12345678901234567890.5
     # an integer right after a fraction's digits (".5,1234...") is not a fraction
     assert _suspicious(b'{"a": [0.00000000000000000001,12345678901234567890]}')
+    # a fraction's run is skipped to its end, however long (a search from inside it would see a run that
+    # does not follow a '.'), and the next number is still looked at; a bare number at the body's start too
+    long_fraction = b"0." + b"1234567890" * 5
+    assert not _suspicious(b"[" + long_fraction + b"," + long_fraction + b"]")
+    assert _suspicious(b"[" + long_fraction + b",-1234567890123456789]")
+    assert _suspicious(b"1234567890123456789") and not _suspicious(b"123456789012345678")
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast-path", "exact-path"])
