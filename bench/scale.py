@@ -291,20 +291,33 @@ class WaitSampler:
 
 
 # -- /v1/stats ---------------------------------------------------------------------------------------------
-def stats_latency(server_url: str, n: int) -> dict[str, float]:
+def stats_latency(server_url: str, n: int) -> dict[str, Any]:
+    """p50 / p99 over every query of STATS_QUERIES, and per query (its p50 / p99 and the rows it answered: what
+    grows with the store, and what grows with the answer)."""
     since = (datetime.now(UTC) - timedelta(hours=24)).isoformat()
     cold: list[float] = []
     lat: list[float] = []
+    per: dict[str, list[float]] = {}
+    rows: dict[str, int] = {}
     with httpx.Client(base_url=server_url, timeout=120) as http:
         for i in range(n + len(STATS_QUERIES)):
             q = STATS_QUERIES[i % len(STATS_QUERIES)]
             params = {k: (since if v == "SINCE" else v) for k, v in q.items()}
             t0 = time.perf_counter()
             r = http.get("/v1/stats", params=params)
-            (cold if i < len(STATS_QUERIES) else lat).append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
             if r.status_code != 200:
                 raise RuntimeError(f"GET /v1/stats {params}: {r.status_code} {r.text[:300]}")
-    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "cold_max_ms": max(cold) * 1e3}
+            if i < len(STATS_QUERIES):
+                cold.append(took)
+                continue
+            lat.append(took)
+            label = q["by"] + (" since 24 h" if "since" in q else "")
+            per.setdefault(label, []).append(took)
+            rows[label] = len(r.json()["rows"])
+    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "cold_max_ms": max(cold) * 1e3,
+            "by_query": {label: {"p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99), "rows": rows[label]}
+                         for label, v in per.items()}}
 
 
 # -- archive -----------------------------------------------------------------------------------------------
@@ -473,6 +486,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             for trainers in ("1", "4"):
                 print(f"  {trainers} trainer(s), active service backends sampled every 10 ms: "
                       f"{r['lease'][trainers].get('backend_samples')}")
+    print("GET /v1/stats per query, p50 | p99 ms (rows answered): " + "; ".join(
+        f"{r['size']}: " + ", ".join(f"{label} {v['p50_ms']:.1f}|{v['p99_ms']:.1f} ({v['rows']})"
+                                     for label, v in r["stats"]["by_query"].items()) for r in rows))
     first, last = rows[0], rows[-1]
     lease_x = last["lease"]["1"]["p99_ms"] / first["lease"]["1"]["p99_ms"]
     stats_x = last["stats"]["p99_ms"] / first["stats"]["p99_ms"]

@@ -46,6 +46,7 @@ from service.api.deps import SessionDep
 from service.api.errors import Forbidden, Unauthorized
 from service.api.lru import Lru
 from service.auth import repository as key_repo
+from service.store.db import statements_on_their_own
 
 
 class Role(StrEnum):
@@ -190,7 +191,12 @@ def authenticate(request: Request, session: SessionDep, token_param: str | None 
     """The request's key (401 when missing, unknown or revoked while auth is on); OPEN when auth is off.
     The lookup's read transaction ends here, so its pooled connection goes back at once (a long poll
     must hold none while it waits). It ends with COMMIT: auth runs before the route has written anything,
-    and a COMMIT never discards what the caller's session already holds (a ROLLBACK would)."""
+    and a COMMIT never discards what the caller's session already holds (a ROLLBACK would).
+
+    The lookup is one statement: when the session holds no transaction yet (every request's first use), it
+    runs on its own (autocommit: it sees what was committed before it, as a transaction's first statement
+    does), which spares every request a BEGIN and a COMMIT round trip."""
+    statements_on_their_own(session)
     try:
         principal = _authenticate(request, session, token_param)
     except BaseException:

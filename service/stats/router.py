@@ -12,6 +12,7 @@ from service.api.deps import SessionDep
 from service.auth.service import ADMIN, VIEWER, allow
 from service.stats import service as stats
 from service.stats.service import StatsBy
+from service.store.db import statements_on_their_own
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
@@ -86,7 +87,13 @@ def get_stats(
     ] = None,
 ) -> dict[str, Any]:
     """Rows per key; fields a `by` does not have are left out (see StatsRow)."""
-    return stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model
+    # reads only, each statement of the rollup on its own (its cells are additive counters): no BEGIN and no
+    # COMMIT round trips, which were a third of the request's waits on PostgreSQL (py-spy, a stats loop)
+    statements_on_their_own(session)
+    try:
+        return stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model
+    finally:
+        session.commit()  # nothing to commit: ends the session's transaction in this thread, not in another hop
 
 
 @router.post("/rebuild", response_model=RebuildOut, dependencies=[allow(ADMIN)])

@@ -188,6 +188,15 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=False)
 
 
+def statements_on_their_own(session: Session) -> None:
+    """Run what ``session`` executes next each statement on its own (autocommit: no BEGIN / COMMIT round trips,
+    each sees what was committed before it), until it commits or rolls back: for a read that one statement
+    answers, or reads whose every statement stands alone. Only for a session that holds no transaction yet and
+    takes its connections from the engine; one bound to a caller's connection keeps that caller's transaction."""
+    if not session.in_transaction() and isinstance(session.get_bind(), Engine):
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+
+
 def db_now(session: Session) -> datetime:
     """The database's clock: every time that SQL compares with ``clock_timestamp()`` (a retry's ``retry_at``,
     a wait's ``wait_until``, a curation's ``curated_at``) is taken from it, never from the process's own clock
