@@ -4,7 +4,8 @@ One private database (created, migrated, dropped at the end). Synthetic groups o
 ``--tokens`` token ids (default 64: short, so 5 M trajectories fit a small disk; int32 token ids, uint8 loss
 mask, float32 log-probs as bytea, i.e. ~580 bytes of arrays per trajectory) are bulk-loaded with binary
 COPY (``bench.lease._copy_trajectories``), in 4 datasets, a new policy version every 10,000 groups, the
-groups' ``created_at`` spread over the last 5 days and the stats rollup kept through the service's own
+groups' ``created_at`` at a steady GROUPS_PER_HOUR (a bigger store is a longer run, not a denser one: 5 M
+trajectories are ~6.5 days ending now, 100 k the first ~3 hours of them) and the stats rollup kept through the service's own
 ``record_groups``. Loaded groups are ``consumed`` (history), as in a long run, with a decision log as
 curation writes one: each group's last member masked (cut at the budget), and every 10th group's slot
 resampled (``remedy_requested`` + ``remedy_filled``): 1.2 decision rows a group.
@@ -60,6 +61,7 @@ PER_GROUP = 8
 PROMPT_TOKENS = 16
 DATASETS = ("math", "code", "chat", "tools")
 GROUPS_PER_VERSION = 10_000
+GROUPS_PER_HOUR = 4_000  # a busy run: ~96 k groups (~0.8 M trajectories) a day
 CHUNK = 1_000  # groups per COPY transaction
 RESAMPLED_EVERY = 10  # every 10th group's cut member was resampled and filled (two more decision rows)
 COPY_BATCH = 50  # groups per commit of the COPY side of the ingest comparison (and per batched API request)
@@ -85,10 +87,13 @@ def seed_prompts(conn: psycopg.Connection) -> None:
     conn.commit()
 
 
-def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Generator) -> float:
-    """Groups ``first_pk`` .. ``first_pk + n_groups - 1`` (consumed, curated), binary COPY; -> seconds."""
+def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Generator,
+         end: tuple[datetime, int] | None = None) -> float:
+    """Groups ``first_pk`` .. ``first_pk + n_groups - 1`` (consumed, curated), binary COPY; -> seconds. ``end`` =
+    (time, pk): the run's last group and when it was made; a group ``n`` pks before it was made ``n /
+    GROUPS_PER_HOUR`` hours earlier (default: this load's last group, an hour ago)."""
     mask = np.r_[np.zeros(PROMPT_TOKENS, np.uint8), np.ones(tokens - PROMPT_TOKENS, np.uint8)].tobytes()
-    now = datetime.now(UTC)
+    end_at, end_pk = end or (datetime.now(UTC) - timedelta(hours=1), first_pk + n_groups - 1)
     from service.settings import get_settings
     from service.stats import repository as stats_repo
     from service.stats import service as stats
@@ -107,7 +112,7 @@ def load(url: str, first_pk: int, n_groups: int, tokens: int, rng: np.random.Gen
                 cp.set_types(_GROUP_TYPES)
                 for pk in pks:
                     dataset = DATASETS[pk % len(DATASETS)]
-                    at = now - timedelta(hours=5 * 24 * (1 - pk / (first_pk + n_groups)) + 1)
+                    at = end_at - timedelta(hours=(end_pk - pk) / GROUPS_PER_HOUR)
                     cp.write_row((pk, f"g-{pk}", f"p-{dataset}-{pk % 100}", dataset, 1 + pk // GROUPS_PER_VERSION,
                                   '{"temperature": 1.0}', "{}", "", PER_GROUP, PER_GROUP * tokens, "consumed",
                                   at, at, at, at, at + timedelta(seconds=30)))
@@ -291,10 +296,11 @@ class WaitSampler:
 
 
 # -- /v1/stats ---------------------------------------------------------------------------------------------
-def stats_latency(server_url: str, n: int) -> dict[str, Any]:
+def stats_latency(server_url: str, n: int, newest: datetime | None = None) -> dict[str, Any]:
     """p50 / p99 over every query of STATS_QUERIES, and per query (its p50 / p99 and the rows it answered: what
-    grows with the store, and what grows with the answer)."""
-    since = (datetime.now(UTC) - timedelta(hours=24)).isoformat()
+    grows with the store, and what grows with the answer); ``since`` is 24 h before ``newest`` (the run's last
+    loaded group; default now): the run's last day so far."""
+    since = ((newest or datetime.now(UTC)) - timedelta(hours=24)).isoformat()
     cold: list[float] = []
     lat: list[float] = []
     per: dict[str, list[float]] = {}
@@ -446,7 +452,9 @@ def checkpoint(url: str, server_url: str, size: int, load_s: float, args: argpar
     row["ingest_ratio_batch"] = row["ingest_api_batch"]["groups_per_s"] / row["ingest_copy"]["groups_per_s"]
     vacuum(url)
     row["lease"] = lease(url, server_url, args)
-    row["stats"] = stats_latency(server_url, args.stats_requests)
+    with psycopg.connect(libpq_url(url)) as conn:
+        newest = conn.execute("SELECT max(created_at) FROM groups WHERE id LIKE 'g-%%'").fetchone()[0]  # type: ignore[index]
+    row["stats"] = stats_latency(server_url, args.stats_requests, newest)
     if args.profile:
         row["profile"] = profile(url, server_url, args)
     row["archive"] = archive(url, args.archive_groups)
@@ -541,13 +549,16 @@ def main(argv: list[str] | None = None) -> int:
             seed_prompts(conn)
         rng = np.random.default_rng(0)
         loaded = 0
+        # the run's last group (the API's and COPY's samples take pks between the loads) and when it was made
+        run_end = (datetime.now(UTC) - timedelta(hours=1),
+                   max(args.sizes) // PER_GROUP + len(args.sizes) * 3 * args.ingest_groups)
         live = start_server(url, workers=args.workers)
         try:
             for size in args.sizes:
                 n_groups = max(size // PER_GROUP - loaded // PER_GROUP, 0)
                 with psycopg.connect(libpq_url(url)) as conn:  # after the API's groups of the last checkpoint
                     next_pk = 1 + conn.execute("SELECT coalesce(max(pk), 0) FROM groups").fetchone()[0]  # type: ignore[index]
-                load_s = load(url, next_pk, n_groups, args.tokens, rng)
+                load_s = load(url, next_pk, n_groups, args.tokens, rng, end=run_end)
                 args._loaded = n_groups * PER_GROUP
                 loaded += args._loaded
                 vacuum(url)
