@@ -271,10 +271,10 @@ async def lease(
     def attempt_now() -> bool:
         return body.wait_seconds <= 0 or filtered or body.request_id is not None or not hub.nothing_ready()
 
-    # 503 while a pause_leases alert is critical. An attempt checks it itself (``lease_once``; a retried
-    # request_id may replay its batch, paused or not), so the check runs here only before a wait that starts
-    # without an attempt, and before a max_staleness attempt's drop of stale groups (which it commits)
-    if body.request_id is None and (body.max_staleness is not None or not attempt_now()):
+    # 503 while a pause_leases alert is critical. An attempt checks it itself (``lease_once``, and before a
+    # max_staleness drop: ``_attempt_sync``; a retried request_id may replay its batch, paused or not), so the
+    # check runs here only before a wait that starts without an attempt
+    if body.request_id is None and not attempt_now():
         await run_in_threadpool(check_leasing, session, key.datasets)
     if attempt_now():
         generation = hub.generation
@@ -301,8 +301,11 @@ async def lease(
 def _attempt_sync(
     session: Session, body: LeaseIn, lease_seconds: float, final: bool, key: Principal, outcome: Outcome
 ) -> BatchColumns | None:
-    if body.max_staleness is not None and drop_stale(session, body.max_staleness, key.datasets):
-        session.commit()  # dropped for good, whether or not this attempt finds a batch
+    replay = body.request_id is not None and lease_repo.lease_by_request_id(session, body.request_id) is not None
+    if body.max_staleness is not None and not replay:  # a replay answers its batch: it drops nothing
+        raise_if_paused(session, key.datasets)  # a lease refused while paused drops nothing either
+        if drop_stale(session, body.max_staleness, key.datasets):
+            session.commit()  # dropped for good, whether or not this attempt finds a batch
     batch = lease_once(session, body, lease_seconds, final, key, outcome)
     if batch is None:
         session.rollback()  # in the same thread: a connection never waits for a free thread to go back

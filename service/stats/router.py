@@ -91,9 +91,12 @@ def get_stats(
     # COMMIT round trips, which were a third of the request's waits on PostgreSQL (py-spy, a stats loop)
     statements_on_their_own(session)
     try:
-        return stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model
-    finally:
-        session.commit()  # nothing to commit: ends the session's transaction in this thread, not in another hop
+        out = stats.get_stats(session, by, dataset, since)  # validated and serialised once, by response_model
+    except BaseException:
+        session.rollback()  # a commit on a connection the database ended would replace its error (a 503) with a 500
+        raise
+    session.commit()  # nothing to commit: ends the session's transaction in this thread, not in another hop
+    return out
 
 
 @router.post("/rebuild", response_model=RebuildOut, dependencies=[allow(ADMIN)])

@@ -242,6 +242,25 @@ def test_a_retried_request_id_replays_its_batch_during_a_pause(server):
     http.close()
 
 
+def test_a_max_staleness_lease_refused_during_a_pause_drops_nothing(server):
+    """A lease with max_staleness drops the stale groups it can never take; refused while paused (503), it drops
+    nothing, with a request_id too (attack, helper-45: with a new request_id the drop was committed before the
+    pause was checked, and the groups were gone)."""
+    http = httpx.Client(base_url=server.url, timeout=30)
+    r = http.put("/v1/monitors/entropy_collapse", json={"warning": 0.5, "critical": 0.8, "action": "pause_leases"})
+    assert r.status_code == 200, r.text
+    ids = [f"st-{i}" for i in range(3)]
+    for gid in ids:
+        assert http.post("/v1/groups", json=group(gid, 1, ["42", "7"], prompt_id="p-st")).status_code in (200, 201)
+    _wait_ready(http, ids)
+    _collapse_entropy(http)  # publishes versions up to 23: the groups (version 1) are past max_staleness 2
+    for extra in ({}, {"request_id": "stale-1"}):
+        refused = http.post("/v1/batches/lease", json={"trainer_id": "t", "max_groups": 10, "max_staleness": 2, **extra})
+        assert refused.status_code == 503, refused.text
+        assert {http.get(f"/v1/groups/{i}").json()["status"] for i in ids} == {"ready"}, extra
+    http.close()
+
+
 def test_archiving_keeps_the_groups_the_monitors_read_so_the_breaker_stays(api, fresh_db, tmp_path):
     """The archiver (retention 0s) leaves hot every group inside the monitors' window (current version -
     alert_window_versions and newer): archiving them resolved the stale_rate alert they raised and lifted the

@@ -117,6 +117,12 @@ def test_long_fractions_take_the_fast_path_and_long_integers_beside_them_are_sti
     assert not _suspicious(b"[" + long_fraction + b"," + long_fraction + b"]")
     assert _suspicious(b"[" + long_fraction + b",-1234567890123456789]")
     assert _suspicious(b"1234567890123456789") and not _suspicious(b"123456789012345678")
+    # whatever comes right before an integer part (a sign, '[', ',', ':', JSON whitespace), and an exponent's sign
+    for before in (b"-", b"[", b", ", b":", b": -", b"\n", b"\t", b"\r\n  "):
+        assert _suspicious(b'{"a":[1,' + before + b'9223372036854775808]}'), before
+    for exponent in (b"1e-000", b"1E+0001", b"2.5e000"):
+        assert _suspicious(b"[" + exponent + b"]"), exponent
+    assert not _suspicious(b"[-0.0000000000000000000001, 1e-05, 0.5e+10]")
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["fast-path", "exact-path"])
