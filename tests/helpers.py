@@ -165,3 +165,33 @@ def make_shared_prompt_group(group_id: str, *, n: int = 4, prompt_len: int = 40,
     trajectories = [shared_prompt_member(prompt, prompt_logprobs, seed=seed * 10 + i, response_len=20 + i,
                                          policy_version=policy_version, answer=a) for i, a in enumerate(answers)]
     return make_group(group_id, n=n, policy_version=policy_version, trajectories=trajectories, **overrides)
+
+
+def end_the_backend_it_waits_on(db_url: str, table: str, request: Any, end: str = "pg_terminate_backend") -> Any:
+    """``request()``'s answer when PostgreSQL ends its backend mid-statement (``end``: pg_terminate_backend, a
+    restart or failover; pg_cancel_backend): ``table`` is locked first, so the statement that reads it waits;
+    that backend is found waiting and ended, then the table unlocked."""
+    import threading
+    import time
+
+    import psycopg
+
+    from service.store.dbadmin import libpq_url
+
+    answer: dict[str, Any] = {}
+    with psycopg.connect(libpq_url(db_url), autocommit=True) as lock, \
+            psycopg.connect(libpq_url(db_url), autocommit=True) as ops:
+        lock.execute("BEGIN")
+        lock.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        worker = threading.Thread(target=lambda: answer.update(r=request()))
+        worker.start()
+        deadline, waiting = time.monotonic() + 30, None
+        while waiting is None and time.monotonic() < deadline:
+            waiting = ops.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
+                                  "wait_event_type = 'Lock' AND query LIKE %s", (f"%{table}%",)).fetchone()
+            time.sleep(0.02)
+        assert waiting is not None, f"no statement waited on the lock of {table}"
+        ops.execute(f"SELECT {end}(%s)", waiting)
+        worker.join(30)
+        lock.execute("ROLLBACK")
+    return answer["r"]

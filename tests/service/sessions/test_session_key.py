@@ -18,7 +18,7 @@ from service.auth.keys import provision
 from service.auth.service import declared_routes
 from service.store.db import dispose_engine
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.helpers import bearer, make_group
+from tests.helpers import bearer, end_the_backend_it_waits_on, make_group
 from tests.service.sessions.conftest import GATEWAY_ENV
 from tests.service.sessions.helpers import HTTP
 from tests.service.sessions.upstreams import Upstream
@@ -138,32 +138,10 @@ def test_a_producer_key_calls_a_session_and_every_answered_call_is_stored(
 # error is the database's, a 503 to retry.
 def test_a_session_keys_first_lookup_on_a_terminated_backend_is_a_503_to_retry(
         keyed: tuple[LiveServer, dict[str, str], str]) -> None:
-    import threading
-    import time
-
-    import psycopg
-
-    from service.store.dbadmin import libpq_url
-
     server, tokens, db = keyed
     session = _open(server.url, tokens["prod"])  # its key never used: the GET below looks it up
-    answer: dict[str, Any] = {}
-    with psycopg.connect(libpq_url(db), autocommit=True) as lock, psycopg.connect(libpq_url(db), autocommit=True) as ops:
-        lock.execute("BEGIN")
-        lock.execute("LOCK TABLE agent_sessions IN ACCESS EXCLUSIVE MODE")
-        worker = threading.Thread(target=lambda: answer.update(r=HTTP.get(session["base_url"],
-                                                                           headers=bearer(session["api_key"]))))
-        worker.start()
-        deadline, waiting = time.monotonic() + 30, None
-        while waiting is None and time.monotonic() < deadline:
-            waiting = ops.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
-                                  "wait_event_type = 'Lock' AND query LIKE '%agent_sessions%'").fetchone()
-            time.sleep(0.02)
-        assert waiting is not None, "the key's lookup never waited on the lock"
-        ops.execute("SELECT pg_terminate_backend(%s)", waiting)
-        worker.join(30)
-        lock.execute("ROLLBACK")
-    r = answer["r"]
+    r = end_the_backend_it_waits_on(
+        db, "agent_sessions", lambda: HTTP.get(session["base_url"], headers=bearer(session["api_key"])))
     assert r.status_code == 503 and r.headers.get("retry-after") and "unavailable" in r.json()["error"], r.text
     again = HTTP.get(session["base_url"], headers=bearer(session["api_key"]))  # nothing of it was kept
     assert again.status_code == 200 and again.json()["session_id"] == session["session_id"], again.text

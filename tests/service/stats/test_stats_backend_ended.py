@@ -5,17 +5,13 @@ helper-45: its ending commit replaced the error with SQLAlchemy's PendingRollbac
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
-from service.store.dbadmin import libpq_url
 from tests.conftest import LiveServer, start_server, stop_server
+from tests.helpers import end_the_backend_it_waits_on
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +25,7 @@ def server(make_db: Callable[..., str]) -> Iterator[LiveServer]:
 @pytest.mark.parametrize("end", ["pg_terminate_backend", "pg_cancel_backend"])
 def test_a_stats_read_whose_backend_is_ended_is_a_503_to_retry(server: LiveServer, query: dict, end: str) -> None:
     assert httpx.get(server.url + "/v1/stats", params=query).status_code == 200
-    answer: dict[str, Any] = {}
-    with psycopg.connect(libpq_url(server.db_url), autocommit=True) as lock, \
-            psycopg.connect(libpq_url(server.db_url), autocommit=True) as ops:
-        lock.execute("BEGIN")
-        lock.execute("LOCK TABLE stats_cells IN ACCESS EXCLUSIVE MODE")
-        worker = threading.Thread(target=lambda: answer.update(
-            r=httpx.get(server.url + "/v1/stats", params=query, timeout=30)))
-        worker.start()
-        deadline, waiting = time.monotonic() + 30, None
-        while waiting is None and time.monotonic() < deadline:
-            waiting = ops.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
-                                  "wait_event_type = 'Lock' AND query LIKE '%stats_cells%'").fetchone()
-            time.sleep(0.02)
-        assert waiting is not None, "the stats read never waited on the lock"
-        ops.execute(f"SELECT {end}(%s)", waiting)
-        lock.execute("ROLLBACK")
-        worker.join(30)
-    r = answer["r"]
+    r = end_the_backend_it_waits_on(
+        server.db_url, "stats_cells", lambda: httpx.get(server.url + "/v1/stats", params=query, timeout=30), end)
     assert r.status_code == 503 and "Retry-After" in r.headers, (r.status_code, r.text)
     assert httpx.get(server.url + "/v1/stats", params=query).status_code == 200
