@@ -52,19 +52,40 @@ def _spec_components(session: Session, name: str, version: int) -> dict[str, tup
     return {c.get("name"): (float(c.get("weight", 1.0)), c.get("name") == outcome) for c in comps}
 
 
-def read_window(session: Session, as_of: int, window_versions: int) -> WindowRows:
+# What ``_spec_components`` answered for a stored spec body, by (name, version, sha256 of the body as stored):
+# a body read once is not read again while it stays the same. Keyed by the body's digest, never by the name
+# and version alone, so apps and databases in one process cannot read each other's entries; only the specs of
+# the latest read are kept (one assignment per read), and an unreadable one (None) is never kept.
+_spec_cache: list[dict[tuple[str, int, bytes], dict[str, tuple[float, bool]]]] = [{}]
+
+
+def _specs(session: Session, groups: list[Any]) -> dict[tuple[str, int], dict[str, tuple[float, bool]] | None]:
+    """(name, version) -> ``_spec_components`` of every spec version the groups were scored with."""
+    keys = {(g.reward_spec_name, g.reward_spec_version, g.spec_digest) for g in groups
+            if g.reward_spec_name is not None and g.reward_spec_version is not None}
+    previous, kept, out = _spec_cache[0], {}, {}
+    for name, version, digest in keys:
+        comps = previous.get((name, version, digest)) if digest is not None else None
+        if comps is None:
+            comps = _spec_components(session, name, version)
+        if comps is not None and digest is not None:
+            kept[(name, version, digest)] = comps
+        out[(name, version)] = comps
+    _spec_cache[0] = kept
+    return out
+
+
+def read_window(session: Session, window_versions: int) -> WindowRows:
     """The statements only, back to back (no Python work between them beyond fetching): a caller can read in
-    a short transaction and build the facts (``build``) after it ended."""
+    a short transaction and build the facts (``build``) after it ended. The window ends at the highest
+    published version, read with the trainer metrics (``WindowRows.as_of``)."""
+    as_of, metrics = alert_repo.window_metrics(session, window_versions)
     lo = max(0, as_of - window_versions + 1)
     rows = alert_repo.window_groups(session, lo, as_of)
     pks = [r.pk for r in rows]
     trajs = alert_repo.window_trajectories(session, pks, ZLIB_TAIL_CHARS) if pks else []
     comps = alert_repo.window_rewards(session, pks) if pks else []
-    keys = {(g.reward_spec_name, g.reward_spec_version) for g in rows
-            if g.reward_spec_name is not None and g.reward_spec_version is not None}
-    spec_map = {key: _spec_components(session, *key) for key in keys}
-    metrics = alert_repo.window_metrics(session, lo, as_of)
-    return WindowRows(as_of, tuple(range(lo, as_of + 1)), rows, trajs, comps, spec_map, metrics)
+    return WindowRows(as_of, tuple(range(lo, as_of + 1)), rows, trajs, comps, _specs(session, rows), metrics)
 
 
 # The previous ``build``'s facts, by group pk, each with the rows it was built from: a group whose rows
@@ -118,5 +139,5 @@ def build(read: WindowRows) -> Window:
     return Window(read.versions, groups, read.metrics)
 
 
-def gather(session: Session, as_of: int, window_versions: int) -> Window:
-    return build(read_window(session, as_of, window_versions))
+def gather(session: Session, window_versions: int) -> Window:
+    return build(read_window(session, window_versions))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, any_, func, select, text
+from sqlalchemy import BigInteger, Text, any_, cast, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from service.store.models import (
@@ -17,6 +17,7 @@ from service.store.models import (
     MonitorSetting,
     PolicyState,
     Reward,
+    RewardSpecRow,
     Trajectory,
 )
 from service.store.queries import array_param
@@ -115,10 +116,19 @@ def transitions(session: Session, alert_id: str) -> list[AlertTransition]:
 
 def window_groups(session: Session, lo: int, hi: int) -> list[Any]:
     """Groups sampled at versions lo..hi (inclusive): the columns the monitors read, in pk order (the same
-    groups read in the same order each time: a version's stats are then taken from the StatsCache)."""
+    groups read in the same order each time: a version's stats are then taken from the StatsCache), and
+    ``spec_digest``: sha256 of the stored body of the group's spec version (None: no such row), so that a
+    spec body is read again only when it is one not seen before (``inputs``). Each stored spec version is
+    digested once (a materialised CTE; a few microseconds each), not once per group."""
+    spec = RewardSpecRow.__table__
+    digests = select(
+        spec.c.name, spec.c.version, func.sha256(func.convert_to(cast(spec.c.body, Text), "UTF8")).label("digest")
+    ).cte("spec_digests").prefix_with("MATERIALIZED")
     stmt = select(
         Group.pk, Group.dataset, Group.policy_version, Group.status, Group.drop_reason, Group.metric_std,
-        Group.reward_spec_name, Group.reward_spec_version, Group.scored_at,
+        Group.reward_spec_name, Group.reward_spec_version, Group.scored_at, digests.c.digest.label("spec_digest"),
+    ).outerjoin(
+        digests, (digests.c.name == Group.reward_spec_name) & (digests.c.version == Group.reward_spec_version)
     ).where(Group.policy_version.between(lo, hi)).order_by(Group.pk)
     return list(session.execute(stmt))
 
@@ -138,32 +148,47 @@ def window_rewards(session: Session, group_pks: Sequence[int]) -> list[Any]:
     return list(session.execute(stmt))
 
 
-def window_metrics(session: Session, lo: int, hi: int) -> dict[int, Any]:
-    """version -> the trainer metrics published with it, for versions lo..hi (inclusive)."""
-    stmt = select(PolicyState.version, PolicyState.metrics).where(PolicyState.version.between(lo, hi))
-    return {int(v): m for v, m in session.execute(stmt)}
+def window_metrics(session: Session, window_versions: int) -> tuple[int, dict[int, Any]]:
+    """(the highest published version, 0 when none was published; version -> the trainer metrics published
+    with it, for the ``window_versions`` versions up to that one), in one statement."""
+    newest = select(func.coalesce(func.max(PolicyState.version), 0).label("v")).subquery()
+    window = PolicyState.version.between(func.greatest(0, newest.c.v - window_versions + 1), newest.c.v)
+    stmt = select(newest.c.v, PolicyState.version, PolicyState.metrics).select_from(newest).outerjoin(
+        PolicyState, window
+    )
+    rows = session.execute(stmt).all()  # at least one: the newest version, with no metrics row when none is
+    return int(rows[0][0]), {int(v): m for _, v, m in rows if v is not None}
+
+
+def _cursor(session: Session) -> Any:
+    """The cursor's (version, since), or None; read as columns, never as an ORM object the session holds
+    (``scored_since`` moves it with a statement such an object would not see)."""
+    stmt = select(AlertCursor.version, AlertCursor.since).where(AlertCursor.name == "evaluate")
+    return session.execute(stmt).first()
+
+
+def _since(row: Any, as_of: int) -> int | None:
+    return (row.since if as_of == row.version else row.version) if as_of <= row.version else row.version
 
 
 def peek_scored_since(session: Session, as_of: int) -> int | None:
     """What ``scored_since`` answers now, the cursor left where it is."""
-    row = session.get(AlertCursor, "evaluate")
-    if row is None:
-        return None
-    return (row.since if as_of == row.version else row.version) if as_of <= row.version else row.version
+    row = _cursor(session)
+    return None if row is None else _since(row, as_of)
 
 
 def scored_since(session: Session, as_of: int) -> int | None:
     """The version after which an evaluation at ``as_of`` scores new values: the last evaluated version,
     or, evaluating that same version again, the one it started from (the same values, the same result);
-    the cursor moves to ``as_of``. None: never evaluated."""
-    row = session.get(AlertCursor, "evaluate")
+    the cursor moves to ``as_of``. None: never evaluated. Moving on is one statement, which answers with
+    the version it left; a cursor that stays is read and not written (no row locked)."""
+    c = AlertCursor
+    move = update(c).where(c.name == "evaluate", c.version < as_of).values(version=as_of, since=c.version)
+    moved = session.execute(move.returning(c.since)).first()
+    if moved is not None:
+        return moved.since
+    row = _cursor(session)
     if row is None:
-        session.add(AlertCursor(name="evaluate", version=as_of, since=None))
-        session.flush()
+        session.execute(insert(c).values(name="evaluate", version=as_of, since=None))
         return None
-    if as_of <= row.version:
-        return row.since if as_of == row.version else row.version
-    since = row.version
-    row.version, row.since = as_of, since
-    session.flush()
-    return since
+    return _since(row, as_of)

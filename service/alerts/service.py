@@ -279,9 +279,8 @@ class _Moved(Exception):
 
 
 def _read(session: Session, settings: Settings) -> _Reading:
-    as_of = policy.current_version(session)
-    return _Reading(as_of, inputs.read_window(session, as_of, settings.alert_window_versions),
-                    _settings_map(session), alert_repo.peek_scored_since(session, as_of))
+    rows = inputs.read_window(session, settings.alert_window_versions)
+    return _Reading(rows.as_of, rows, _settings_map(session), alert_repo.peek_scored_since(session, rows.as_of))
 
 
 # one StatsCache per scope (None: every dataset together): consecutive evaluations share all but the newest
@@ -325,12 +324,15 @@ def _apply(session: Session, settings: Settings, reading: _Reading, versions: tu
         raise _Moved
     rule = machine.Policy(settings.alert_resolve_ratio, settings.alert_cooldown_versions, settings.alert_auto_resolve)
     open_ = {(a.monitor, a.dataset): a for a in alert_repo.open_alerts(session)}
-    resolved = alert_repo.last_resolved_versions(session)
+    resolved: dict[tuple[str, str | None], int] | None = None  # read once a monitor with no open alert fires
     changes: list[dict[str, Any]] = []
     for sc in scores:
         name, dataset, thresholds, result = sc.monitor, sc.dataset, sc.thresholds, sc.result
         alert = open_.get((name, dataset))
-        cooling = machine.cooling(resolved.get((name, dataset)), as_of, rule)
+        cooling = False  # only an alert about to open asks (machine.step)
+        if alert is None and result.state != "ok":
+            resolved = alert_repo.last_resolved_versions(session) if resolved is None else resolved
+            cooling = machine.cooling(resolved.get((name, dataset)), as_of, rule)
         to = machine.step(alert.state if alert else "ok", result.state, result.value, thresholds.warning, rule, cooling)
         if to is None:
             continue
@@ -354,9 +356,8 @@ def evaluate(session: Session, settings: Settings | None = None) -> EvaluateOut:
     caller's one transaction (``POST /v1/alerts/evaluate``; the worker uses ``evaluate_in_steps``)."""
     settings = settings or get_settings()
     alert_repo.lock_alerts(session)
-    as_of = policy.current_version(session)
-    reading = _Reading(as_of, inputs.read_window(session, as_of, settings.alert_window_versions),
-                       _settings_map(session), alert_repo.scored_since(session, as_of))
+    rows = inputs.read_window(session, settings.alert_window_versions)
+    reading = _Reading(rows.as_of, rows, _settings_map(session), alert_repo.scored_since(session, rows.as_of))
     return _apply(session, settings, reading, *_score(reading), locked_since_read=True)
 
 
