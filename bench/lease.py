@@ -13,11 +13,13 @@ latency, MB/s and the ratios to the raw select.
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -99,8 +101,11 @@ def reset(url: str) -> None:
         conn.execute("VACUUM ANALYZE leases")
 
 
-def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue) -> None:
-    """Lease + ack ``n`` batches; reports (lease+ack seconds, lease seconds, answer bytes) per batch."""
+def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue, start: Any = None) -> None:
+    """Lease + ack ``n`` batches; reports (lease+ack seconds, lease seconds, answer bytes) per batch. ``start``: a
+    barrier the trainers pass together after their imports and warm-up lease, so that no trainer's measured
+    leases share the cores with another one still starting (a spawned process's imports are ~1 s of CPU: on
+    2 cores they were the 4-trainer runs' p99)."""
     import httpx
 
     from service.client import CuratorClient
@@ -123,6 +128,14 @@ def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue) 
             warm is not None
         ):  # not counted: first imports and connections of this process and its server worker
             client.ack(warm["batch_id"])
+        # this process's imports (numpy, pyarrow, the bench's own) are ~10^6 objects that every full collection
+        # walks: ~70-100 ms, once every ~10 leases of 256 trajectories, counted in a lease's time (the slowest
+        # 1-trainer lease was always the 10th). Frozen, a collection walks what the leases made: the bench times
+        # the service, not the client's garbage collector
+        gc.collect()
+        gc.freeze()
+        if start is not None:
+            start.wait(timeout=600)
         for _ in range(n):
             before = Counting.bytes
             t0 = time.perf_counter()
@@ -138,7 +151,8 @@ def trainer(url: str, fmt: str, batch: int, n: int, out: multiprocessing.Queue) 
 def run_config(server_url: str, fmt: str, trainers: int, batch: int, n: int) -> dict[str, float]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=trainer, args=(server_url, fmt, batch, n, out)) for _ in range(trainers)]
+    start = ctx.Barrier(trainers)
+    procs = [ctx.Process(target=trainer, args=(server_url, fmt, batch, n, out, start)) for _ in range(trainers)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from service.api.errors import install_error_handlers
 from service.api.middleware import RequestGuardMiddleware
 from service.auth.service import RedactTokens, check_routes
 from service.curation import router as curation
+from service.delivery import arrow
 from service.delivery import router as delivery
 from service.delivery.ready import ReadyHub
 from service.export import router as export
@@ -59,9 +61,21 @@ ROUTERS = (
 )
 
 
-def _lifespan(start_worker: bool, url: str):
+def _settle() -> None:
+    """A served process, once started (in a thread of its own: it serves meanwhile): pyarrow's first array
+    imported (``arrow.warm_up``, ~1 s of CPU), then everything it holds so far frozen out of the garbage
+    collector's reach. The app, its imports and the pools are ~200,000 objects that live as long as the process,
+    and a full collection walking them paused every request in flight ~100 ms; frozen, it walks what requests
+    made (a trainer process of the bench showed the same pause in its own leases: bench/lease.py)."""
+    arrow.warm_up()
+    gc.freeze()
+
+
+def _lifespan(start_worker: bool, url: str, served: bool):
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if served:
+            threading.Thread(target=_settle, name="settle", daemon=True).start()
         worker = None
         if start_worker:
             from service.worker.main import WorkerThread
@@ -81,14 +95,17 @@ def _lifespan(start_worker: bool, url: str):
 
 
 def create_app(
-    settings: Settings | None = None, database_url: str | None = None, start_worker: bool = False
+    settings: Settings | None = None, database_url: str | None = None, start_worker: bool = False,
+    served: bool = False,
 ) -> FastAPI:
     """Build the app. The database must already be at the head migration (``serve`` and tests do that).
-    ``start_worker`` runs the score / curate worker in a thread of this process."""
+    ``start_worker`` runs the score / curate worker in a thread of this process; ``served``: the process is a
+    server's own (``grpo-curator serve``), which settles once started (``_settle``); an app built inside another
+    program (a test's client) leaves that program's garbage collector as it is."""
     settings = settings or get_settings()
     url = database_url or resolve_database_url(settings)
     app = FastAPI(
-        lifespan=_lifespan(start_worker, url),
+        lifespan=_lifespan(start_worker, url, served),
         title="grpo-curator",
         version="0.1.0",
         summary="Trajectory curation and reward service for GRPO-style RL",
@@ -131,4 +148,4 @@ def create_app(
 def create_served_app() -> FastAPI:
     """The factory ``grpo-curator serve`` runs: settings from the environment, worker per settings."""
     settings = get_settings()
-    return create_app(settings, start_worker=settings.embedded_worker)
+    return create_app(settings, start_worker=settings.embedded_worker, served=True)

@@ -240,8 +240,9 @@ class LiveServer:
         self.url, self.db_url, self.proc = url, db_url, proc
 
 
-# what ``grpo-curator serve`` imports before it serves: the app, uvicorn and the parts uvicorn picks at run time
-SERVE_PRELOAD = ("service.cli.main", "service.app", "service.store.db", "service.store.migrate", "alembic.command",
+# what ``grpo-curator serve`` imports before it serves: the app, uvicorn and the parts uvicorn picks at run time,
+# and pandas, which the app's Arrow warm-up imports through pyarrow (service.delivery.arrow.warm_up)
+SERVE_PRELOAD = ("service.cli.main", "service.app", "pandas", "service.store.db", "service.store.migrate", "alembic.command",
                  "alembic.config", "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.main", "uvloop",
                  "uvicorn.loops.uvloop", "uvicorn.protocols.http.httptools_impl",
                  "uvicorn.protocols.websockets.websockets_impl", "uvicorn.lifespan.on")

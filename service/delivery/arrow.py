@@ -183,6 +183,13 @@ def _list_column(chunks: list[bytes | None], dtype: np.dtype, value_type: pa.Dat
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type), mask=mask)
 
 
+def warm_up() -> None:
+    """Build one Arrow array. pyarrow's first array imports pandas where it is installed (~1 s of CPU): a
+    served app does this once at start (``service.app``), so that no trainer's first Arrow lease from a
+    server process pays it."""
+    pa.array([], type=pa.int64())
+
+
 def encode_arrow(batch: BatchColumns) -> bytes:
     """BatchColumns -> one Arrow IPC stream holding one record batch (N rows), metadata in the schema."""
     metadata = {**batch.header(), "stats": orjson.dumps(batch.stats).decode()}

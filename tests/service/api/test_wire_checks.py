@@ -149,3 +149,27 @@ def test_depth_limit_names_the_field_on_both_paths(exact, shape):
         parse_json_body(body(MAX_DEPTH))
     # the body is level 1, "a" level 2: the innermost of MAX_DEPTH containers is the first one too deep
     assert (deep.value.status, deep.value.field) == (422, "a" + step * (MAX_DEPTH - 1))
+
+
+@pytest.mark.parametrize("where", [0, 512, 1024])
+@pytest.mark.parametrize("numbers", [list(range(1024)), [-0.5 - i / 3 for i in range(1024)], ([True, 1, 2.5] * 342)[:1024]])
+def test_a_container_among_a_token_arrays_numbers_is_still_walked(numbers, where):
+    """The key count skips a list of numbers without looking at its items one by one (``sum`` in C): an
+    object or an array at its start, middle or end is still counted (a repeated key inside is found) and
+    its depth still checked, and a list of numbers with strings or nulls among them parses unchanged."""
+    from service.api.wire_checks import MAX_DEPTH
+
+    def with_item(item: str) -> bytes:
+        items = [json.dumps(v) for v in numbers]
+        items.insert(where, item)
+        return ('{"token_ids": [%s]}' % ",".join(items)).encode()  # noqa: UP031
+
+    with pytest.raises(WireError) as dup:
+        parse_json_body(with_item('{"a": 1, "a": 2}'))
+    assert (dup.value.status, dup.value.field) == (400, f"token_ids[{where}].a")
+    with pytest.raises(WireError) as deep:
+        parse_json_body(with_item("[" * MAX_DEPTH + "]" * MAX_DEPTH))
+    assert deep.value.status == 422 and deep.value.field.startswith(f"token_ids[{where}]")
+    for item in ('"x"', "null", "[]", "{}"):
+        raw = with_item(item)
+        assert parse_json_body(raw) == json.loads(raw)
