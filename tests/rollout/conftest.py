@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rollout.vllm_server import VLLM_ARGS_ENV, VLLMServer, save_tiny_model, unavailable_reason
+from tests.rollout.vllm_helpers import FAST_START_ARGS, FAST_START_ENV
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -72,11 +73,13 @@ def vllm_server(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"vLLM: {reason}")
-    # eager unless GRPO_CURATOR_VLLM_ARGS says otherwise: most of a CPU start is torch.compile's warm-up
-    # (docs/vllm.md), and what these tests check (token ids, processed log-probs, finish reasons) is the server's
-    # contract, the same compiled or eager
-    eager = [] if VLLM_ARGS_ENV in os.environ else ["--enforce-eager"]
-    server = VLLMServer(vllm_model, log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log", extra_args=eager)
+    # started as vllm_helpers.FAST_START_ARGS says, unless GRPO_CURATOR_VLLM_ARGS is given
+    fast = VLLM_ARGS_ENV not in os.environ
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in FAST_START_ENV.items() if fast else ():
+            env.setenv(name, value)  # the server's environment is this process's at its start
+        server = VLLMServer(vllm_model, log_path=tmp_path_factory.mktemp("vllm-log") / "vllm.log",
+                            extra_args=FAST_START_ARGS.split() if fast else [])
     try:
         server.wait_ready(900)
         yield server

@@ -14,7 +14,14 @@ from rollout.tasks import load_tokenizer
 from rollout.vllm_server import VLLM_ARGS_ENV
 from service.client import CuratorClient
 from tests.conftest import LiveServer, stop_server
-from tests.rollout.vllm_helpers import letter_sum_service, perturbed_checkpoint, producer_cfg, sampled_with
+from tests.rollout.vllm_helpers import (
+    FAST_START_ARGS,
+    FAST_START_ENV,
+    letter_sum_service,
+    perturbed_checkpoint,
+    producer_cfg,
+    sampled_with,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -31,11 +38,12 @@ def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service
     """The producer's own server (started as the demo starts it: no tokenizer, token ids only), restarted on the
     trainer's checkpoint; the next groups carry its policy version and were sampled with its weights.
 
-    Its two servers run ``--enforce-eager`` (unless GRPO_CURATOR_VLLM_ARGS is given): vLLM's torch.compile
-    warm-up is most of a CPU start (measured: engine init 73 s compiled, 9 s eager) and this test checks which
-    weights are served, not the compiled path (the session's server runs eager too: tests/rollout/conftest.py)."""
+    Its two servers start as vllm_helpers.FAST_START_ARGS says (eager, one process) unless GRPO_CURATOR_VLLM_ARGS
+    is given: this test checks which weights are served, not the compiled path or vLLM's process layout."""
     if VLLM_ARGS_ENV not in os.environ:
-        monkeypatch.setenv(VLLM_ARGS_ENV, "--enforce-eager")
+        monkeypatch.setenv(VLLM_ARGS_ENV, FAST_START_ARGS)
+        for name, value in FAST_START_ENV.items():
+            monkeypatch.setenv(name, value)
     ckpts = tmp_path / "ckpts"
     cfg = producer_cfg(service, None, vllm_model, tmp_path, checkpoint_dir=str(ckpts), producer_id="restart",
                        max_tokens=8)
