@@ -9,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from service.alerts import router as alerts
 from service.api import openapi
@@ -62,20 +63,25 @@ ROUTERS = (
 
 
 def _settle() -> None:
-    """A served process, once started (in a thread of its own: it serves meanwhile): pyarrow's first array
-    imported (``arrow.warm_up``, ~1 s of CPU), then everything it holds so far frozen out of the garbage
-    collector's reach. The app, its imports and the pools are ~200,000 objects that live as long as the process,
-    and a full collection walking them paused every request in flight ~100 ms; frozen, it walks what requests
-    made (a trainer process of the bench showed the same pause in its own leases: bench/lease.py)."""
-    arrow.warm_up()
+    """A served process, before it serves: pyarrow's first array built (``arrow.warm_up``: it imports pandas
+    where that is installed, ~1 s of CPU, which was the first Arrow lease of each API process), then everything
+    the process holds so far frozen out of the garbage collector's reach. The app, its imports and the pools are
+    ~200,000 objects that live as long as the process, and a full collection walking them paused every request
+    in flight ~100 ms; frozen, it walks what requests made (bench/scale.py's trainer processes showed the same
+    pause in their own leases: bench/lease.py). A warm-up that fails is logged, and the freeze happens anyway:
+    the first Arrow lease then says what is wrong."""
+    try:
+        arrow.warm_up()
+    except Exception:  # noqa: BLE001 - serve without it; the lease that needs pyarrow reports the error
+        log.warning("Arrow warm-up failed (leases in Arrow may fail the same way)", exc_info=True)
     gc.freeze()
 
 
 def _lifespan(start_worker: bool, url: str, served: bool):
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if served:
-            threading.Thread(target=_settle, name="settle", daemon=True).start()
+        if served:  # before the first request: none waits on the import or shares the CPU with it
+            await run_in_threadpool(_settle)
         worker = None
         if start_worker:
             from service.worker.main import WorkerThread

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from filters.monitors import ZLIB_TAIL_CHARS, ComponentFact, GroupFact, TrajectoryFact
 from service.alerts import repository as alert_repo
-from service.specs import service as specs
 
 log = logging.getLogger(__name__)
 ZERO_SPREAD = 1e-12
@@ -38,13 +37,8 @@ class WindowRows:
     metrics: Mapping[int, Mapping[str, Any]]
 
 
-def _spec_components(session: Session, name: str, version: int) -> dict[str, tuple[float, bool]] | None:
-    """component name -> (weight, is the outcome) of a stored spec version; None when it cannot be read."""
-    try:
-        body = specs.get_versioned(session, "reward_spec", name, version).body
-    except Exception:  # noqa: BLE001 - a spec that cannot be read: components weighted 1
-        log.warning("alerts: reward spec %s@%s unreadable; weights taken as 1", name, version)
-        return None
+def _components(body: Any) -> dict[str, tuple[float, bool]]:
+    """component name -> (weight, is the outcome) of a stored spec body."""
     comps = body.get("components", [])
     marked = [c.get("name") for c in comps if c.get("outcome")]
     first_verifier = next((c.get("name") for c in comps if str(c.get("kind", "")).startswith("verifier.")), None)
@@ -52,25 +46,41 @@ def _spec_components(session: Session, name: str, version: int) -> dict[str, tup
     return {c.get("name"): (float(c.get("weight", 1.0)), c.get("name") == outcome) for c in comps}
 
 
-# What ``_spec_components`` answered for a stored spec body, by (name, version, sha256 of the body as stored):
-# a body read once is not read again while it stays the same. Keyed by the body's digest, never by the name
-# and version alone, so apps and databases in one process cannot read each other's entries; only the specs of
-# the latest read are kept (one assignment per read), and an unreadable one (None) is never kept.
+# ``_components`` of stored spec bodies, by (name, version, sha256 of the body as stored): a body is parsed again
+# only when its digest is one not seen before. Each entry is keyed by the digest read in the same statement as
+# its body (``spec_bodies``), never by the name and version alone, so apps and databases in one process, and a
+# body edited between two statements, cannot give another body's weights; only the specs of the latest read
+# are kept (one assignment per read), and an unreadable one (None) is never kept.
 _spec_cache: list[dict[tuple[str, int, bytes], dict[str, tuple[float, bool]]]] = [{}]
 
 
 def _specs(session: Session, groups: list[Any]) -> dict[tuple[str, int], dict[str, tuple[float, bool]] | None]:
-    """(name, version) -> ``_spec_components`` of every spec version the groups were scored with."""
-    keys = {(g.reward_spec_name, g.reward_spec_version, g.spec_digest) for g in groups
+    """(name, version) -> components of every spec version the groups were scored with (None: unreadable,
+    weights taken as 1). Two statements at most, on those versions only: their digests, then the bodies whose
+    digest is not in the cache."""
+    keys = {(g.reward_spec_name, g.reward_spec_version) for g in groups
             if g.reward_spec_name is not None and g.reward_spec_version is not None}
-    previous, kept, out = _spec_cache[0], {}, {}
-    for name, version, digest in keys:
-        comps = previous.get((name, version, digest)) if digest is not None else None
+    previous, kept = _spec_cache[0], {}
+    digests = alert_repo.spec_digests(session, keys)
+    fresh = {key for key in keys if (*key, digests.get(key)) not in previous}
+    read = alert_repo.spec_bodies(session, fresh)
+    out: dict[tuple[str, int], dict[str, tuple[float, bool]] | None] = {}
+    for key in keys:
+        comps: dict[str, tuple[float, bool]] | None = None
+        if key not in fresh:
+            digest = digests[key]
+            comps = previous[(*key, digest)]
+        elif key in read:
+            body, digest = read[key]
+            try:
+                comps = _components(body)
+            except Exception:  # noqa: BLE001 - a body that cannot be read: components weighted 1
+                comps = None
         if comps is None:
-            comps = _spec_components(session, name, version)
-        if comps is not None and digest is not None:
-            kept[(name, version, digest)] = comps
-        out[(name, version)] = comps
+            log.warning("alerts: reward spec %s@%s unreadable; weights taken as 1", *key)
+        else:
+            kept[(*key, digest)] = comps
+        out[key] = comps
     _spec_cache[0] = kept
     return out
 

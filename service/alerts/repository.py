@@ -3,10 +3,10 @@ over stored groups / trajectories / rewards that feed the monitors."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, any_, cast, func, insert, select, text, update
+from sqlalchemy import BigInteger, Text, any_, cast, func, insert, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from service.store.models import (
@@ -116,21 +116,35 @@ def transitions(session: Session, alert_id: str) -> list[AlertTransition]:
 
 def window_groups(session: Session, lo: int, hi: int) -> list[Any]:
     """Groups sampled at versions lo..hi (inclusive): the columns the monitors read, in pk order (the same
-    groups read in the same order each time: a version's stats are then taken from the StatsCache), and
-    ``spec_digest``: sha256 of the stored body of the group's spec version (None: no such row), so that a
-    spec body is read again only when it is one not seen before (``inputs``). Each stored spec version is
-    digested once (a materialised CTE; a few microseconds each), not once per group."""
-    spec = RewardSpecRow.__table__
-    digests = select(
-        spec.c.name, spec.c.version, func.sha256(func.convert_to(cast(spec.c.body, Text), "UTF8")).label("digest")
-    ).cte("spec_digests").prefix_with("MATERIALIZED")
+    groups read in the same order each time: a version's stats are then taken from the StatsCache)."""
     stmt = select(
         Group.pk, Group.dataset, Group.policy_version, Group.status, Group.drop_reason, Group.metric_std,
-        Group.reward_spec_name, Group.reward_spec_version, Group.scored_at, digests.c.digest.label("spec_digest"),
-    ).outerjoin(
-        digests, (digests.c.name == Group.reward_spec_name) & (digests.c.version == Group.reward_spec_version)
+        Group.reward_spec_name, Group.reward_spec_version, Group.scored_at,
     ).where(Group.policy_version.between(lo, hi)).order_by(Group.pk)
     return list(session.execute(stmt))
+
+
+def _spec_digest() -> Any:
+    return func.sha256(func.convert_to(cast(RewardSpecRow.body, Text), "UTF8"))
+
+
+def spec_digests(session: Session, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+    """(name, version) -> sha256 of the stored body, for these spec versions only (absent: no such row)."""
+    if not keys:
+        return {}
+    stmt = select(RewardSpecRow.name, RewardSpecRow.version, _spec_digest()).where(
+        tuple_(RewardSpecRow.name, RewardSpecRow.version).in_(sorted(keys)))
+    return {(n, int(v)): d for n, v, d in session.execute(stmt)}
+
+
+def spec_bodies(session: Session, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], tuple[Any, bytes]]:
+    """(name, version) -> (stored body, its sha256), read together in one statement: the digest is always the
+    one of the body it came with (absent: no such row)."""
+    if not keys:
+        return {}
+    stmt = select(RewardSpecRow.name, RewardSpecRow.version, RewardSpecRow.body, _spec_digest()).where(
+        tuple_(RewardSpecRow.name, RewardSpecRow.version).in_(sorted(keys)))
+    return {(n, int(v)): (b, d) for n, v, b, d in session.execute(stmt)}
 
 
 def window_trajectories(session: Session, group_pks: Sequence[int], tail_chars: int) -> list[Any]:

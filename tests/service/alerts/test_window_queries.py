@@ -44,24 +44,54 @@ def test_the_cursor_answers_as_it_moves(session) -> None:
     assert (cursor.version, cursor.since) == (10, 9)
 
 
-def test_a_spec_body_is_read_once_while_it_stays_the_same(client, session, monkeypatch) -> None:
-    """The window's groups carry a digest of their spec version's stored body: the same body is not read
-    again; another body under the same name and version (a database copied from another, say) is; a spec
-    version with no stored row is read (and warned about) each time."""
+def _scored_with(client, session, specs: dict[str, tuple[str, int]]) -> None:
+    """Groups g-<i> at version 1, each marked scored with the spec version given."""
     setup_spec(client)
     publish(client, 1, entropy=1.0)
-    assert client.post("/v1/groups", json=group("g-1", 1, ["42", "7"])).status_code == 201
-    assert client.post("/v1/groups", json=group("g-2", 1, ["42", "7"])).status_code == 201
-    session.execute(text("UPDATE groups SET reward_spec_name = 'mon', reward_spec_version = 1 WHERE id = 'g-1'"))
-    session.execute(text("UPDATE groups SET reward_spec_name = 'gone', reward_spec_version = 9 WHERE id = 'g-2'"))
-    reads, real = [], inputs._spec_components
-    monkeypatch.setattr(inputs, "_spec_components", lambda s, name, v: reads.append(name) or real(s, name, v))
+    for gid, (name, version) in specs.items():
+        assert client.post("/v1/groups", json=group(gid, 1, ["42", "7"])).status_code == 201
+        session.execute(text("UPDATE groups SET reward_spec_name = :n, reward_spec_version = :v WHERE id = :id"),
+                        {"n": name, "v": version, "id": gid})
+
+
+_SET_WEIGHT = "UPDATE reward_specs SET body = jsonb_set(body, '{components,1,weight}', :w) WHERE name = 'mon'"
+
+
+def test_a_spec_body_is_read_once_while_it_stays_the_same(client, session, monkeypatch) -> None:
+    """The digests of the window's spec versions are read each time and a body only when its digest is new: the
+    same body is not read again; another body under the same name and version (edited in place, or a
+    database copied from another) is; a spec version with no stored row is asked for (and warned about) each
+    time; a stored spec no group of the window used is never read."""
+    _scored_with(client, session, {"g-1": ("mon", 1), "g-2": ("gone", 9)})
+    reads, real = [], repo.spec_bodies
+    monkeypatch.setattr(repo, "spec_bodies", lambda s, keys: reads.append(sorted(keys)) or real(s, keys))
     monkeypatch.setattr(inputs, "_spec_cache", [{}])
     mon = {"correct": (1.0, True), "fmt": (0.1, False)}
     assert inputs.read_window(session, 50).specs == {("mon", 1): mon, ("gone", 9): None}
     assert inputs.read_window(session, 50).specs == {("mon", 1): mon, ("gone", 9): None}
-    assert sorted(reads) == ["gone", "gone", "mon"]
-    session.execute(text("UPDATE reward_specs SET body = jsonb_set(body, '{components,1,weight}', '0.5') "
-                         "WHERE name = 'mon'"))
+    assert reads == [[("gone", 9), ("mon", 1)], [("gone", 9)]]
+    session.execute(text(_SET_WEIGHT), {"w": "0.5"})
     assert inputs.read_window(session, 50).specs[("mon", 1)] == {"correct": (1.0, True), "fmt": (0.5, False)}
-    assert sorted(reads) == ["gone", "gone", "gone", "mon", "mon"]
+    assert reads[-1] == [("gone", 9), ("mon", 1)]
+    assert repo.spec_digests(session, {("mon", 1), ("gone", 9), ("unused", 1)}).keys() == {("mon", 1)}
+
+
+def test_a_body_edited_between_the_digests_and_the_bodies_is_cached_under_its_own_digest(client, session,
+                                                                                          monkeypatch) -> None:
+    """The digests and the bodies are two statements: a body edited in between (another transaction's commit, READ
+    COMMITTED) is cached under the digest read with it, so that once the edit is undone the stored body's
+    weights are read again, not the edit's from the cache (found by an attack: the digest of the window's
+    statement cached the edited body under the original's digest for good)."""
+    _scored_with(client, session, {"g-1": ("mon", 1)})
+    monkeypatch.setattr(inputs, "_spec_cache", [{}])
+    real, edits = repo.spec_bodies, []
+
+    def racing(s, keys):
+        if not edits:
+            edits.append(s.execute(text(_SET_WEIGHT), {"w": "0.5"}))
+        return real(s, keys)
+
+    monkeypatch.setattr(repo, "spec_bodies", racing)
+    assert inputs.read_window(session, 50).specs[("mon", 1)]["fmt"] == (0.5, False)  # what the body said then
+    session.execute(text(_SET_WEIGHT), {"w": "0.1"})  # the edit undone
+    assert inputs.read_window(session, 50).specs[("mon", 1)]["fmt"] == (0.1, False)
