@@ -1,9 +1,13 @@
 """Ingest benchmark (not a test): groups of 8 trajectories x 1,024 tokens through HTTP vs raw psycopg COPY.
 
-Prints groups/s, MB/s, p50/p99 latency, the service's RSS and the ratio API / COPY, all measured in one run.
+Prints groups/s, MB/s, p50/p99 latency, the service's RSS and the ratio API / COPY for each body format (JSON, and
+Arrow: the token arrays as Arrow columns, ``service.ingest.arrow_body``), all measured in one run, into one
+database: each run's groups get their own ids. The COPY floor is binary COPY of the same rows, decoded before
+the clock starts (the database's work alone); the bodies are also encoded before the clock starts.
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres python -m bench.ingest --groups 2000 --clients 8
     ... python -m bench.ingest --batch 50  # 50 groups a request ({"groups": [...]}); COPY commits every 50 anyway
+    ... python -m bench.ingest --wire arrow  # one format only
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ TOKENS = 1024
 PER_GROUP = 8
 
 
-def make_group(i: int, rng: random.Random) -> bytes:
+def make_group(i: int, rng: random.Random) -> dict:
     words = ["the", "answer", "is", "therefore", "we", "compute", "step", "so", "x", "=", "42"]
     trajs = []
     for j in range(PER_GROUP):
@@ -43,11 +47,11 @@ def make_group(i: int, rng: random.Random) -> bytes:
             "logprobs": [float(np.float32(-rng.expovariate(4.0))) for _ in range(TOKENS)],
             "finish_reason": "stop" if j % 4 else "length",
         })
-    return orjson.dumps({
+    return {
         "id": f"bench-{i}", "prompt_id": f"bp-{i % 500}", "policy_version": 1,
         "prompt": {"dataset": "bench", "messages": [{"role": "user", "content": "q"}], "reference": {"answer": "42"}},
         "sampling": {"temperature": 1.0, "max_tokens": TOKENS}, "trajectories": trajs,
-    })
+    }
 
 
 def rss_mb(pid: int) -> float:
@@ -64,14 +68,18 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def batch_bodies(bodies: list[bytes], batch: int) -> list[bytes]:
-    """The groups ``batch`` a request: one group's body as is, more as ``{"groups": [...]}``."""
-    if batch <= 1:
-        return bodies
-    return [b'{"groups":[' + b",".join(bodies[i : i + batch]) + b"]}" for i in range(0, len(bodies), batch)]
+def request_bodies(groups: list[dict], batch: int, wire: str) -> list[bytes]:
+    """The groups ``batch`` a request (one group's body as is, more as ``{"groups": [...]}``), encoded as ``wire``
+    sends them; each format's groups get ids of their own (one database holds every run)."""
+    from service.ingest.arrow_body import encode_groups
+
+    groups = [{**g, "id": f"{g['id']}-{wire}"} for g in groups]
+    chunks = [groups[i] for i in range(len(groups))] if batch <= 1 else \
+        [{"groups": groups[i : i + batch]} for i in range(0, len(groups), batch)]
+    return [encode_groups(c) if wire == "arrow" else orjson.dumps(c) for c in chunks]
 
 
-def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict[str, float]:
+def bench_api(url: str, bodies: list[bytes], clients: int, workers: int, media: str) -> dict[str, float]:
     from tests.conftest import start_server, stop_server
 
     server = start_server(url, workers=workers)
@@ -80,7 +88,7 @@ def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict
     try:
         def post(body: bytes, http: httpx.Client) -> None:
             t0 = time.perf_counter()
-            r = http.post("/v1/groups", content=body, headers={"content-type": "application/json"})
+            r = http.post("/v1/groups", content=body, headers={"content-type": media})
             lat.append(time.perf_counter() - t0)
             assert r.status_code == 201, r.text
 
@@ -105,30 +113,38 @@ def bench_api(url: str, bodies: list[bytes], clients: int, workers: int) -> dict
     return {"s": elapsed, "p50": lat[len(lat) // 2] * 1e3, "p99": lat[int(len(lat) * 0.99) - 1] * 1e3, "rss": peak}
 
 
-def bench_copy(url: str, bodies: list[bytes]) -> float:
-    """The same rows written with raw psycopg COPY (bytea arrays): the floor for what the API could do."""
-    conninfo = libpq_url(url)
+def bench_copy(url: str, groups: list[dict]) -> float:
+    """The same rows written with raw psycopg binary COPY (bytea arrays), one group's INSERT and COPY at a time and
+    a commit every 50, from rows decoded before the clock starts: the floor for what the API could do."""
+    from service.ingest.repository import TRAJECTORY_COLUMNS
+
+    rows = [[(j, orjson.dumps(t["messages"]).decode(), t["messages"][-1]["content"],
+              np.asarray(t["token_ids"], "<i4").tobytes(), np.asarray(t["loss_mask"], "u1").tobytes(),
+              np.asarray(t["logprobs"], "<f4").tobytes(), TOKENS, sum(t["loss_mask"]), 1, t["finish_reason"], "{}")
+             for j, t in enumerate(g["trajectories"])] for g in groups]
+    columns = TRAJECTORY_COLUMNS[:12]
+    assert columns[:4] == ("group_pk", "idx", "messages", "final_answer") and columns[11] == "metadata", columns
+    types = ["int8", "int2", "jsonb", "text", "bytea", "bytea", "bytea", "int4", "int4", "int2", "varchar", "jsonb"]
     t0 = time.perf_counter()
-    with psycopg.connect(conninfo) as conn:
-        for n, body in enumerate(bodies):
-            g = orjson.loads(body)
+    with psycopg.connect(libpq_url(url)) as conn:
+        for n, (g, members) in enumerate(zip(groups, rows, strict=True)):
             with conn.cursor() as cur:
                 pk = cur.execute(
                     "INSERT INTO groups (id, prompt_id, dataset, policy_version, sampling, metadata, body_hash, n_trajectories, n_tokens)"
                     " VALUES (%s, %s, 'bench', 1, '{}', '{}', '', 8, 8192) RETURNING pk",
                     (g["id"] + "-copy", g["prompt_id"]),
                 ).fetchone()[0]
-                with cur.copy(
-                    "COPY trajectories (group_pk, idx, messages, final_answer, token_ids, loss_mask, logprobs, seq_len, num_tokens, num_turns, finish_reason, metadata) FROM STDIN"
-                ) as cp:
-                    for j, t in enumerate(g["trajectories"]):
-                        cp.write_row((pk, j, orjson.dumps(t["messages"]).decode(), t["messages"][-1]["content"],
-                                      np.asarray(t["token_ids"], "<i4").tobytes(), np.asarray(t["loss_mask"], "u1").tobytes(),
-                                      np.asarray(t["logprobs"], "<f4").tobytes(), TOKENS, sum(t["loss_mask"]), 1, t["finish_reason"], "{}"))
+                with cur.copy(f"COPY trajectories ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(types)
+                    for row in members:
+                        cp.write_row((pk, *row))
             if n % 50 == 49:
                 conn.commit()
         conn.commit()
     return time.perf_counter() - t0
+
+
+WIRES = {"json": "application/json", "arrow": "application/vnd.apache.arrow.stream"}
 
 
 def main() -> None:
@@ -137,6 +153,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     ap.add_argument("--batch", type=int, default=1, help="groups a request (above 1: {\"groups\": [...]})")
+    ap.add_argument("--wire", choices=[*WIRES, "both"], default="both", help="the request body's format")
     args = ap.parse_args()
     server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     from service.store.db import to_sqlalchemy_url
@@ -144,21 +161,28 @@ def main() -> None:
 
     server = to_sqlalchemy_url(server)
     rng = random.Random(0)
-    bodies = [make_group(i, rng) for i in range(args.groups)]
-    mb = sum(map(len, bodies)) / 1e6
+    groups = [make_group(i, rng) for i in range(args.groups)]
+    wires = list(WIRES) if args.wire == "both" else [args.wire]
+    bodies = {w: request_bodies(groups, args.batch, w) for w in wires}
     url = create_database(server, 'bench')
     try:
         upgrade(url)
-        api = bench_api(url, batch_bodies(bodies, args.batch), args.clients, args.workers)
-        copy_s = bench_copy(url, bodies)
+        api = {w: bench_api(url, bodies[w], args.clients, args.workers, WIRES[w]) for w in wires}
+        copy_s = bench_copy(url, groups)
     finally:
         drop_database(server, url)
-    api_gps, copy_gps = args.groups / api["s"], args.groups / copy_s
-    print(f"payload: {args.groups} groups x {PER_GROUP} trajectories x {TOKENS} tokens, {mb / args.groups * 1e3:.0f} KB/group JSON")
-    print(f"API  ({args.clients} clients, {args.workers} workers, {args.batch} groups a request): {api_gps:7.1f} groups/s  {mb / api['s']:6.1f} MB/s  "
-          f"p50 {api['p50']:.1f} ms  p99 {api['p99']:.1f} ms  service RSS peak {api['rss']:.0f} MB")
-    print(f"COPY (1 connection, bytea):  {copy_gps:7.1f} groups/s")
-    print(f"ratio API / COPY: {api_gps / copy_gps:.2f}")
+    copy_gps = args.groups / copy_s
+    json_mb = sum(len(orjson.dumps(g)) for g in groups) / 1e6
+    print(f"payload: {args.groups} groups x {PER_GROUP} trajectories x {TOKENS} tokens, {json_mb / args.groups * 1e3:.0f} KB/group JSON")
+    for w in wires:
+        mb = sum(map(len, bodies[w])) / 1e6
+        a = api[w]
+        print(f"API {w:5s} ({args.clients} clients, {args.workers} workers, {args.batch} groups a request): "
+              f"{args.groups / a['s']:7.1f} groups/s  {mb / a['s']:6.1f} MB/s  p50 {a['p50']:.1f} ms  p99 {a['p99']:.1f} ms  "
+              f"service RSS peak {a['rss']:.0f} MB")
+    print(f"COPY (1 connection, binary, bytea):  {copy_gps:7.1f} groups/s")
+    for w in wires:
+        print(f"ratio API {w} / COPY: {args.groups / api[w]['s'] / copy_gps:.2f}")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 
+from service.api.wire_checks import ARROW_MEDIA_TYPE
+
 log = logging.getLogger(__name__)
 
-ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 API_KEY_ENV = "GRPO_CURATOR_API_KEY"
 BatchFormat = Literal["json", "arrow"]
 BATCH_FORMATS: tuple[str, ...] = ("json", "arrow")
@@ -173,11 +174,21 @@ class CuratorClient:
     def upsert_prompts(self, prompts: list[dict[str, Any]]) -> dict[str, Any]:
         return self._json("POST", "/v1/prompts", json={"prompts": prompts})
 
-    def post_group(self, group: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", "/v1/groups", json=group)
+    def post_group(self, group: dict[str, Any], *, format: BatchFormat = "json") -> dict[str, Any]:
+        """``format="arrow"``: the token arrays travel as Arrow columns (``service.ingest.arrow_body``)."""
+        return self._post_groups(group, format)
 
-    def post_groups(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
-        return self._json("POST", "/v1/groups", json={"groups": groups})
+    def post_groups(self, groups: list[dict[str, Any]], *, format: BatchFormat = "json") -> dict[str, Any]:
+        return self._post_groups({"groups": groups}, format)
+
+    def _post_groups(self, body: dict[str, Any], format: BatchFormat) -> dict[str, Any]:
+        if format not in BATCH_FORMATS:
+            raise ValueError(f"format: unknown {format!r}; valid: {', '.join(BATCH_FORMATS)}")
+        if format == "json":
+            return self._json("POST", "/v1/groups", json=body)
+        from service.ingest.arrow_body import encode_groups  # pyarrow only for producers that use Arrow
+
+        return self._json("POST", "/v1/groups", content=encode_groups(body), headers={"Content-Type": ARROW_MEDIA_TYPE})
 
     def get_group(self, group_id: str, *, include_tokens: bool = False) -> dict[str, Any]:
         return self._json("GET", f"/v1/groups/{segment(group_id)}", params={"include_tokens": include_tokens})

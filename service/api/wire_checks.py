@@ -25,6 +25,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # hundred levels; the parsers accept ~1000 (beyond that: 400 "nested too deeply")
 MAX_DEPTH = 64
 JSON_MEDIA_TYPES = ("application/json",)
+ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"  # a lease's answer, or an Arrow POST /v1/groups body
 # an escape for NUL or for a surrogate (paired surrogates are legal; the walk tells them apart)
 _ESCAPES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 # every key is a string followed by ':' (a string value holding '":' only over-counts, which is safe)
@@ -97,12 +98,25 @@ def _constant_hook(flags: list[bool]):
     return hook
 
 
-def check_content_type(content_type: str | None) -> None:
-    """415 unless the body is declared ``application/json`` (parameters such as charset allowed)."""
+def check_content_type(content_type: str | None, allowed: tuple[str, ...] = JSON_MEDIA_TYPES) -> str:
+    """The body's media type (parameters such as charset dropped); 415 unless it is one of ``allowed``."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
-    if media not in JSON_MEDIA_TYPES:
+    if media not in allowed:
         got = f"{media!r}" if media else "none"
-        raise WireError(415, "content-type", f"expected application/json, got {got}")
+        raise WireError(415, "content-type", f"expected {' or '.join(allowed)}, got {got}")
+    return media
+
+
+def check_containers(body: bytes, limit: int | None) -> None:
+    """413 when ``body`` may hold more JSON objects and arrays than ``limit`` (``max_body_containers``): an upper
+    bound counted on the bytes (a brace inside a string counts too), so a body of millions of tiny containers
+    is refused before it is parsed into millions of Python objects."""
+    if limit is None or len(body) <= limit:
+        return
+    n = body.count(b"{") + body.count(b"[")
+    if n > limit:
+        raise WireError(413, "body", f"about {n}: more JSON objects and arrays than the limit of {limit} "
+                                     "(max_body_containers); send fewer groups per request, or less structured metadata")
 
 
 def parse_json_body(raw: bytes) -> Any:

@@ -12,6 +12,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from filters.segments import SegmentAdvantage
 from service.api.schemas import ID_PATTERN, INT4_MAX, MAX_NAME_LENGTH, Strict
+from service.api.wire_checks import (
+    ARROW_MEDIA_TYPE as ARROW_MEDIA_TYPE,  # the lease's Accept (defined once there)
+)
 
 LeaseOrder = Literal["oldest", "freshest"]
 LeaseStatus = Literal["active", "acked", "nacked", "expired"]
@@ -24,7 +27,6 @@ MAX_LEASE_TRAJECTORIES = 65_536
 MAX_LEASE_TOKENS = 2**28
 MAX_WAIT_SECONDS = 60.0
 MAX_LEASE_SECONDS = 86_400.0
-ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 
 
 class LeaseIn(Strict):

@@ -1,5 +1,6 @@
 """The body of ``POST /v1/groups``: one group or a batch, parsed in a worker thread from the document the
-request guard already checked (a dependency: the route receives a validated ``GroupIn`` / ``GroupsIn``)."""
+request guard already checked, or from an Arrow body (``service.ingest.arrow_body``), which is checked here (a
+dependency: the route receives a validated ``GroupIn`` / ``GroupsIn``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.errors import BadRequest
 from service.api.validation import format_errors
-from service.api.wire_checks import WireError, parse_json_body
+from service.api.wire_checks import ARROW_MEDIA_TYPE, WireError, check_content_type, parse_json_body
+from service.ingest.arrow_body import decode_groups
 from service.ingest.schemas import GroupIn, GroupsIn
 
 
@@ -32,9 +34,13 @@ async def group_body(request: Request) -> GroupsIn | GroupIn:
         if not body:
             raise BadRequest("body: empty; expected a group or {\"groups\": [...]}", status_code=400)
         try:
-            doc = parse_json_body(body)
+            if _media(request) == ARROW_MEDIA_TYPE:
+                limit = getattr(request.app.state.settings, "max_body_containers", None)
+                doc = await run_in_threadpool(decode_groups, body, limit)
+            else:
+                doc = parse_json_body(body)
         except WireError as exc:
-            raise BadRequest(str(exc), status_code=exc.status) from None
+            raise BadRequest(str(exc), status_code=exc.status, detail=[{"field": exc.field, "message": exc.message}]) from None
     try:
         parsed = await run_in_threadpool(_validate, doc)
     except ValidationError as exc:
@@ -44,6 +50,13 @@ async def group_body(request: Request) -> GroupsIn | GroupIn:
     if limit is not None:
         await run_in_threadpool(check_metadata_size, parsed, limit)
     return parsed
+
+
+def _media(request: Request) -> str:
+    try:
+        return check_content_type(request.headers.get("content-type"), ("application/json", ARROW_MEDIA_TYPE))
+    except WireError as exc:
+        raise BadRequest(str(exc), status_code=exc.status) from None
 
 
 def check_metadata_size(body: GroupsIn | GroupIn, limit: int) -> None:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from filters.types import FinishReason
 from service.api.deps import SessionDep, SettingsDep
 from service.api.schemas import GROUP_STATUSES, NameQuery, PathId, PolicyVersionQuery, VersionQuery
+from service.api.wire_checks import ARROW_MEDIA_TYPE
 from service.auth.service import ADMIN, PRODUCER, SERVICE, VIEWER, KeyDep, allow
 from service.ingest import groups as group_service
 from service.ingest import service as ingest
@@ -32,7 +33,13 @@ _GROUP_BODY_DOC = {
         "content": {
             "application/json": {
                 "schema": {"oneOf": [{"$ref": "#/components/schemas/GroupIn"}, {"$ref": "#/components/schemas/GroupsIn"}]}
-            }
+            },
+            ARROW_MEDIA_TYPE: {
+                "schema": {"type": "string", "format": "binary",
+                           "description": "Arrow IPC stream: the JSON body without the trajectories' token arrays in "
+                                          "the schema metadata 'grpo_curator.body', the arrays as columns token_ids, "
+                                          "loss_mask, logprobs, versions (one row per trajectory); docs/api.md"}
+            },
         },
     }
 }

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -80,17 +81,24 @@ def _logprob(v: float) -> float:
 LogProb = Annotated[float, AfterValidator(_logprob)]
 
 
-def _checked_array(exact: Any, fits: Callable[[list[Any]], bool]) -> WrapValidator:
+def _checked_array(exact: Any, fits: Callable[[Any], bool], kinds: str) -> WrapValidator:
     """The validator of a token array annotated ``list[item]`` that must hold as ``list[exact]`` (e.g. ``list[float]``
-    and ``list[LogProb]``), at C speed: pydantic-core's plain ``list[item]`` (strict, like every body here: no bools, no strings, no coercion) and one test of the
-    whole list (``fits``: min / max, not one Python call or constraint per token) -- 3-7x faster than the
-    per-item rule on a 1,024-token list. When either refuses, the per-item rule (``exact``) validates the list
-    again and its errors are the ones reported: the same fields (``logprobs[5]``), messages and list of
-    errors as validating with ``exact`` alone, which accepts every list the fast path does; constraints on
-    the list itself (``Field(min_length=1)``) apply to ``list[item]`` and are reported when the items are fine."""
+    and ``list[LogProb]``), at C speed: pydantic-core's plain ``list[item]`` (strict, like every body here: no bools,
+    no strings, no coercion) and one test of the whole list (``fits``: min / max, not one Python call or constraint
+    per token) -- 3-7x faster than the per-item rule on a 1,024-token list. When either refuses, the per-item rule
+    (``exact``) validates the list again and its errors are the ones reported: the same fields (``logprobs[5]``),
+    messages and list of errors as validating with ``exact`` alone, which accepts every list the fast path does;
+    constraints on the list itself (``Field(min_length=1)``) apply to ``list[item]`` and are reported when the items
+    are fine. A 1-D numpy array of one of the dtype ``kinds`` (an Arrow body's column, ``service.ingest.arrow_body``)
+    is tested by the same ``fits`` in numpy and kept as it is; any other array, or one that does not fit, is
+    validated as its list by the per-item rule."""
     slow = TypeAdapter(list[exact], config=ConfigDict(strict=True, allow_inf_nan=False))
 
-    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> list[Any]:
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, np.ndarray):
+            if value.ndim == 1 and value.dtype.kind in kinds and (not value.size or fits(value)):
+                return value
+            return slow.validate_python(value.tolist(), strict=True)  # the per-item errors (or its valid list)
         try:
             out = handler(value)
         except ValidationError:
@@ -103,25 +111,45 @@ def _checked_array(exact: Any, fits: Callable[[list[Any]], bool]) -> WrapValidat
     return WrapValidator(validate)
 
 
-def _logprobs_fit(values: list[float]) -> bool:
+def _bounds(values: Any) -> tuple[Any, Any]:
+    if isinstance(values, np.ndarray):
+        return values.min(), values.max()
+    return min(values), max(values)
+
+
+def _logprobs_fit(values: Any) -> bool:
     # the sum is NaN when one is (min / max may skip a NaN); allow_inf_nan=False refuses them before this anyway
-    return LOGPROB_FLOOR <= min(values) and max(values) <= LOGPROB_SLACK and math.isfinite(sum(values))
+    lo, hi = _bounds(values)
+    total = values.sum() if isinstance(values, np.ndarray) else sum(values)
+    return bool(LOGPROB_FLOOR <= lo and hi <= LOGPROB_SLACK and math.isfinite(total))
 
 
-def _in(lo: int, hi: int) -> Callable[[list[int]], bool]:
-    return lambda values: lo <= min(values) and max(values) <= hi
+def _in(lo: int, hi: int) -> Callable[[Any], bool]:
+    def fits(values: Any) -> bool:
+        low, high = _bounds(values)
+        return bool(lo <= low and high <= hi)
+
+    return fits
 
 
-def _bits_fit(values: list[int]) -> bool:
+def _bits_fit(values: Any) -> bool:
+    if isinstance(values, np.ndarray):
+        return bool(np.count_nonzero(values == 0) + np.count_nonzero(values == 1) == values.size)
     return values.count(1) + values.count(0) == len(values)  # two C scans (ints by now: no 1.0, no True)
 
 
 MaskItem = Annotated[StrictInt, Field(ge=0, le=1)]  # StrictInt: no true/false
 VersionItem = Annotated[StrictInt, Field(ge=-1, le=INT4_MAX)]
-TokenIds = Annotated[list[int], _checked_array(Int4, _in(0, INT4_MAX))]
-LossMask = Annotated[list[int], _checked_array(MaskItem, _bits_fit)]
-LogProbs = Annotated[list[float], _checked_array(LogProb, _logprobs_fit)]
-Versions = Annotated[list[int], _checked_array(VersionItem, _in(-1, INT4_MAX))]
+_INTEGERS, _FLOATS = "iu", "f"
+TokenIds = Annotated[list[int], _checked_array(Int4, _in(0, INT4_MAX), _INTEGERS)]
+LossMask = Annotated[list[int], _checked_array(MaskItem, _bits_fit, _INTEGERS)]
+LogProbs = Annotated[list[float], _checked_array(LogProb, _logprobs_fit, _FLOATS)]
+Versions = Annotated[list[int], _checked_array(VersionItem, _in(-1, INT4_MAX), _INTEGERS)]
+
+
+def ones(mask: list[int] | np.ndarray) -> int:
+    """The 1s of a checked loss mask (a list, or an Arrow body's uint8 array: no sum that wraps at 256)."""
+    return int(np.count_nonzero(mask)) if isinstance(mask, np.ndarray) else sum(mask)
 
 
 class SegmentIn(Strict):
@@ -203,9 +231,9 @@ class TrajectoryIn(FreeJson):
         if self.num_tokens is not None:
             return self.num_tokens
         if self.segments is not None:
-            return sum(sum(s.loss_mask) for s in self.segments)
+            return sum(ones(s.loss_mask) for s in self.segments)
         if self.loss_mask is not None:
-            return sum(self.loss_mask)
+            return ones(self.loss_mask)
         return len(self.token_ids) if self.token_ids is not None else 0
 
     def n_token_ids(self) -> int:

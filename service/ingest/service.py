@@ -156,7 +156,8 @@ def body_hash(group: GroupIn) -> str:
     canonical["trajectories"] = [
         _canonical_trajectory(_with_arrays(d, t)) for d, t in zip(dump["trajectories"], group.trajectories, strict=True)
     ]
-    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # an Arrow body's arrays are numpy (int32 / uint8 / float64): orjson writes them as the same numbers' lists
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)).hexdigest()
 
 
 def _with_arrays(dump: dict[str, Any], t: TrajectoryIn) -> dict[str, Any]:
