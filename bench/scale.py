@@ -53,6 +53,7 @@ import psycopg
 from sqlalchemy import event
 
 from bench.lease import _copy_trajectories, run_config
+from service.api.wire_checks import ARROW_MEDIA_TYPE
 from service.settings import get_settings
 from service.store.dbadmin import create_database, drop_database, libpq_url
 
@@ -178,18 +179,23 @@ def bodies(tag: str, n: int, tokens: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def ingest_api(server_url: str, groups: list[dict[str, Any]], clients: int = 4, batch: int = 1) -> dict[str, float]:
-    """``groups`` posted by ``clients`` threads, ``batch`` groups a request (``{"groups": [...]}`` when > 1):
-    groups/s, and per-request latency."""
+def ingest_api(server_url: str, groups: list[dict[str, Any]], clients: int = 4, batch: int = 1,
+               wire: str = "json") -> dict[str, float]:
+    """``groups`` posted by ``clients`` threads, ``batch`` groups a request (``{"groups": [...]}`` when > 1), as JSON
+    or Arrow bodies (``wire``; encoded before the clock starts): groups/s, and per-request latency."""
+    from service.ingest.arrow_body import encode_groups
+
     chunks = [groups[i:i + batch] for i in range(0, len(groups), batch)]
-    encoded = [orjson.dumps(c[0] if batch == 1 else {"groups": c}) for c in chunks]
+    encode = encode_groups if wire == "arrow" else orjson.dumps
+    encoded = [encode(c[0] if batch == 1 else {"groups": c}) for c in chunks]
+    media = ARROW_MEDIA_TYPE if wire == "arrow" else "application/json"
     lat: list[float] = []
 
     def run(chunk: list[bytes]) -> None:
         with httpx.Client(base_url=server_url, timeout=120) as http:
             for body in chunk:
                 t0 = time.perf_counter()
-                r = http.post("/v1/groups", content=body, headers={"content-type": "application/json"})
+                r = http.post("/v1/groups", content=body, headers={"content-type": media})
                 lat.append(time.perf_counter() - t0)
                 if r.status_code != 201:
                     raise RuntimeError(f"POST /v1/groups: {r.status_code} {r.text[:300]}")
@@ -447,9 +453,13 @@ def checkpoint(url: str, server_url: str, size: int, load_s: float, args: argpar
     # the same rows again, 50 groups a request: the unit COPY commits (POST /v1/groups takes a batch)
     row["ingest_api_batch"] = ingest_api(server_url, bodies(f"apib-{size}", args.ingest_groups, args.tokens, seed=size),
                                          batch=COPY_BATCH)
+    # and as Arrow bodies (the token arrays as columns), 50 a request
+    row["ingest_api_arrow"] = ingest_api(server_url, bodies(f"apia-{size}", args.ingest_groups, args.tokens, seed=size),
+                                         batch=COPY_BATCH, wire="arrow")
     row["ingest_copy"] = ingest_copy(url, sample)
-    row["ingest_ratio"] = row["ingest_api"]["groups_per_s"] / row["ingest_copy"]["groups_per_s"]
-    row["ingest_ratio_batch"] = row["ingest_api_batch"]["groups_per_s"] / row["ingest_copy"]["groups_per_s"]
+    for key, api in (("ingest_ratio", "ingest_api"), ("ingest_ratio_batch", "ingest_api_batch"),
+                     ("ingest_ratio_arrow", "ingest_api_arrow")):
+        row[key] = row[api]["groups_per_s"] / row["ingest_copy"]["groups_per_s"]
     vacuum(url)
     row["lease"] = lease(url, server_url, args)
     with psycopg.connect(libpq_url(url)) as conn:
@@ -468,14 +478,16 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f"groups from 4 clients; archive slice {args.archive_groups} groups; API workers {args.workers}")
     print("loaded: trajectories bulk-loaded; hot: trajectories in PostgreSQL after the checkpoint (with the API's and "
           "COPY's samples, without the archived slices); lease and stats in ms; arch g/s net of start-up")
-    head = (f"{'loaded':>9} {'hot':>9} {'DB GB':>6} {'load/s':>8} {'API g/s':>8} {'API50 g/s':>9} {'COPY g/s':>8} {'ratio':>5} {'ratio50':>7} "
+    head = (f"{'loaded':>9} {'hot':>9} {'DB GB':>6} {'load/s':>8} {'API g/s':>8} {'API50 g/s':>9} {'Arrow50':>8} {'COPY g/s':>8} "
+            f"{'ratio':>5} {'ratio50':>7} {'ratioA':>6} "
             f"{'lease1 p50|p99':>15} {'lease4 p50|p99':>15} {'stats p50|p99':>14} {'arch g/s':>8}")
     print(head)
     for r in rows:
         l1, l4, st = r["lease"]["1"], r["lease"]["4"], r["stats"]
         print(f"{r['size']:>9} {r['db']['trajectories']:>9} {r['db']['db_bytes'] / 1e9:>6.2f} {r['load_trajectories_per_s']:>8.0f} "
               f"{r['ingest_api']['groups_per_s']:>8.1f} {r['ingest_api_batch']['groups_per_s']:>9.1f} "
-              f"{r['ingest_copy']['groups_per_s']:>8.1f} {r['ingest_ratio']:>5.2f} {r['ingest_ratio_batch']:>7.2f} {l1['p50_ms']:>7.1f}|{l1['p99_ms']:>7.1f} "
+              f"{r['ingest_api_arrow']['groups_per_s']:>8.1f} {r['ingest_copy']['groups_per_s']:>8.1f} "
+              f"{r['ingest_ratio']:>5.2f} {r['ingest_ratio_batch']:>7.2f} {r['ingest_ratio_arrow']:>6.2f} {l1['p50_ms']:>7.1f}|{l1['p99_ms']:>7.1f} "
               f"{l4['p50_ms']:>7.1f}|{l4['p99_ms']:>7.1f} {st['p50_ms']:>6.1f}|{st['p99_ms']:>7.1f} "
               f"{r['archive']['groups_per_s']:>8.0f}")
     for r in rows:
@@ -502,7 +514,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     stats_x = last["stats"]["p99_ms"] / first["stats"]["p99_ms"]
     print(f"targets: lease p99 x{lease_x:.2f} and stats p99 x{stats_x:.2f} from {first['size']} to {last['size']}"
           f" (<= 1.5); ingest ratio {min(r['ingest_ratio'] for r in rows):.2f} one group a request, "
-          f"{min(r['ingest_ratio_batch'] for r in rows):.2f} {COPY_BATCH} a request (>= 0.5); "
+          f"{min(r['ingest_ratio_batch'] for r in rows):.2f} {COPY_BATCH} a request, "
+          f"{min(r['ingest_ratio_arrow'] for r in rows):.2f} {COPY_BATCH} a request as Arrow (>= 0.5); "
           f"4-trainer lease p99 {max(r['lease']['4']['p99_ms'] for r in rows):.0f} ms (<= 150)")
 
 

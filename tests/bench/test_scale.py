@@ -25,14 +25,15 @@ def test_two_checkpoints_measure_everything_and_leave_no_database(server_url, mo
     rows = body["checkpoints"]
     assert [r["size"] for r in rows] == [400, 800]
     for n, r in enumerate(rows, start=1):
-        # per checkpoint: 50 groups loaded, 4 posted to the API one a request and 4 in one batch, 4 by COPY,
-        # 5 archived
-        assert r["db"]["groups"] == 57 * n
+        # per checkpoint: 50 groups loaded, 4 posted to the API one a request, 4 in one batch and 4 in one Arrow
+        # batch, 4 by COPY, 5 archived
+        assert r["db"]["groups"] == 61 * n
         assert r["db"]["trajectories"] == 8 * r["db"]["groups"]
         assert r["db"]["stats_cells"] > 0
-        for side in ("ingest_api", "ingest_api_batch", "ingest_copy"):
+        for side in ("ingest_api", "ingest_api_batch", "ingest_api_arrow", "ingest_copy"):
             assert r[side]["groups_per_s"] > 0, side
         assert r["ingest_ratio_batch"] == r["ingest_api_batch"]["groups_per_s"] / r["ingest_copy"]["groups_per_s"]
+        assert r["ingest_ratio_arrow"] == r["ingest_api_arrow"]["groups_per_s"] / r["ingest_copy"]["groups_per_s"]
         for trainers in ("1", "4"):
             lease = r["lease"][trainers]
             assert lease["batches"] == 2 * int(trainers)
