@@ -50,7 +50,14 @@ def staleness_version(versions: Iterable[Iterable[int] | None], policy_version: 
     group's ``policy_version``), so a member filled by an older policy, or tokens an earlier policy
     generated, make the group as stale as they are. The one rule for ingest, curation, delivery and the
     trainer's logged staleness."""
-    return min((v for vs in versions if vs is not None for v in vs if 0 <= v < policy_version), default=policy_version)
+    oldest = policy_version
+    for vs in versions:
+        if isinstance(vs, np.ndarray):  # an Arrow body's array (service.ingest.arrow_body): the same rule in numpy
+            older = vs[(vs >= 0) & (vs < policy_version)]
+            oldest = min(oldest, int(older.min())) if older.size else oldest
+        elif vs is not None:
+            oldest = min(oldest, min((v for v in vs if 0 <= v < policy_version), default=oldest))
+    return oldest
 
 
 def finish_reason_action(finish_reason: str, policy: CurationPolicy) -> Action:

@@ -10,8 +10,9 @@ row may be null: that trajectory has no such array, as when the JSON leaves the 
 (``segments``) is posted as JSON.
 
 Decoding gives the document the JSON body parses to, with the arrays as numpy views of the body's buffers (the
-log-probs as float64, the numbers a JSON body of the same values holds), and ``GroupIn`` validates it with the
-same rules (``service.ingest.schemas``): no per-token Python, no JSON of 8 M numbers to parse, check and hash.
+log-probs as float64, the numbers a JSON body of the same values holds; a JSON ``null`` array is as good as none),
+and ``GroupIn`` validates it with the same rules (``service.ingest.schemas``): no per-token Python, no JSON of 8 M
+numbers to parse, check and hash.
 The JSON part passes the same wire checks as a JSON body; the stream is refused when its buffers are compressed
 (a few MB of zstd can claim GBs) or dictionary-encoded, and validated in full (offsets within their buffers)
 before a value is read. Errors name the field (``columns.logprobs``, ``groups[0].trajectories[3].token_ids``).
@@ -19,12 +20,12 @@ before a value is read. Errors name the field (``columns.logprobs``, ``groups[0]
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from service.api.wire_checks import WireError, check_containers, parse_json_body
@@ -36,27 +37,37 @@ _WHAT = {"token_ids": "integers", "loss_mask": "integers", "logprobs": "float32 
 # Message flatbuffer (Arrow's format/Message.fbs): its header union's type and value are fields 1 and 2; a
 # RecordBatch's ``compression`` is its field 3
 _HEADER_TYPE, _HEADER, _COMPRESSION, _RECORD_BATCH = 1, 2, 3, 3
+MAX_BATCHES = 10_000  # record batches in one body (each costs a read; a producer needs one)
 
 
 def encode_groups(body: dict[str, Any]) -> bytes:
     """A JSON body (one group, or ``{"groups": [...]}``, as ``POST /v1/groups`` takes it) -> its Arrow body. Integer
-    arrays go as int32 (uint8 for a 0/1 mask) when every value fits, else as int64 (the service then names the
-    value that does not fit); log-probs as float32 when each is a float32 value (a sampler's), else float64: the
-    service stores the same bytes and hashes the same numbers as for the JSON body."""
+    arrays go as int32 (uint8 for a 0/1 mask) when every value fits, else as int64 or uint64 (the service then names
+    the value that does not fit); log-probs as float32 when each is a float32 value (a sampler's), else float64: the
+    service stores the same bytes and hashes the same numbers as for the JSON body. ValueError, naming the field,
+    for what the JSON body could not carry either (NaN or infinity in the JSON part, an array item that is not a
+    number of its kind, an integer beyond 64 bits, a segmented trajectory)."""
     batched = "groups" in body
     doc = {**body, "groups": [dict(g) for g in body["groups"]]} if batched else dict(body)
-    for g in doc["groups"] if batched else [doc]:
+    sources: list[tuple[str, dict[str, Any]]] = []
+    for i, g in enumerate(doc["groups"] if batched else [doc]):
+        where = f"groups[{i}]." if batched else ""
+        sources += [(f"{where}trajectories[{j}]", t) for j, t in enumerate(g["trajectories"])]
         g["trajectories"] = [{k: v for k, v in t.items() if k not in ARRAY_COLUMNS} for t in g["trajectories"]]
-    sources = [t for g in (body["groups"] if batched else [body]) for t in g["trajectories"]]
+    for where, t in sources:
+        if t.get("segments") is not None:
+            raise ValueError(f"{where}.segments: a segmented trajectory is posted as JSON")
     fields, columns = [], []
     for name in ARRAY_COLUMNS:
-        values = [t.get(name) for t in sources]
-        if all(v is None for v in values):
+        values = [(f"{where}.{name}", t.get(name)) for where, t in sources]
+        if all(v is None for _, v in values):
             continue
         column = _list_column(name, values)
         fields.append(pa.field(name, column.type))
         columns.append(column)
-    schema = pa.schema(fields, metadata={BODY_KEY: orjson.dumps(doc)})
+    # the JSON part as a JSON body would carry it: NaN and infinity refused (orjson would write them as null)
+    text = json.dumps(doc, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()
+    schema = pa.schema(fields, metadata={BODY_KEY: text})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         if columns:  # no column: no row to send (the JSON holds everything)
@@ -64,28 +75,49 @@ def encode_groups(body: dict[str, Any]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _list_column(name: str, values: list[Any]) -> pa.ListArray:
-    arrays = [np.asarray(v, dtype=np.float64 if name in _FLOATS else None) for v in values if v is not None]
-    flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+def _list_column(name: str, values: list[tuple[str, Any]]) -> pa.ListArray:
+    """One column: each trajectory's array (or None) as a numpy array of the kind ``name`` holds, then the narrowest
+    type every value of the column fits."""
+    kinds = "fiu" if name in _FLOATS else "iu"
+    arrays = []
+    for field, v in values:
+        if v is None:
+            continue
+        what = "numbers" if name in _FLOATS else "integers"
+        if not isinstance(v, np.ndarray) and not set(map(type, v)) <= ({int, float} if name in _FLOATS else {int}):
+            raise ValueError(f"{field}: not a list of {what}")  # None, bool (numpy makes 1 of True), str, a list
+        a = np.asarray(v)
+        if a.size and (a.ndim != 1 or a.dtype.kind not in kinds):
+            if name in _FLOATS or isinstance(v, np.ndarray):
+                raise ValueError(f"{field}: not a list of {what}")
+            if not 0 <= min(v) <= max(v) < 2**64:  # ints past 64 bits are objects to numpy
+                raise ValueError(f"{field}: values from {min(v)} to {max(v)} fit no 64-bit integer type")
+            a = np.asarray(v, dtype=np.uint64)  # numpy makes float64 of small ints beside 2**64-1: exact now
+        arrays.append(a.reshape(-1))
+    full = [a for a in arrays if a.size]  # [] is float64 to numpy: an empty array takes the column's type
     if name in _FLOATS:
+        flat = np.concatenate([a.astype(np.float64) for a in full]) if full else np.zeros(0, np.float64)
         as32 = flat.astype(np.float32)
-        flat = as32 if np.array_equal(as32.astype(np.float64), flat, equal_nan=True) else flat
-    elif flat.dtype.kind in "iu" and flat.size:
-        small = np.uint8 if name == "loss_mask" and flat.min() >= 0 and flat.max() <= 1 else np.int32
-        info = np.iinfo(small)
-        flat = flat.astype(small) if info.min <= flat.min() and flat.max() <= info.max else flat.astype(np.int64)
-    elif flat.dtype.kind in "iu":
-        flat = flat.astype(np.uint8 if name == "loss_mask" else np.int32)
-    lengths = [0 if v is None else len(v) for v in values]
+        if np.array_equal(as32.astype(np.float64), flat, equal_nan=True):
+            flat = as32
+    else:
+        lo = min((int(a.min()) for a in full), default=0)
+        hi = max((int(a.max()) for a in full), default=0)
+        target = next((t for t in (np.uint8, np.int32, np.int64, np.uint64) if (t is not np.uint8 or name == "loss_mask")
+                       and np.iinfo(t).min <= lo and hi <= np.iinfo(t).max), None)
+        if target is None:  # both a negative value and one above int64: no 64-bit type holds the column
+            raise ValueError(f"{name}: values from {lo} to {hi} fit no 64-bit integer type")
+        flat = np.concatenate([a.astype(target) for a in full]) if full else np.zeros(0, target)
+    lengths = [0 if v is None else int(np.size(v)) for _, v in values]
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    nulls = pa.array([v is None for v in values], pa.bool_())
+    nulls = pa.array([v is None for _, v in values], pa.bool_())
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=nulls)
 
 
 def decode_groups(raw: bytes, max_containers: int | None = None) -> Any:
     """The Arrow body -> the document its JSON twin parses to, each trajectory's arrays as numpy arrays (log-probs
-    float64, versions a list). WireError (400 malformed, 413, 415, 422) naming the field."""
+    as float64). WireError (400 malformed, 413, 422) naming the field."""
     messages = _messages(raw)
     schema = _schema(next(messages, None))
     text = (schema.metadata or {}).get(BODY_KEY)
@@ -98,21 +130,28 @@ def decode_groups(raw: bytes, max_containers: int | None = None) -> Any:
     expected = None if trajectories is None or not schema.names else len(trajectories)
     columns = _columns(schema, messages, expected)
     if trajectories is not None:
-        _attach(trajectories, columns)
+        try:
+            _attach(trajectories, columns)
+        except (pa.ArrowException, OSError, ValueError) as exc:  # never here for a validated batch
+            raise WireError(400, "body", f"not a valid Arrow record batch: {exc}") from None
     return doc
 
 
 def _messages(raw: bytes) -> Iterator[pa.ipc.Message]:
+    """The stream's messages, then a check that nothing follows its end (as nothing may follow a JSON document)."""
+    source = pa.BufferReader(pa.py_buffer(raw))
     try:
-        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(raw))
+        reader = pa.ipc.MessageReader.open_stream(source)
         while True:
             try:
                 message = reader.read_next_message()
             except StopIteration:
-                return
+                break
             yield message
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise WireError(400, "body", f"not an Arrow IPC stream: {exc}") from None
+    if source.tell() != len(raw):
+        raise WireError(400, "body", f"not an Arrow IPC stream: {len(raw) - source.tell()} bytes after its end")
 
 
 def _schema(message: pa.ipc.Message | None) -> pa.Schema:
@@ -120,9 +159,9 @@ def _schema(message: pa.ipc.Message | None) -> pa.Schema:
         raise WireError(400, "body", "not an Arrow IPC stream: it does not start with a schema")
     try:
         schema = pa.ipc.read_schema(message)
-    except (pa.ArrowException, ValueError) as exc:
+        names = schema.names
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a name that is not UTF-8 too
         raise WireError(400, "body", f"not an Arrow IPC stream: {exc}") from None
-    names = schema.names
     for name in names:
         if name not in ARRAY_COLUMNS:
             raise WireError(422, f"columns.{name}", "unknown column; the Arrow body's columns are "
@@ -141,7 +180,8 @@ def _schema(message: pa.ipc.Message | None) -> pa.Schema:
 def _trajectories(doc: Any) -> list[tuple[str, dict[str, Any]]] | None:
     """The document's trajectory objects in order with their fields' prefix (``groups[0].trajectories[3]``), or
     None when its shape is wrong (then validation names the field)."""
-    groups = doc.get("groups") if isinstance(doc, dict) and "groups" in doc else [doc]
+    batched = isinstance(doc, dict) and "groups" in doc
+    groups = doc.get("groups") if batched else [doc]
     if not isinstance(groups, list):
         return None
     out: list[tuple[str, dict[str, Any]]] = []
@@ -149,10 +189,10 @@ def _trajectories(doc: Any) -> list[tuple[str, dict[str, Any]]] | None:
         members = g.get("trajectories") if isinstance(g, dict) else None
         if not isinstance(members, list) or not all(isinstance(t, dict) for t in members):
             return None
-        where = f"groups[{i}]." if isinstance(doc, dict) and "groups" in doc else ""
+        where = f"groups[{i}]." if batched else ""
         for j, t in enumerate(members):
             for name in (*ARRAY_COLUMNS, "segments"):
-                if name in t:
+                if t.get(name) is not None:  # null is as good as left out, as in a JSON body
                     message = ("a segmented trajectory is posted as JSON" if name == "segments"
                                else f"carried by the Arrow column {name!r}, not in the JSON")
                     raise WireError(422, f"{where}trajectories[{j}].{name}", message)
@@ -171,40 +211,44 @@ def _columns(schema: pa.Schema, messages: Iterator[pa.ipc.Message], expected: in
         try:
             batch = pa.ipc.read_record_batch(message, schema)
             batch.validate(full=True)
-        except (pa.ArrowException, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise WireError(400, "body", f"not a valid Arrow record batch: {exc}") from None
+        if not batch.num_rows:
+            raise WireError(422, "body", f"Arrow record batch {len(batches)} is empty; every batch holds a row at least")
         rows += batch.num_rows
-        if expected is not None and rows > expected:
+        if expected is None or rows > expected:
             break
         batches.append(batch)
-        if len(batches) > max(expected or 0, 1):  # each batch a row at least: no stream of empty batches
-            raise WireError(422, "body", f"{len(batches)} Arrow record batches for {expected or 0} trajectories; "
-                                         "one batch holds them all")
+        if len(batches) > MAX_BATCHES:
+            raise WireError(422, "body", f"more than {MAX_BATCHES} Arrow record batches; send the rows in fewer")
     if expected is not None and rows != expected:
         raise WireError(422, "body", f"{rows if rows <= expected else 'more'} Arrow rows for {expected} trajectories "
                                      "in the JSON; one row per trajectory, in order")
     if not batches:
         return {}
-    return {name: pa.concat_arrays([b.column(name) for b in batches]) for name in schema.names}
+    try:
+        return {name: pa.concat_arrays([b.column(name) for b in batches]) for name in schema.names}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise WireError(400, "body", f"not a valid Arrow record batch: {exc}") from None
 
 
 def _attach(trajectories: list[tuple[str, dict[str, Any]]], columns: dict[str, pa.Array]) -> None:
     for name, column in columns.items():
         offsets = column.offsets.to_numpy()
         values = column.values
-        if values.null_count:  # only the values under non-null rows count
+        if values.null_count:  # only the values under non-null rows count (a null row's may be anything)
             for r, (where, _) in enumerate(trajectories):
                 if column[r].is_valid and values.slice(offsets[r], offsets[r + 1] - offsets[r]).null_count:
                     raise WireError(422, f"{where}.{name}", "null items; a row is null (no array) or holds "
                                                            "numbers only")
+            values = values.fill_null(0)  # those under null rows: to keep the values' own type
         flat = values.to_numpy(zero_copy_only=False)
         if name in _FLOATS:
             flat = flat.astype(np.float64)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         for r, (_, t) in enumerate(trajectories):
             if valid[r]:
-                part = flat[offsets[r] : offsets[r + 1]]
-                t[name] = part.tolist() if name == "versions" else part
+                t[name] = flat[offsets[r] : offsets[r + 1]]
 
 
 def _compressed(message: pa.ipc.Message) -> bool:

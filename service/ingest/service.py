@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import orjson
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
@@ -370,8 +371,14 @@ def check_versions(t: TrajectoryIn, policy_version: int, where: str) -> None:
     first offending position."""
     if t.versions is None:
         return
-    mask = t.loss_mask
-    for i, v in enumerate(t.versions):
+    versions, mask = t.versions, t.loss_mask
+    if isinstance(versions, np.ndarray):  # an Arrow body's: the same rule over the whole array, then the walk
+        generated = None if mask is None else np.asarray(mask) == 1  # names the first offence, if there is one
+        if versions.max(initial=-1) <= policy_version and (generated is None or bool(
+                np.all(np.where(generated, versions >= 0, versions == -1)))):
+            return
+        versions, mask = versions.tolist(), None if mask is None else np.asarray(mask).tolist()
+    for i, v in enumerate(versions):
         if v > policy_version:
             raise BadRequest(f"{where}versions[{i}]: version {v} is newer than the policy_version {policy_version}"
                              " that posts it")

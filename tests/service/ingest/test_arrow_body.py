@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import random
+import struct
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,25 @@ def test_a_null_row_is_a_trajectory_without_that_array_and_a_null_item_is_refuse
     assert r.status_code == 422 and r.json()["error"].startswith("trajectories[3].token_ids: null items"), r.text
     assert stored(session) == (1, 4)
 
+    # null items under a null row are Arrow's business, not a reason to refuse the rows that hold numbers (attack)
+    group = make_group("under-null", n=2)
+    first = group["trajectories"][0]
+    column = pa.ListArray.from_arrays(pa.array([0, 10, 20], pa.int32()),
+                                      pa.array(first["token_ids"] + [None] * 10, pa.int32()), mask=pa.array([False, True]))
+    del group["trajectories"][1]["token_ids"], group["trajectories"][1]["loss_mask"], group["trajectories"][1]["logprobs"]
+    raw = encode_groups(group)
+    table = pa.ipc.open_stream(raw).read_all()
+    r = client.post("/v1/groups", content=stream(table.schema, [table.set_column(0, "token_ids", column)]), headers=ARROW)
+    assert r.status_code == 201, r.text
+    assert client.post("/v1/groups", json=group).status_code == 200
+
+    # a JSON null array is as good as none, in either body
+    group = make_group("json-null")
+    doc = orjson.loads(pa.ipc.open_stream(encode_groups(group)).schema.metadata[BODY_KEY])
+    doc["trajectories"][0].update(token_ids=None, versions=None, segments=None)
+    assert client.post("/v1/groups", content=with_body(encode_groups(group), doc), headers=ARROW).status_code == 201
+    assert client.post("/v1/groups", json=group).status_code == 200
+
 
 def test_hostile_streams_are_refused_before_a_value_is_read(client, session):
     group = make_group("hostile")
@@ -192,18 +212,28 @@ def test_hostile_streams_are_refused_before_a_value_is_read(client, session):
         r = client.post("/v1/groups", content=stream(schema, []), headers=ARROW)
         assert r.status_code == 422 and r.json()["error"].startswith(error), (error, r.text)
 
-    empty = table.to_batches()[0].slice(0, 0)  # a stream of empty batches is refused at the first one too many
-    r = client.post("/v1/groups", content=stream(table.schema, [empty] * 5 + [table]), headers=ARROW)
-    assert r.status_code == 422 and "5 Arrow record batches for 4 trajectories" in r.json()["error"], r.text
+    empty = table.to_batches()[0].slice(0, 0)  # empty batches cost a read each and carry nothing (attack: 340,000)
+    r = client.post("/v1/groups", content=stream(table.schema, [table.slice(0, 2), empty, table.slice(2)]), headers=ARROW)
+    assert r.status_code == 422 and r.json()["error"] == "body: Arrow record batch 1 is empty; every batch holds a " \
+                                                        "row at least", r.text
     assert client.post("/v1/groups", content=stream(table.schema, [table.slice(0, 1), table.slice(1)]),
                        headers=ARROW).status_code == 201  # rows split over batches are one column
     assert client.get("/v1/groups/hostile", params={"include_tokens": True}).json()["trajectories"][3]["token_ids"] \
         == group["trajectories"][3]["token_ids"]
     session.execute(text("DELETE FROM trajectories; DELETE FROM groups"))
 
-    for junk in (b"\x00" * 64, raw[: len(raw) // 2], b'{"id": "x"}', raw[:8]):
+    for junk in (b"\x00" * 64, raw[: len(raw) // 2], b'{"id": "x"}', raw[:8], raw + b"{}",
+                 raw.replace(b"token_ids", b"token_id\xff", 1)):  # bytes after its end; a name that is not UTF-8
         r = client.post("/v1/groups", content=junk, headers=ARROW)
         assert r.status_code == 400 and r.json()["error"].startswith("body: not an Arrow IPC stream"), r.text
+    # the record batch's own flatbuffer tampered with (attack): its length, a buffer's offset past the body
+    start, size = batch_metadata(raw)
+    meta = raw[start : start + size]
+    for old, new in ((struct.pack("<q", 4), struct.pack("<q", 5)), (struct.pack("<q", 160), struct.pack("<q", 10**9))):
+        assert old in meta
+        r = client.post("/v1/groups", content=raw[:start] + meta.replace(old, new, 1) + raw[start + size :],
+                        headers=ARROW)
+        assert r.status_code == 400 and r.json()["error"].startswith("body: not a valid Arrow record batch"), r.text
     assert stored(session) == (0, 0)
 
 
@@ -244,6 +274,76 @@ def test_only_post_groups_takes_an_arrow_body(client):
     assert r.status_code == 415 and "application/json or application/vnd.apache.arrow.stream" in r.json()["error"]
 
 
+def test_the_encoder_sends_what_the_json_would_or_refuses_as_it_would(client, session):
+    """The encoder never changes a value (attack: uint64 wrapped to -1, NaN in the JSON part became null, an empty
+    array turned its column into doubles); what JSON cannot carry it refuses, naming the field."""
+    group = make_group("enc", n=3)
+    group["trajectories"][0].update(token_ids=[], loss_mask=[], logprobs=[])  # an empty array: the column's type
+    assert client.post("/v1/groups", content=encode_groups(group), headers=ARROW).status_code == 201
+    assert client.post("/v1/groups", json=group).status_code == 200
+
+    wide = make_group("wide", n=2)
+    wide["trajectories"][1]["token_ids"][5] = 2**64 - 1  # uint64: sent as it is, refused by the service's rule
+    raw = encode_groups({"groups": [wide]})
+    assert pa.ipc.open_stream(raw).schema.field("token_ids").type == pa.list_(pa.uint64())
+    r = client.post("/v1/groups", content=raw, headers=ARROW)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "groups[0].trajectories[1].token_ids[5]", r.text
+    assert "less than or equal to 2147483647" in r.json()["detail"][0]["message"]
+    assert client.post("/v1/groups", json={"groups": [wide]}).json()["detail"][0]["field"] == \
+        "groups[0].trajectories[1].token_ids[5]"
+    wide["trajectories"][0]["versions"] = [-1] * 10  # -1 in one trajectory, 2**63 in another: no 64-bit type
+    wide["trajectories"][1]["versions"] = [2**63] * 10
+    with pytest.raises(ValueError, match="versions: values from -1 to 9223372036854775808 fit no 64-bit integer"):
+        encode_groups(wide)
+    wide["trajectories"][0]["versions"] = [-1] * 9 + [2**64]  # in one list: no numpy integer holds them either
+    with pytest.raises(ValueError, match=r"trajectories\[0\]\.versions: values from -1 to 18446744073709551616 fit no"):
+        encode_groups(wide)
+
+    for bad, match in (({"sampling": {"temperature": float("nan")}}, "Out of range float"),
+                       ({"metadata": {"x": float("inf")}}, "Out of range float")):
+        with pytest.raises(ValueError, match=match):
+            encode_groups({**make_group("nan"), **bad})
+    for column, value, kind in (("token_ids", None, "integers"), ("token_ids", True, "integers"),
+                                ("token_ids", 1.5, "integers"), ("logprobs", None, "numbers"),
+                                ("logprobs", "x", "numbers")):
+        g = make_group("items", n=2)
+        g["trajectories"][1][column][3] = value
+        with pytest.raises(ValueError, match=rf"trajectories\[1\]\.{column}: not a list of {kind}"):
+            encode_groups(g)
+    seg = make_group("seg", n=1)
+    seg["trajectories"][0]["segments"] = [{"token_ids": [1], "loss_mask": [1]}]
+    with pytest.raises(ValueError, match=r"trajectories\[0\]\.segments: a segmented trajectory is posted as JSON"):
+        encode_groups(seg)
+    assert stored(session) == (1, 3)
+
+
+def test_versions_go_by_the_same_rule_in_numpy(client, session):
+    """The versions column is checked in numpy (attack: 60 M int8 versions were walked in Python before the length
+    check) with the walk's errors; the group's staleness is the oldest generated token's either way."""
+    group = make_group("ver", n=2, policy_version=5)
+    for k, t in enumerate(group["trajectories"]):
+        t["versions"] = [-1] * 4 + [3 + k] * 6
+    assert client.post("/v1/groups", content=encode_groups(group), headers=ARROW).status_code == 201
+    assert client.post("/v1/groups", json=group).status_code == 200
+    assert session.scalar(select(Group.oldest_version).where(Group.id == "ver")) == 3
+    for position, value, message in ((2, 0, "a token the model did not generate (loss_mask 0) has version -1, got 0"),
+                                     (7, -1, "a generated token (loss_mask 1) carries the version that generated it"),
+                                     (9, 6, "version 6 is newer than the policy_version 5")):
+        bad = copy.deepcopy(group)
+        bad["id"] = "ver-bad"
+        bad["trajectories"][1]["versions"][position] = value
+        r = client.post("/v1/groups", content=encode_groups(bad), headers=ARROW)
+        assert r.status_code == 422 and r.json()["error"].startswith(f"trajectories[1].versions[{position}]: {message}"), r.text
+        assert client.post("/v1/groups", json=bad).json()["error"] == r.json()["error"]
+    huge = make_group("huge", n=1)
+    raw = encode_groups(huge)
+    table = pa.ipc.open_stream(raw).read_all()
+    versions = pa.ListArray.from_arrays(pa.array([0, 5_000_000], pa.int32()), pa.array(np.zeros(5_000_000, np.int8)))
+    r = client.post("/v1/groups", content=stream(table.schema.append(pa.field("versions", versions.type)),
+                                                 [table.append_column("versions", versions)]), headers=ARROW)
+    assert r.status_code == 422 and "versions: length 5000000 differs from token_ids length 10" in r.json()["error"]
+
+
 def test_the_client_posts_arrow_over_http(live_server):
     from service.client import CuratorClient
 
@@ -255,6 +355,12 @@ def test_the_client_posts_arrow_over_http(live_server):
         assert got["logprobs"] == sampler_group("c-0")["trajectories"][1]["logprobs"]
         with pytest.raises(ValueError, match="format: unknown 'msgpack'"):
             c.post_group(sampler_group("c-2"), format="msgpack")  # type: ignore[arg-type]
+
+
+def batch_metadata(raw: bytes) -> tuple[int, int]:
+    """(start, size) of the first record batch's flatbuffer in a stream written by ``encode_groups``."""
+    after_schema = 8 + struct.unpack_from("<i", raw, 4)[0]
+    return after_schema + 8, struct.unpack_from("<i", raw, after_schema + 4)[0]
 
 
 def with_body(raw: bytes, doc: Any) -> bytes:
