@@ -32,10 +32,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -e .
 	@touch $@
 
+# the test extras in one pip run: one resolve, one editable build (a fresh clone on CI's 2 cores, torch already in:
+# 47.7 s as two runs, 42.7 s as one; the same packages at the same versions, `pip freeze` compared)
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP_INSTALL) $(TORCH_INDEX_ARGS) "$(TORCH_SPEC)"
-	$(PIP_INSTALL) -e ".[dev,trainer,integrations]"
-	$(PIP_INSTALL) -e ".[upstream]"
+	$(PIP_INSTALL) -e ".[dev,trainer,integrations,upstream]"
 	$(PIP_INSTALL) --no-deps "verl==0.9.1" "openrlhf==0.8.11"
 	@touch $@ $(VENV)/.installed
 
