@@ -62,10 +62,13 @@ install-dev: dev-cache $(VENV)/.installed-dev $(OPENRLHF_011)/.complete
 # clone that runs `make`, ~3 s). A warm fresh clone skips ~45 s of pip and its tests compile nothing of the
 # packages again. One clone at a time per cache: a second clone re-points the shared install at itself.
 #   DEV_CACHE  where the cached virtualenv lives (default $XDG_CACHE_HOME/grpo-curator/venv-dev-<key>, ~/.cache when
-#              unset); `make install-dev DEV_CACHE=` builds .venv inside the clone instead, as a clone with a .venv
-#              of its own (`make install` / `make serve` first, say) always does
+#              unset; root's under /var/cache/grpo-curator: run as root, the embedded PostgreSQL runs its binaries
+#              as the OS user `pgserver`, who cannot enter /root, mode 0700 -- CI's tests of it all failed with
+#              "Permission denied: .../initdb"); `make install-dev DEV_CACHE=` builds .venv inside the clone
+#              instead, as a clone with a .venv of its own (`make install` / `make serve` first, say) always does
 DEV_KEY := $(shell { cat pyproject.toml Makefile; $(PY) -c 'import sys; print(sys.version)'; } 2>/dev/null | sha256sum | cut -c1-16)
-DEV_CACHE ?= $(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/grpo-curator/venv-dev-$(DEV_KEY)
+DEV_CACHE_HOME := $(if $(filter 0,$(shell id -u)),/var/cache,$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache))
+DEV_CACHE ?= $(DEV_CACHE_HOME)/grpo-curator/venv-dev-$(DEV_KEY)
 DEV_DIR = $(patsubst %/,%,$(strip $(DEV_CACHE)))
 
 .PHONY: dev-cache

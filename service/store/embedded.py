@@ -21,6 +21,7 @@ connect. The data directory is 0700.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import psycopg
@@ -58,9 +59,43 @@ def prepare(pgdata: Path) -> None:
     os.chmod(pgdata, 0o700)
 
 
+def closed_to_others(bin_dir: Path) -> Path | None:
+    """The first directory on the real way to ``bin_dir`` (symlinks followed) that another OS user cannot enter
+    (no o+x) and that pgserver does not open itself; None when the ``pgserver`` user can reach the binaries.
+
+    Run as root, pgserver runs initdb and postgres as its own OS user ``pgserver`` and first opens up (chmod
+    g+rx,o+rx) every directory on the path to its binaries *as imported*: each of those prefixes, symlinks
+    followed, is reachable after that. A directory only on the real path -- the ancestors of a virtualenv that
+    the clone's ``.venv`` links to -- stays as it is."""
+    opened = {prefix.resolve() for prefix in bin_dir.parents}
+    for directory in reversed(bin_dir.resolve().parents):
+        if directory not in opened and not directory.stat().st_mode & stat.S_IXOTH:
+            return directory
+    return None
+
+
+def check_binaries_reachable(bin_dir: Path) -> None:
+    """Refuse to start, naming the directory, where pgserver's user could not run its binaries: a virtualenv
+    under root's home (0700) linked from a clone elsewhere made every start fail with "Permission denied:
+    .../initdb" and nothing more."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return
+    closed = closed_to_others(bin_dir)
+    if closed is not None:
+        raise RuntimeError(
+            f"embedded PostgreSQL: run as root, pgserver runs its binaries in {bin_dir.resolve()} as the OS user "
+            f"'pgserver', who cannot enter {closed} (mode {stat.S_IMODE(closed.stat().st_mode):04o}): use a "
+            "virtualenv other users can reach (`make install-dev` caches root's under /var/cache/grpo-curator), "
+            "or set DATABASE_URL to a PostgreSQL server"
+        )
+
+
 def start_server(pgdata: Path):  # noqa: ANN201  # a pgserver.PostgresServer
     """pgserver.get_server(pgdata, cleanup_mode="stop"), with ``prepare`` run before the server starts."""
     import pgserver
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    check_binaries_reachable(POSTGRES_BIN_PATH)
 
     class LockedServer(pgserver.PostgresServer):
         def ensure_pgdata_inited(self) -> None:  # pgserver: initdb if needed; called before the start

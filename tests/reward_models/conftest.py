@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-Behaviour = tuple[Any, ...]  # ("answer", text) | ("status", code) | ("sleep", s, text) | ("raw", body)
+# ("answer", text) | ("status", code) | ("sleep", s, text) | ("raw", body) | ("peak", n, timeout_s, s, text): hold
+# each request until n were in flight at once (or timeout_s passes), then as ("sleep", s, text)
+Behaviour = tuple[Any, ...]
 
 
 class FakeOpenAIServer(ThreadingHTTPServer):
@@ -34,6 +36,7 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
 
     @property
     def base_url(self) -> str:
@@ -88,6 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
             server.arrivals.append(time.monotonic())
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            server.arrived.notify_all()
         try:
             self._behave(server.next_behaviour(body), body)
         finally:
@@ -96,6 +100,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _behave(self, behaviour: Behaviour, body: dict) -> None:
         kind = behaviour[0]
+        if kind == "peak":
+            server = self.server
+            with server.arrived:
+                server.arrived.wait_for(lambda: server.max_in_flight >= behaviour[1], timeout=behaviour[2])
+            behaviour, kind = ("sleep", *behaviour[3:]), "sleep"
         if kind == "sleep":
             time.sleep(behaviour[1])
             behaviour = ("answer", behaviour[2])

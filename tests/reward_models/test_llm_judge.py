@@ -149,7 +149,9 @@ def test_judge_unreachable() -> None:
 
 
 def test_concurrency_cap(fake_judge: FakeOpenAIServer) -> None:
-    fake_judge.default = ("sleep", 0.1, "Score: 7")
+    # each request is held until three were in flight at once (a serial client waits 5 s a request and shows
+    # 1), then sleeps 0.1 s so a fourth would overlap; a fixed 0.1 s sleep alone failed once on a loaded CI run
+    fake_judge.default = ("peak", 3, 5.0, 0.1, "Score: 7")
     component = judge(fake_judge, max_concurrency=3, cache_size=0)
     items = [(make_sample(f"answer {i}"), make_prompt()) for i in range(12)]
     results = component.score_batch(items)

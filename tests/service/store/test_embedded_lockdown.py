@@ -76,3 +76,38 @@ def test_another_local_user_cannot_reach_the_embedded_server_while_it_first_star
         if server is not None:
             server.cleanup()
     assert out.startswith("REFUSED"), (out, err)  # it saw the socket and was refused at its first try
+
+
+def _venv_bin(root, name: str):
+    bin_dir = root / name / "venv" / "lib" / "pginstall" / "bin"
+    bin_dir.mkdir(parents=True)
+    return bin_dir
+
+
+# CI: a fresh clone's .venv linked to a virtualenv cached under /root (0700); run as root, pgserver runs initdb as
+# its user `pgserver`, opening only the directories on the path as imported: every embedded test failed with
+# "Permission denied: .../initdb". The check names the directory that stays closed, and only that one.
+def test_a_closed_directory_only_on_the_real_path_to_the_binaries_is_named(tmp_path) -> None:
+    from service.store.embedded import check_binaries_reachable, closed_to_others
+
+    home = tmp_path / "home"
+    cached = _venv_bin(home / "cache", "grpo")  # home/cache/grpo/venv/...
+    home.chmod(0o700)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / ".venv").symlink_to(home / "cache" / "grpo" / "venv")
+    linked = clone / ".venv" / "lib" / "pginstall" / "bin"
+    assert closed_to_others(linked) == home
+    # imported from inside the closed home (a clone there with its own .venv): pgserver opens those itself
+    assert closed_to_others(cached) is None
+    # a closed directory inside the virtualenv is on the imported path too: pgserver opens it
+    (home / "cache" / "grpo" / "venv" / "lib").chmod(0o700)
+    assert closed_to_others(linked) == home
+    home.chmod(0o755)
+    assert closed_to_others(linked) is None
+    (home / "cache").chmod(0o750)  # group may enter, others not: still closed to `pgserver`
+    assert closed_to_others(linked) == home / "cache"
+    if os.geteuid() == 0:
+        with pytest.raises(RuntimeError, match=f"cannot enter {home / 'cache'} \\(mode 0750\\).*DATABASE_URL"):
+            check_binaries_reachable(linked)
+        check_binaries_reachable(cached)  # reachable once pgserver opened its prefixes: no error
