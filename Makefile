@@ -24,7 +24,8 @@ PIP_INSTALL := $(BIN)/pip install -q --no-compile
 .PHONY: install install-dev serve test lint demo bench clean
 
 $(BIN)/python:
-	@test -x $(BIN)/python || { $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
 
 # stamp files: the package is (re)installed only when pyproject.toml changed since the last install
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
@@ -51,40 +52,7 @@ $(OPENRLHF_011)/.complete: | $(BIN)/python
 	$(PIP_INSTALL) --no-deps --target $(OPENRLHF_011) "openrlhf==0.11.2"
 	@touch $@
 
-install-dev: dev-cache $(VENV)/.installed-dev $(OPENRLHF_011)/.complete
-	@$(BIN)/python -I -c "import service, sys; sys.exit(not service.__file__.startswith('$(CURDIR)/'))" 2>/dev/null \
-	  || $(PIP_INSTALL) --no-deps -e .
-
-# The test virtualenv's packages, cached OUTSIDE the clone like vLLM's below and keyed by what decides them (this
-# Makefile, pyproject.toml, the Python's version): a clone without a .venv of its own gets a link to the cached
-# one, built there once under a lock by the rules above (the stamp `.complete` last: a half-finished one is
-# removed and redone), and the project installed editable from the clone (the line above re-points it at the
-# clone that runs `make`, ~3 s). A warm fresh clone skips ~45 s of pip and its tests compile nothing of the
-# packages again. One clone at a time per cache: a second clone re-points the shared install at itself.
-#   DEV_CACHE  where the cached virtualenv lives (default $XDG_CACHE_HOME/grpo-curator/venv-dev-<key>, ~/.cache when
-#              unset; root's under /var/cache/grpo-curator: run as root, the embedded PostgreSQL runs its binaries
-#              as the OS user `pgserver`, who cannot enter /root, mode 0700 -- CI's tests of it all failed with
-#              "Permission denied: .../initdb"); `make install-dev DEV_CACHE=` builds .venv inside the clone
-#              instead, as a clone with a .venv of its own (`make install` / `make serve` first, say) always does
-DEV_KEY := $(shell { cat pyproject.toml Makefile; $(PY) -c 'import sys; print(sys.version)'; } 2>/dev/null | sha256sum | cut -c1-16)
-DEV_CACHE_HOME := $(if $(filter 0,$(shell id -u)),/var/cache,$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache))
-DEV_CACHE ?= $(DEV_CACHE_HOME)/grpo-curator/venv-dev-$(DEV_KEY)
-DEV_DIR = $(patsubst %/,%,$(strip $(DEV_CACHE)))
-
-.PHONY: dev-cache
-dev-cache:
-	@if [ -z "$(DEV_DIR)" ] || { [ -e "$(VENV)" ] && [ ! -L "$(VENV)" ]; }; then exit 0; fi; \
-	mkdir -p "$(dir $(DEV_DIR))"; \
-	flock "$(DEV_DIR).lock" sh -ec '\
-	  if [ -f "$(DEV_DIR)/.complete" ]; then exit 0; fi; \
-	  rm -rf "$(DEV_DIR)"; start=$$(date +%s); \
-	  $(MAKE) --no-print-directory VENV="$(DEV_DIR)" DEV_CACHE= "$(DEV_DIR)/.installed-dev" \
-	    "$(DEV_DIR)/upstream/openrlhf-0.11.2/.complete"; \
-	  touch "$(DEV_DIR)/.complete"; \
-	  echo "install-dev: built $(DEV_DIR) in $$(( $$(date +%s) - start )) s"'; \
-	ln -sfn "$(DEV_DIR)" "$(VENV)"; \
-	touch "$(VENV)/.installed-dev" "$(VENV)/.installed" "$(OPENRLHF_011)/.complete"; \
-	echo "install-dev: $(VENV) -> $(DEV_DIR) (cached)"
+install-dev: $(VENV)/.installed-dev $(OPENRLHF_011)/.complete
 
 serve: install
 	@echo "grpo-curator is in $(BIN): in another shell, \`source $(BIN)/activate\` puts it on the PATH"
@@ -135,15 +103,23 @@ vllm_comma := ,
 vllm_space := $(subst x,,x) $(subst x,,x)
 VLLM_SPEC_NAME = $(subst $(vllm_space),-,$(subst $(vllm_comma),-,$(subst <,-,$(subst >,-,$(subst =,-,$(subst ],-,$(subst [,-,$(subst ==,-,$(strip $(VLLM_SPEC))))))))))
 VLLM_VENV ?= $(VLLM_CACHE)/venv-$(VLLM_SPEC_NAME)
-VLLM_DIR = $(patsubst %/,%,$(patsubst %/,%,$(strip $(VLLM_VENV))))
+# (abspath: also "dir//" and "a/./b" -- two spellings of one directory are one lock)
+VLLM_DIR = $(abspath $(strip $(VLLM_VENV)))
 VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 
 .PHONY: vllm
+# A directory it did not begin (no `.grpo-curator-vllm` in it: VLLM_VENV pointed at a folder of the user's) is never
+# removed: refused, naming it; an empty one is used.
 vllm:
+	@$(if $(word 2,$(VLLM_VENV)),$(error VLLM_VENV holds a space: '$(VLLM_VENV)'; choose a path without one))true
 	@mkdir -p "$(dir $(VLLM_DIR))"
 	@flock "$(VLLM_DIR).lock" sh -ec '\
 	  if [ -f "$(VLLM_DIR)/.complete" ]; then echo "vllm: $(VLLM_DIR) (cached)"; exit 0; fi; \
+	  if [ -e "$(VLLM_DIR)" ] && [ ! -f "$(VLLM_DIR)/.grpo-curator-vllm" ] && [ -n "$$(ls -A "$(VLLM_DIR)")" ]; then \
+	    echo "vllm: $(VLLM_DIR) exists, is not empty and is no virtualenv that make vllm began: nothing removed;" \
+	      "remove it yourself or set VLLM_VENV to another directory" >&2; exit 2; fi; \
 	  rm -rf "$(VLLM_DIR)"; start=$$(date +%s); \
+	  mkdir -p "$(VLLM_DIR)"; touch "$(VLLM_DIR)/.grpo-curator-vllm"; \
 	  $(PY) -m venv "$(VLLM_DIR)"; \
 	  "$(VLLM_DIR)/bin/pip" install -q $(VLLM_INDEX_ARGS) "$(VLLM_SPEC)"; \
 	  "$(VLLM_DIR)/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; \

