@@ -108,18 +108,29 @@ VLLM_DIR = $(abspath $(strip $(VLLM_VENV)))
 VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 
 .PHONY: vllm
-# A directory it did not begin (no `.grpo-curator-vllm` in it: VLLM_VENV pointed at a folder of the user's) is never
-# removed: refused, naming it; an empty one is used.
+# The directory is marked `.grpo-curator-vllm` (holding the spec) before anything goes in. Done (`.complete`) counts
+# only for the same spec (`vllm<0.6` and `vllm>0.6` share a name) and with a `bin/python`; a half-finished one it
+# began is emptied and redone in place (a link or a mount point stays what it is); a non-empty directory it did
+# not begin (VLLM_VENV naming a folder of the user's) is refused, naming it, and nothing in it removed.
+VLLM_MARK = $(VLLM_DIR)/.grpo-curator-vllm
 vllm:
 	@$(if $(word 2,$(VLLM_VENV)),$(error VLLM_VENV holds a space: '$(VLLM_VENV)'; choose a path without one))true
 	@mkdir -p "$(dir $(VLLM_DIR))"
 	@flock "$(VLLM_DIR).lock" sh -ec '\
-	  if [ -f "$(VLLM_DIR)/.complete" ]; then echo "vllm: $(VLLM_DIR) (cached)"; exit 0; fi; \
-	  if [ -e "$(VLLM_DIR)" ] && [ ! -f "$(VLLM_DIR)/.grpo-curator-vllm" ] && [ -n "$$(ls -A "$(VLLM_DIR)")" ]; then \
+	  if [ -f "$(VLLM_DIR)/.complete" ]; then \
+	    if [ -f "$(VLLM_MARK)" ] && [ "$$(cat "$(VLLM_MARK)")" != "$(VLLM_SPEC)" ]; then \
+	      echo "vllm: $(VLLM_DIR) holds $$(cat "$(VLLM_MARK)"), not $(VLLM_SPEC): set VLLM_VENV to another directory" >&2; \
+	      exit 2; fi; \
+	    if [ ! -x "$(VLLM_DIR)/bin/python" ]; then \
+	      echo "vllm: $(VLLM_DIR) has .complete but no bin/python, so it is no virtualenv: nothing removed;" \
+	        "set VLLM_VENV to another directory" >&2; exit 2; fi; \
+	    echo "vllm: $(VLLM_DIR) (cached)"; exit 0; fi; \
+	  if [ -f "$(VLLM_MARK)" ]; then find "$(VLLM_DIR)/" -mindepth 1 -maxdepth 1 -exec rm -rf {} +; \
+	  elif [ -e "$(VLLM_DIR)" ] && [ -n "$$(ls -A "$(VLLM_DIR)/")" ]; then \
 	    echo "vllm: $(VLLM_DIR) exists, is not empty and is no virtualenv that make vllm began: nothing removed;" \
 	      "remove it yourself or set VLLM_VENV to another directory" >&2; exit 2; fi; \
-	  rm -rf "$(VLLM_DIR)"; start=$$(date +%s); \
-	  mkdir -p "$(VLLM_DIR)"; touch "$(VLLM_DIR)/.grpo-curator-vllm"; \
+	  start=$$(date +%s); \
+	  mkdir -p "$(VLLM_DIR)"; printf "%s\n" "$(VLLM_SPEC)" > "$(VLLM_MARK)"; \
 	  $(PY) -m venv "$(VLLM_DIR)"; \
 	  "$(VLLM_DIR)/bin/pip" install -q $(VLLM_INDEX_ARGS) "$(VLLM_SPEC)"; \
 	  "$(VLLM_DIR)/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; \

