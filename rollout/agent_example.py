@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,9 +110,14 @@ def run_local(episodes: int) -> list[dict[str, Any]]:
         url = f"http://127.0.0.1:{api_port}"
         wait_healthy(url, procs[1], timeout_s=120)
         _wait_infer(infer_port, procs[0])
-        return run_group(url, f"agent-example-{uuid.uuid4().hex[:8]}", episodes)
-    finally:
-        stop_all(procs)
+        results = run_group(url, f"agent-example-{uuid.uuid4().hex[:8]}", episodes)
+    except BaseException:
+        stop_all(procs)  # the logs are kept for the reader: say where
+        print(f"agent example failed: the servers' logs are in {logs}", file=sys.stderr)
+        raise
+    stop_all(procs)
+    shutil.rmtree(logs, ignore_errors=True)  # a run that worked leaves nothing behind in the temp dir
+    return results
 
 
 def _wait_infer(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:

@@ -13,9 +13,10 @@ from rollout.agent_example import run_tool
 from tests.conftest import ROOT
 
 
-def test_the_agent_example_runs_a_group_end_to_end(make_db) -> None:
+def test_the_agent_example_runs_a_group_end_to_end(make_db, tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_CURATOR_")}
     env["DATABASE_URL"] = make_db()
+    env["TMPDIR"] = str(tmp_path)  # where its servers' logs go: a run that worked removes them
     proc = subprocess.run([sys.executable, "-m", "rollout.agent_example", "--local", "--episodes", "2"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -23,6 +24,7 @@ def test_the_agent_example_runs_a_group_end_to_end(make_db) -> None:
     assert len(results) == 2
     assert all(r["status"] == "finished" for r in results)
     assert [r["group_ingested"] for r in results] == [False, True]  # the second finish completed the group
+    assert not list(tmp_path.glob("agent-example-*")), "a run that worked left its logs in the temp dir"
 
 
 def test_the_example_tools_tell_the_models_mistakes_apart() -> None:

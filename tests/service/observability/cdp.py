@@ -6,9 +6,12 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,13 +35,25 @@ class Browser:
     failed network loads (as text)."""
 
     def __init__(self, binary: str, profile: Path) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="cdp-")
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={profile}",
              "--window-size=1280,1000", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            # its singleton socket directory (org.chromium.Chromium.*) goes in a short temp dir of its own,
+            # removed by close(): not left in /tmp (a socket path under the test's tmp_path is too long for AF_UNIX)
+            env={**os.environ, "TMPDIR": self.tmp},
         )
-        self.ws = connect(self._devtools_url(), max_size=64 * 1024 * 1024, open_timeout=30).__enter__()
+        try:
+            url = self._devtools_url()
+        except BaseException:
+            stop_all([self.proc], timeout_s=10)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        # the rest of its stderr is read to the end, never left to fill the pipe (a full pipe blocks chromium)
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+        self.ws = connect(url, max_size=64 * 1024 * 1024, open_timeout=30).__enter__()
         self._ids = itertools.count(1)
         self.errors: list[str] = []
         self.dialogs: list[str] = []  # messages of the dialogs the page opened (prompt / alert / confirm)
@@ -117,3 +132,4 @@ class Browser:
             self.ws.close()
         finally:
             stop_all([self.proc], timeout_s=10)
+            shutil.rmtree(self.tmp, ignore_errors=True)

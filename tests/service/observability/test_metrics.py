@@ -88,11 +88,17 @@ def test_component_latency_and_errors_after_scoring(api):
     assert d(latency, text, kind="verifier.math", component="correct") - d(latency, before, kind="verifier.math", component="correct") >= 4
 
 
-def test_score_worker_serves_its_own_metrics(fresh_db):
+def test_score_worker_serves_its_own_metrics(fresh_db, tmp_path):
+    """Its stderr goes to a file, never an unread pipe (a full pipe would block the worker's next log line, and
+    with it its shutdown); a worker that does not stop within 30 s of SIGTERM is sent SIGABRT, which
+    PYTHONFAULTHANDLER turns into every thread's stack in that file, and the failure shows it."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": fresh_db, "GRPO_CURATOR_WORKER_METRICS_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "score-worker", "--processes", "1"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, "DATABASE_URL": fresh_db, "GRPO_CURATOR_WORKER_METRICS_PORT": str(port),
+           "PYTHONFAULTHANDLER": "1"}
+    log = tmp_path / "score-worker.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "score-worker", "--processes", "1"],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         deadline, text = time.monotonic() + 60, ""
         while time.monotonic() < deadline and proc.poll() is None:
@@ -101,10 +107,15 @@ def test_score_worker_serves_its_own_metrics(fresh_db):
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        assert "grpo_curator_component_latency_seconds" in text, proc.stderr.read().decode() if proc.poll() else ""
+        assert "grpo_curator_component_latency_seconds" in text, log.read_text()[-3000:]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler writes the stacks, then the process dies
+            proc.wait(timeout=30)
+            raise AssertionError(f"score-worker did not stop within 30 s of SIGTERM: {log.read_text()[-6000:]}")
     assert proc.returncode in (0, 128 + signal.SIGTERM)  # stopped cleanly either way (no traceback)
 
 
