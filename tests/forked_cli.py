@@ -89,20 +89,25 @@ class Zygote:
             raise RuntimeError(f"the zygote exited ({self._proc.poll()})")
         return json.loads(data)
 
-    def spawn(self, argv: list[str], env: dict[str, str], *, text: bool = True, stdout: bool = True) -> ForkedProcess:
-        """``stdout=False``: the command's stdout goes to /dev/null (nobody reads a pipe the command could fill)."""
+    def spawn(self, argv: list[str], env: dict[str, str], *, text: bool = True, stdout: bool = True,
+              stderr: bool = True, new_session: bool = False) -> ForkedProcess:
+        """``stdout=False`` / ``stderr=False``: that stream goes to /dev/null (nobody reads a pipe the command
+        could fill); ``new_session``: the child calls setsid() (``Popen``'s start_new_session: ``os.killpg``
+        of its pid then reaches every process it started)."""
         r_out, w_out = os.pipe() if stdout else (None, os.open(os.devnull, os.O_WRONLY))
-        r_err, w_err = os.pipe()
+        r_err, w_err = os.pipe() if stderr else (None, os.open(os.devnull, os.O_WRONLY))
         try:
             with self._lock:
-                socket.send_fds(self._sock, [json.dumps({"spawn": argv, "env": env}).encode()], [w_out, w_err])
+                request = {"spawn": argv, "env": env, "setsid": new_session}
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [w_out, w_err])
                 pid = self._recv(60)["pid"]
         finally:
             os.close(w_out)
             os.close(w_err)
         mode = "r" if text else "rb"
         out = os.fdopen(r_out, mode) if r_out is not None else open(os.devnull, mode)  # noqa: SIM115
-        return ForkedProcess(self, pid, argv, out, os.fdopen(r_err, mode))
+        err = os.fdopen(r_err, mode) if r_err is not None else open(os.devnull, mode)  # noqa: SIM115
+        return ForkedProcess(self, pid, argv, out, err)
 
     def _poll(self, pid: int) -> int | None:
         with self._lock:
@@ -124,10 +129,12 @@ class Zygote:
         self.close()
 
 
-def _child(argv: list[str], env: dict[str, str], out: int, err: int) -> None:
+def _child(argv: list[str], env: dict[str, str], out: int, err: int, setsid: bool = False) -> None:
     """In the forked child: never returns."""
     code = 1
     try:
+        if setsid:
+            os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out, 1)
@@ -176,7 +183,7 @@ def _serve(fd: int, preload: list[str]) -> None:
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                _child(req["spawn"], req["env"], fds[0], fds[1])
+                _child(req["spawn"], req["env"], fds[0], fds[1], req.get("setsid", False))
             for f in fds:
                 os.close(f)
             sock.send(json.dumps({"pid": pid}).encode())

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -21,7 +19,8 @@ from service.settings import Settings
 from service.store.models import Decision, Group
 from service.worker import repository as repo
 from service.worker.pipeline import run_once
-from tests.conftest import ROOT
+from tests.conftest import ROOT, start_score_worker
+from tests.forked_cli import ForkedProcess
 from tests.helpers import make_group
 from tests.reward_models.conftest import FakeOpenAIServer
 
@@ -131,12 +130,8 @@ def test_kill_9_of_a_score_worker_hands_its_groups_to_the_next_one(api, fresh_db
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
            "GRPO_CURATOR_JUDGE_ENDPOINTS": json.dumps({"fake": endpoint}), "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2"}
     env.pop("GRPO_CURATOR_SCORE_CLAIM_SECONDS", None)
-    cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8",
-           "--timeout", "300"]
-
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+    def start() -> ForkedProcess:
+        return start_score_worker(env, "--processes", "1", "--batch", "8", "--timeout", "300")
 
     proc = start()
     try:
@@ -182,7 +177,7 @@ class _KilledWorkers:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db,
                     "GRPO_CURATOR_LOG_LEVEL": "warning", "GRPO_CURATOR_JUDGE_ENDPOINTS": json.dumps({"fake": endpoint}),
                     "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "2", **env}
-        self.proc: subprocess.Popen | None = None
+        self.proc: ForkedProcess | None = None
         self.kills = 0
 
     def post(self, gid: str, answers: list[str]) -> None:
@@ -191,10 +186,7 @@ class _KilledWorkers:
         assert self.api.post("/v1/groups", json=g).status_code in (200, 201)
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8",
-               "--timeout", "300"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = start_score_worker(self.env, "--processes", "1", "--batch", "8", "--timeout", "300")
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +20,8 @@ from service.store.db import get_engine, make_sessionmaker
 from service.store.models import Decision, Group, Reward
 from service.worker import repository as repo
 from service.worker.pipeline import PipelineConfig, drain, run_once
-from tests.conftest import ROOT
+from tests.conftest import ROOT, start_score_worker
+from tests.forked_cli import ForkedProcess
 from tests.helpers import make_group, register_spec
 from tests.reward_models.conftest import FakeOpenAIServer
 
@@ -327,11 +326,8 @@ def test_worker_killing_group_does_not_take_its_claim_neighbours_down(api, fresh
            "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "3", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "2",
            "GRPO_CURATOR_SCORE_BACKOFF_BASE_S": "0.1", "GRPO_CURATOR_SCORE_BACKOFF_MAX_S": "0.5",
            "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2"}
-    cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8"]
-
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+    def start() -> ForkedProcess:
+        return start_score_worker(env, "--processes", "1", "--batch", "8")
 
     def status(gid: str) -> str:
         return api.get(f"/v1/groups/{gid}").json()["status"]
@@ -378,9 +374,7 @@ def test_scoring_slower_than_the_claim_still_finishes_with_two_workers(api, fres
     env = {**os.environ, **judge_env, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db, "GRPO_CURATOR_LOG_LEVEL": "warning",
            "GRPO_CURATOR_MAX_SCORE_ATTEMPTS": "4", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "1.5",
            "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.1"}
-    cmd = [sys.executable, "-m", "service.cli", "score-worker", "--processes", "1", "--batch", "8"]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for _ in range(2)]
+    procs = [start_score_worker(env, "--processes", "1", "--batch", "8") for _ in range(2)]
 
     def status(gid: str) -> str:
         return api.get(f"/v1/groups/{gid}").json()["status"]
