@@ -115,7 +115,7 @@ def test_score_worker_serves_its_own_metrics(fresh_db, tmp_path):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)  # faulthandler writes the stacks, then the process dies
             proc.wait(timeout=30)
-            raise AssertionError(f"score-worker did not stop within 30 s of SIGTERM: {log.read_text()[-6000:]}")
+            raise AssertionError(f"score-worker did not stop within 30 s of SIGTERM: {log.read_text()[-6000:]}") from None
     assert proc.returncode in (0, 128 + signal.SIGTERM)  # stopped cleanly either way (no traceback)
 
 
