@@ -50,7 +50,34 @@ class WorkerThread:
         self.thread.join(timeout=30)
 
 
+class StopOnSignals:
+    """``StopOnSignals(stop)``: SIGTERM / SIGINT / SIGHUP set ``stop`` from now on (``signum`` says which came); until
+    ``started()`` they also raise SystemExit(128 + signal), so a stop during start-up (a migration, say) does
+    not wait for it to finish.
+
+    The flag is what counts: a SystemExit raised while a ``__del__`` or a weakref callback happens to run is
+    printed and dropped by Python, and a worker that relied on it alone kept running after its one SIGTERM
+    (seen under load: a ``kill`` during start-up, the worker still polling an hour later). With the flag set
+    the first loop check ends it."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop, self.starting, self.signum = stop, True, 0
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a hang-up stops it too, as it always did
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        self.stop.set()
+        if self.starting:
+            raise SystemExit(128 + signum)
+
+    def started(self) -> None:
+        self.starting = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    stop = threading.Event()
+    signals = StopOnSignals(stop)  # first: a signal that comes while this starts is never lost
     settings = get_settings()
     parser = argparse.ArgumentParser(prog="grpo-curator score-worker", description=__doc__)
     parser.add_argument("--processes", type=int, default=settings.worker_processes, help="verifier processes")
@@ -69,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     upgrade(url)
     log.info("code sandbox: %s", describe_backend(get_sandbox_settings()))
     factory = make_sessionmaker(worker_engine(url, settings))  # bounded transactions (worker_options)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals.started()  # from here a signal sets the flag only: the loop ends the pass it is in, then returns
+    if stop.is_set():  # a signal came during start-up and its SystemExit was dropped (see StopOnSignals)
+        return 128 + signals.signum
     start_archive(get_engine(url), settings, stop)
     log.info("score-worker: %d verifier processes, batches of %d groups", args.processes, args.batch)
     with Scorer(processes=args.processes, timeout_s=args.timeout, memory_mb=args.memory_mb,
