@@ -94,9 +94,11 @@ def _port() -> int:
 
 
 def run_local(episodes: int) -> list[dict[str, Any]]:
-    """`grpo-curator infer --tiny` and `serve` on free ports (DATABASE_URL), one group, both stopped."""
+    """`grpo-curator infer --tiny` and `serve` on free ports (DATABASE_URL), one group, both stopped; their logs
+    are removed after a run that worked and kept (the path on stderr) after one that did not."""
     procs: list[subprocess.Popen] = []
     logs = Path(tempfile.mkdtemp(prefix="agent-example-"))
+    worked = False
     try:
         infer_port, api_port = _port(), _port()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -111,13 +113,16 @@ def run_local(episodes: int) -> list[dict[str, Any]]:
         wait_healthy(url, procs[1], timeout_s=120)
         _wait_infer(infer_port, procs[0])
         results = run_group(url, f"agent-example-{uuid.uuid4().hex[:8]}", episodes)
-    except BaseException:
-        stop_all(procs)  # the logs are kept for the reader: say where
-        print(f"agent example failed: the servers' logs are in {logs}", file=sys.stderr)
-        raise
-    stop_all(procs)
-    shutil.rmtree(logs, ignore_errors=True)  # a run that worked leaves nothing behind in the temp dir
-    return results
+        worked = True
+        return results
+    finally:
+        try:
+            stop_all(procs)
+        finally:
+            if worked:
+                shutil.rmtree(logs, ignore_errors=True)  # a run that worked leaves nothing in the temp dir
+            else:
+                print(f"agent example failed: the servers' logs are in {logs}", file=sys.stderr)
 
 
 def _wait_infer(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:

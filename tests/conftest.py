@@ -313,8 +313,9 @@ def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int
 def start_score_worker(env: dict[str, str], *args: str) -> ForkedProcess:
     """``grpo-curator score-worker ARGS`` with ``env`` (its whole environment), forked from the server zygote
     (it preloads ``service.worker.main``: ~2.5 s of CPU per start saved) in a session of its own, as
-    ``Popen(..., start_new_session=True)`` starts it: ``os.killpg(proc.pid, SIGKILL)`` kills it and its
-    verifier processes, as an OOM kill or an operator's kill -9 would. Its output goes to /dev/null."""
+    ``Popen(..., start_new_session=True)`` starts it: ``os.killpg(proc.pid, SIGKILL)`` kills it and its pool's
+    forkserver, as an OOM kill or an operator's kill -9 would (the verifier processes lead process groups of
+    their own and die by their parent-death signal). Its output goes to /dev/null."""
     return server_zygote().spawn(["score-worker", *args], env, stdout=False, stderr=False, new_session=True)
 
 

@@ -37,8 +37,11 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
 
 
 def exit_on_signals() -> None:
-    """SIGTERM and SIGHUP raise SystemExit(128 + signal) in the main thread (no-op off the main thread)."""
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) in the main thread (no-op off the main thread); a
+    SIGHUP inherited as ignored (``nohup``) stays ignored."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue  # started under nohup: a hang-up stays ignored
         try:
             signal.signal(sig, _raise_exit)
         except ValueError:  # not the main thread
@@ -52,7 +55,8 @@ def _hangup_to_terminate(_signum: int, _frame: FrameType | None) -> None:
 def hangup_as_terminate() -> None:
     """SIGHUP sends this process SIGTERM: whoever handles SIGTERM (uvicorn's graceful shutdown while it
     serves, ``exit_on_signals`` before and after) handles a hang-up the same way. Main thread only."""
-    signal.signal(signal.SIGHUP, _hangup_to_terminate)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # under nohup a hang-up stays ignored
+        signal.signal(signal.SIGHUP, _hangup_to_terminate)
 
 
 def pid_alive(pid: int) -> bool:

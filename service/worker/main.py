@@ -51,7 +51,8 @@ class WorkerThread:
 
 
 class StopOnSignals:
-    """``StopOnSignals(stop)``: SIGTERM / SIGINT / SIGHUP set ``stop`` from now on (``signum`` says which came); until
+    """``StopOnSignals(stop)``: SIGTERM / SIGINT / SIGHUP (the last two unless inherited as ignored: ``nohup``,
+    a shell's background job) set ``stop`` from now on (``signum`` says which came); until
     ``started()`` they also raise SystemExit(128 + signal), so a stop during start-up (a migration, say) does
     not wait for it to finish.
 
@@ -62,7 +63,12 @@ class StopOnSignals:
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop, self.starting, self.signum = stop, True, 0
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a hang-up stops it too, as it always did
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            # an interrupt or a hang-up the parent has this process ignore stays ignored (a shell's `cmd &`
+            # ignores SIGINT, `nohup` SIGHUP): before this line Python had ignored it anyway, so catching it
+            # from here on would make its effect depend on when it came
+            if sig != signal.SIGTERM and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:

@@ -36,6 +36,14 @@ class Browser:
 
     def __init__(self, binary: str, profile: Path) -> None:
         self.tmp = tempfile.mkdtemp(prefix="cdp-")
+        self.proc: subprocess.Popen | None = None
+        try:
+            self._start(binary, profile)
+        except BaseException:  # a start that failed at any step leaves no browser and no temp dir behind
+            self._stop()
+            raise
+
+    def _start(self, binary: str, profile: Path) -> None:
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={profile}",
@@ -45,12 +53,7 @@ class Browser:
             # removed by close(): not left in /tmp (a socket path under the test's tmp_path is too long for AF_UNIX)
             env={**os.environ, "TMPDIR": self.tmp},
         )
-        try:
-            url = self._devtools_url()
-        except BaseException:
-            stop_all([self.proc], timeout_s=10)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
+        url = self._devtools_url()
         # the rest of its stderr is read to the end, never left to fill the pipe (a full pipe blocks chromium)
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
         self.ws = connect(url, max_size=64 * 1024 * 1024, open_timeout=30).__enter__()
@@ -62,6 +65,15 @@ class Browser:
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=True)
+
+    def _stop(self) -> None:
+        try:
+            if getattr(self, "ws", None) is not None:
+                self.ws.close()
+        finally:
+            if self.proc is not None:
+                stop_all([self.proc], timeout_s=10)
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _devtools_url(self) -> str:
         deadline = time.monotonic() + 30
@@ -128,8 +140,4 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
-        try:
-            self.ws.close()
-        finally:
-            stop_all([self.proc], timeout_s=10)
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        self._stop()

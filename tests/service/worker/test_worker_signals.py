@@ -46,3 +46,22 @@ def test_after_start_up_a_signal_only_sets_the_flag():
     """The loop ends the pass it is in: no SystemExit in the middle of a pass's transaction."""
     proc = _run("signals.started()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('flag', stop.is_set())")
     assert proc.returncode == 0 and proc.stdout.split() == ["flag", "True"], proc.stderr
+
+
+def _ignoring(sig: int) -> None:
+    signal.signal(sig, signal.SIG_IGN)  # in the child before exec: what `nohup` / a shell's `cmd &` hand down
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_an_interrupt_or_hang_up_the_parent_ignores_stays_ignored(sig):
+    """Before StopOnSignals runs, Python leaves an inherited SIG_IGN alone; catching the signal afterwards would
+    make a `nohup` worker's fate depend on when the hang-up came. exit_on_signals (every command's first step)
+    keeps an ignored SIGHUP too. SIGTERM still stops it."""
+    body = (f"from service.store.processes import exit_on_signals\nexit_on_signals()\n"
+            f"stop = threading.Event()\nsignals = StopOnSignals(stop)\n"
+            f"os.kill(os.getpid(), signal.{sig})\nprint('ignored', stop.is_set())\n"
+            f"os.kill(os.getpid(), signal.SIGTERM)\nprint('not reached')")
+    script = "import os, signal, threading\nfrom service.worker.main import StopOnSignals\n" + body
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: _ignoring(getattr(signal, sig)))
+    assert proc.stdout.split() == ["ignored", "False"] and proc.returncode == 128 + signal.SIGTERM, proc.stderr
