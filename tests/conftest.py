@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -308,6 +309,14 @@ def start_server(db_url: str, *, env: dict[str, str] | None = None, workers: int
         proc.kill()
         proc.wait()
     raise RuntimeError("no free port held long enough for the server to bind it")
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test interrupts or hangs up: SIGINT and SIGHUP at their defaults, as a
+    command typed in a terminal has them. The run's own parent may hand down either as ignored (CI under
+    ``nohup``, a shell's background job), and the project keeps a signal its parent ignores ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def start_score_worker(env: dict[str, str], *args: str) -> ForkedProcess:

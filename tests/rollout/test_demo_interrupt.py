@@ -16,7 +16,7 @@ import time
 import pytest
 
 from service.store.processes import processes_mentioning
-from tests.conftest import ROOT
+from tests.conftest import ROOT, as_from_a_terminal
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_ctrl_c_says_interrupted_writes_the_plot_of_what_it_had_and_leaves_no_pr
     # a session of its own, like a terminal: Ctrl-C signals the whole foreground process group
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--versions", "500", "--minutes", "10",
                              "--out", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
     try:
         line = proc.stdout.readline()  # the first progress line: the run is being watched
         assert "policy v" in line, (line, proc.poll(), proc.poll() is not None and proc.stderr.read()[-3000:])

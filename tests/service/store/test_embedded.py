@@ -14,7 +14,7 @@ import pytest
 
 from service.client import wait_healthy
 from service.store.processes import processes_mentioning
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, as_from_a_terminal, free_port
 from tests.helpers import make_group
 
 
@@ -23,7 +23,7 @@ def _serve(data_dir, port):
     env.update(GRPO_CURATOR_DATA_DIR=str(data_dir), GRPO_CURATOR_EMBEDDED_WORKER="false", GRPO_CURATOR_LOG_LEVEL="warning")
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal,
     )
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc, timeout_s=90)

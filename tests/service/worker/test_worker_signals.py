@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, as_from_a_terminal
 
 PRELUDE = """
 import os, signal, sys, threading
@@ -25,7 +25,7 @@ class Finalised:
 
 def _run(body: str, sig: str = "SIGTERM") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", PRELUDE.format(sig=sig) + body], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, preexec_fn=as_from_a_terminal)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
