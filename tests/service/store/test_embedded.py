@@ -31,8 +31,15 @@ def _serve(data_dir, port):
 
 
 def _stop(proc, sig=signal.SIGTERM):
+    """Send ``sig`` and wait for the exit; a server still up after 30 s is killed (a failed test must not leave
+    it serving for the rest of the run) and the timeout raised."""
     proc.send_signal(sig)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
 
 
 def _leftovers(marker, wait_s=10.0):

@@ -65,3 +65,17 @@ def test_an_interrupt_or_hang_up_the_parent_ignores_stays_ignored(sig):
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           preexec_fn=lambda: _ignoring(getattr(signal, sig)))
     assert proc.stdout.split() == ["ignored", "False"] and proc.returncode == 128 + signal.SIGTERM, proc.stderr
+
+
+@pytest.mark.parametrize("ignored", [True, False])
+def test_serve_s_hang_up_handler_keeps_nohup(ignored):
+    """``serve``'s hangup_as_terminate after exit_on_signals (its start-up order): under `nohup` a hang-up is still
+    ignored; from a terminal it becomes the SIGTERM that stops the process."""
+    script = ("import os, signal\nfrom service.store.processes import exit_on_signals, hangup_as_terminate\n"
+              "exit_on_signals()\nhangup_as_terminate()\nos.kill(os.getpid(), signal.SIGHUP)\nprint('alive')")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          preexec_fn=(lambda: _ignoring(signal.SIGHUP)) if ignored else as_from_a_terminal)
+    if ignored:
+        assert proc.returncode == 0 and proc.stdout.split() == ["alive"], proc.stderr
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM and "alive" not in proc.stdout, proc.stderr
