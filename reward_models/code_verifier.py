@@ -133,11 +133,13 @@ class CodeVerifier(RewardComponent):
         with checkout(settings) as sandbox:
             if cases is not None:
                 outcome = run_io_tests(sandbox, limits, source, cases)
-            elif mode == "trusted_tests_in_process":
-                outcome = run_in_process(sandbox, limits, source, tests)
             else:
-                with checkout(settings, role="harness") as harness:  # started before the clock runs
-                    outcome = run_function_tests(sandbox, limits, source, tests, entry, helpers, harness)
+                assert isinstance(tests, str)  # no io cases only where the tests are Python source (checked above)
+                if mode == "trusted_tests_in_process":
+                    outcome = run_in_process(sandbox, limits, source, tests)
+                else:
+                    with checkout(settings, role="harness") as harness:  # started before the clock runs
+                        outcome = run_function_tests(sandbox, limits, source, tests, entry, helpers, harness)
             return outcome, sandbox.backend.name, mode
 
     def evaluate(self, sample: Sample, prompt: PromptInfo) -> tuple[float, dict]:

@@ -154,7 +154,8 @@ class Channel:
 
     def read_until_eof(self, cap: int) -> tuple[bytes, bool]:
         """Everything until end of stream, or the first ``cap + 1`` bytes; (data, complete)."""
-        chunks, total = [], 0
+        chunks: list[bytes] = []
+        total = 0
         while total <= cap:
             chunk = self.read(min(2**20, cap + 1 - total))
             if not chunk:

@@ -34,8 +34,9 @@ TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"], "additionalProperties": False}}}]
-PROMPT = {"dataset": "agents", "messages": [{"role": "user", "content": "What is 2 + 3? Use the add tool."}],
-          "reference": {"answer": "5"}}
+PROMPT: dict[str, Any] = {
+    "dataset": "agents", "messages": [{"role": "user", "content": "What is 2 + 3? Use the add tool."}],
+    "reference": {"answer": "5"}}
 
 
 class ToolBackendDown(Exception):

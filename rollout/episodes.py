@@ -25,6 +25,7 @@ whole state is in the checkpoint (pure tools, as here); an environment with stat
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from rollout.sampler import Completion, Sampler
@@ -107,7 +108,7 @@ def multi_turn(
     tokenizer: Any,
     prompt_ids: list[int],
     *,
-    tools: dict[str, ToolLike],
+    tools: Mapping[str, ToolLike],
     max_turns: int,
     max_tokens: int,
     seed: int,
@@ -125,7 +126,7 @@ def continue_episode(
     tokenizer: Any,
     checkpoint: dict[str, Any],
     *,
-    tools: dict[str, ToolLike],
+    tools: Mapping[str, ToolLike],
     max_turns: int,
     max_tokens: int,
     seed: int,
@@ -139,7 +140,7 @@ def continue_episode(
     return _run(ep, sampler, tokenizer, tools, max_turns, max_tokens, seed, done, **sample_kwargs)
 
 
-def _run(ep: _Episode, sampler: Sampler, tokenizer: Any, tools: dict[str, ToolLike], max_turns: int,
+def _run(ep: _Episode, sampler: Sampler, tokenizer: Any, tools: Mapping[str, ToolLike], max_turns: int,
          max_tokens: int, seed: int, first: int, **sample_kwargs: Any) -> dict[str, Any]:
     """Turns ``first`` .. ``first + max_turns - 1`` of an episode (tool call ids stay unique)."""
     for turn in range(first, first + max_turns):

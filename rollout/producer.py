@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     from service.cli.connection import api_key_of
 
+    assert cfg.service_url is not None  # config_from_args resolves it (--url, the config's, the environment)
     with CuratorClient(cfg.service_url, api_key=api_key_of(argv)) as client:
         posted = run(cfg, client, max_groups=max_groups, stop=stop)
     log.info("producer %s posted %d groups", cfg.producer_id, posted)

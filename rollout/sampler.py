@@ -40,9 +40,10 @@ class ServerGone(SamplingEnvError):
 # request, and given to transformers' generate, so nothing of a model's generation_config.json (a
 # repetition_penalty, a min length, suppressed tokens) enters sampling. The trainer's log-prob head knows
 # temperature only; with anything else the behaviour log-probs would not be the policy's.
-NEUTRAL_VLLM = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False, "logit_bias": None,
-                "allowed_token_ids": None, "bad_words": [], "stop": None, "truncate_prompt_tokens": None}
+NEUTRAL_VLLM: dict[str, Any] = {
+    "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False, "logit_bias": None,
+    "allowed_token_ids": None, "bad_words": [], "stop": None, "truncate_prompt_tokens": None}
 NEUTRAL_HF = {"top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
               "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
               "bad_words_ids": None, "sequence_bias": None, "min_length": 0, "min_new_tokens": None,

@@ -20,9 +20,12 @@ import math
 import threading
 import time
 import uuid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from service.ingest.schemas import TEMPERATURE_MAX, TEMPERATURE_MIN
+
+if TYPE_CHECKING:
+    from service.client import BatchFormat
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,11 @@ BACKOFF_S = 0.2
 class DeliveryClient(Protocol):
     """The part of `service.client.CuratorClient` the trainer uses."""
 
-    def lease(self, trainer_id: str, **kwargs: Any) -> dict[str, Any] | None: ...
+    def lease(self, trainer_id: str, *, max_groups: int | None = None, max_trajectories: int | None = None,
+              max_tokens: int | None = None, max_staleness: int | None = None, lease_seconds: float = 300,
+              wait_seconds: float = 0, request_id: str | None = None, format: BatchFormat = "json",
+              order: Literal["oldest", "freshest"] | None = None, as_numpy: bool = False,
+              min_groups: int | None = None, need_logprobs: bool = False) -> dict[str, Any] | None: ...
     def ack(self, batch_id: str) -> dict[str, Any]: ...
     def nack(self, batch_id: str, *, reason: str | None = None, drop: bool = False,
              vocab_size: int | None = None) -> dict[str, Any]: ...

@@ -388,7 +388,9 @@ def policy_loss(
             metrics["behaviour_mismatch"] = masked_mean(  # the difference in float64 too
                 torch.where(m, old_logp.double() - behaviour_logp.double(), 0.0).abs(), beh_mask
             )
-    metrics["pg_loss"] = aggregate(per_tok.detach(), mask, cfg.agg, None, cfg.norm_tokens)
+    agg = cfg.agg
+    assert agg is not None  # resolved to the ratio level's default by LossConfig.__post_init__
+    metrics["pg_loss"] = aggregate(per_tok.detach(), mask, agg, None, cfg.norm_tokens)
     if cfg.beta > 0 and cfg.kl_mode == "loss":
         kl = kl_penalty(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), cfg.kl_estimator)  # type: ignore[arg-type]
         per_tok = per_tok + cfg.beta * kl
@@ -397,7 +399,7 @@ def policy_loss(
         metrics["entropy"] = masked_mean(entropy.detach(), mask)
         if cfg.entropy_coef > 0:
             per_tok = per_tok - cfg.entropy_coef * torch.where(m, entropy, 0.0)
-    loss = aggregate(per_tok, mask, cfg.agg, denom, cfg.norm_tokens, segments)
+    loss = aggregate(per_tok, mask, agg, denom, cfg.norm_tokens, segments)
     metrics.update(_ratio_metrics(logp.detach(), old_logp, ratio.detach(), adv, mask, cfg))
     return loss, metrics
 

@@ -309,12 +309,12 @@ def _plan_units(seqs: Sequence[TrainSeq], token_budget: int, mode: str) -> list[
     order = sorted(range(len(units)), key=lambda u: -longest[u])
     out: list[list[int]] = []
     width = 0
-    for u in order:
-        if out and (len(out[-1]) + len(units[u])) * width <= token_budget:
-            out[-1].extend(units[u])
+    for k in order:
+        if out and (len(out[-1]) + len(units[k])) * width <= token_budget:
+            out[-1].extend(units[k])
         else:
-            out.append(list(units[u]))
-            width = longest[u]
+            out.append(list(units[k]))
+            width = longest[k]
     return out
 
 

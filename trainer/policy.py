@@ -171,10 +171,11 @@ class PolicyLogprobs(nn.Module):
         if head is None or getattr(head, "bias", None) is not None:
             raise ValueError("the LM head must be a linear layer without bias")
         for cfg in (model.config, getattr(model.config, "text_config", None)):
-            if getattr(cfg, "final_logit_softcapping", None):
+            softcapping = getattr(cfg, "final_logit_softcapping", None)
+            if softcapping:
                 raise ValueError(
                     "models with final logit soft-capping (config final_logit_softcapping="
-                    f"{cfg.final_logit_softcapping!r}) are not supported by the fused head"
+                    f"{softcapping!r}) are not supported by the fused head"
                 )
         disable_dropout(model)
         check_no_training_noise(model)

@@ -258,7 +258,8 @@ def durable(cfg: TrainerConfig, model: nn.Module, optimizer: torch.optim.Optimiz
             ctx: DistContext, client: LeaseClient, ledger: Ledger, heartbeat: Heartbeat) -> TrainerState:
     """Checkpoint the weights with the ledger (which batches they hold), then ack those batches. A crash
     between the two is settled on resume: the checkpoint's pending batches are acked before any lease."""
-    state = replace(state, **_ledger_state(ledger, ctx))
+    saved = _ledger_state(ledger, ctx)
+    state = replace(state, pending=saved["pending"], trained=saved["trained"])
     checkpoint(cfg, model, optimizer, state, ctx)
     ack(client, ledger, heartbeat)
     return state
@@ -307,8 +308,9 @@ def batch_stats(batch: dict[str, Any] | None, trained_version: int, device: torc
 
 def _setup(
     cfg: TrainerConfig,
-) -> tuple[DistContext, nn.Module, nn.Module, torch.optim.Optimizer, TrainerState]:
-    """Process group, model (resumed from the latest checkpoint), wrapped policy, AdamW, state."""
+) -> tuple[DistContext, Any, nn.Module, torch.optim.Optimizer, TrainerState]:
+    """Process group, model (a transformers PreTrainedModel, resumed from the latest checkpoint), wrapped
+    policy, AdamW, state."""
     ctx = init_distributed(cfg.device)
     model = build_model(cfg)
     ckpt = latest_checkpoint(cfg.checkpoint_dir)
@@ -515,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, max_steps = config_from_args(argv)
+    assert cfg.service_url is not None  # config_from_args resolves it (--url, the config's, the environment)
     client = CuratorClient(cfg.service_url, api_key=api_key_of(argv))  # kept out of TrainerConfig (logged)
     history = run(cfg, client, max_steps)
     print(f"[train] stopped after {len(history)} updates", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from fastapi import Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -17,8 +17,11 @@ from reward_models.spec import NAME_PATTERN as SPEC_NAME_PATTERN
 # the one list of finish reasons (filters.types); deprecated names (tool_error) are read as their new one
 # on the wire the deprecated names are listed too (a client generated from the OpenAPI document may still send
 # them) and read as their new one
-_WireFinishReason = Literal[(*get_args(CurationFinishReason), *DEPRECATED_FINISH_REASONS)]  # type: ignore[valid-type]
-FinishReason = Annotated[_WireFinishReason, AfterValidator(normalize_finish_reason)]
+if TYPE_CHECKING:  # a Literal built at run time is no static type; a validated field holds a current name
+    FinishReason = CurationFinishReason
+else:
+    _WireFinishReason = Literal[(*get_args(CurationFinishReason), *DEPRECATED_FINISH_REASONS)]
+    FinishReason = Annotated[_WireFinishReason, AfterValidator(normalize_finish_reason)]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 GROUP_STATUSES = ("received", "scored", "ready", "dropped", "leased", "consumed", "reward_error", "curation_error",
                   "waiting")

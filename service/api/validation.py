@@ -38,7 +38,9 @@ def _message(e: dict[str, Any]) -> str:
     msg = str(e.get("msg", "invalid"))
     if e.get("type") == "string_pattern_mismatch":
         pattern = (e.get("ctx") or {}).get("pattern")
-        return f"must be {PATTERN_WORDS.get(pattern, f'text matching {pattern}')}"
+        if isinstance(pattern, str) and pattern in PATTERN_WORDS:
+            return f"must be {PATTERN_WORDS[pattern]}"
+        return f"must be text matching {pattern}"
     return msg
 
 

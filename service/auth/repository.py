@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import CursorResult, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.models import AgentSession, ApiKey
@@ -40,7 +40,7 @@ def revoke(session: Session, name: str) -> bool:
         .values(revoked_at=func.now())
         .execution_options(synchronize_session=False)
     )
-    return bool(session.execute(stmt).rowcount)
+    return bool(cast(CursorResult[Any], session.execute(stmt)).rowcount)
 
 
 def session_secret(session: Session, session_id: str) -> tuple[str, str | None, str] | None:

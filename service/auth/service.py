@@ -342,7 +342,7 @@ def declared_routes(app: FastAPI) -> list[tuple[str, str, Access | None]]:
     """(method, path, declaration or None) for every route of the app, included routers flattened. A route
     that is not an APIRoute (Starlette's Route, a Mount, a WebSocket route) cannot carry a declaration, so
     it is listed with None: ``check_routes`` refuses it (serve such a thing from a declared APIRoute)."""
-    out = []
+    out: list[tuple[str, str, Access | None]] = []
     for route in app.routes:
         # FastAPI >= 0.16x keeps included routers as one entry that expands into route contexts
         contexts = route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
@@ -354,7 +354,9 @@ def declared_routes(app: FastAPI) -> list[tuple[str, str, Access | None]]:
                 continue
             path = getattr(ctx, "path", "") or original.path
             access = _access(list(getattr(ctx, "dependencies", None) or original.dependencies))
-            out.extend((method, path, access) for method in sorted(getattr(ctx, "methods", None) or original.methods))
+            methods = getattr(ctx, "methods", None) or original.methods
+            assert methods is not None  # FastAPI gives every APIRoute a set of methods (GET when none is named)
+            out.extend((method, path, access) for method in sorted(methods))
     return out
 
 

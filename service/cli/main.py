@@ -60,8 +60,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=workers,
             log_level=settings.log_level,
             # after SIGTERM, open requests (long polls, exports a client stopped reading) get this long,
-            # then are cancelled, so shutdown always completes
-            timeout_graceful_shutdown=settings.shutdown_timeout_s,
+            # then are cancelled, so shutdown always completes (uvicorn annotates it int but hands it to
+            # asyncio.timeout, which takes float seconds: a fractional setting is honoured)
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]
             timeout_keep_alive=settings.keep_alive_s,
         )
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start (its reason is logged at error level)

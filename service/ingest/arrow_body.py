@@ -201,7 +201,8 @@ def _trajectories(doc: Any) -> list[tuple[str, dict[str, Any]]] | None:
 
 
 def _columns(schema: pa.Schema, messages: Iterator[pa.ipc.Message], expected: int | None) -> dict[str, pa.Array]:
-    batches, rows = [], 0
+    batches: list[pa.RecordBatch] = []
+    rows = 0
     for message in messages:
         if message.type != "record batch":
             raise WireError(422, "body", f"an Arrow {message.type} message is not accepted (no dictionary-encoded "
