@@ -10,6 +10,7 @@ import uuid
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
 
 # SQLSTATE 55006 object_in_use: the template has another connection (a clone finishing, autovacuum)
 _IN_USE = "55006"
@@ -23,12 +24,23 @@ _admins: dict[str, Engine] = {}
 _admins_lock = threading.Lock()
 
 
-def _admin(server_url: str) -> Engine:
+def _admin(server_url: str, copies: str) -> Engine:
+    """The reused engine of ``server_url``, or a one-off one (NullPool: no connection stays) when the statement
+    copies the admin database itself (``copies``: the template's name): an idle connection of ours to it would
+    make the copy fail as "being accessed by other users". No cap on concurrent statements (max_overflow -1:
+    a caller never waits for another's DROP); a connection the network silently lost fails within 10 s
+    (tcp_user_timeout) and is replaced (pre-ping), instead of hanging."""
+    if make_url(server_url).database == copies:
+        with _admins_lock:
+            kept = _admins.pop(server_url, None)
+        if kept is not None:
+            kept.dispose()  # its idle connections are to the database being copied
+        return create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with _admins_lock:
         engine = _admins.get(server_url)
         if engine is None:
-            engine = create_engine(server_url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=8,
-                                   pool_pre_ping=True)
+            engine = create_engine(server_url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=-1,
+                                   pool_pre_ping=True, connect_args={"tcp_user_timeout": 10_000})
             _admins[server_url] = engine
         return engine
 
@@ -53,7 +65,7 @@ def create_database(server_url: str, prefix: str = "gc", template: str | None = 
         sql += f' TEMPLATE "{make_url(template).database}"'
     for attempt in range(50):
         try:
-            with _admin(server_url).connect() as conn:
+            with _admin(server_url, (make_url(template).database or "") if template else "template1").connect() as conn:
                 conn.execute(text(sql))
             break
         except OperationalError as exc:
@@ -66,12 +78,12 @@ def create_database(server_url: str, prefix: str = "gc", template: str | None = 
 def freeze_template(server_url: str, url: str) -> None:
     """Mark ``url``'s database as a template that takes no connections (so nothing, autovacuum included,
     holds it open while it is copied). ``drop_database`` still drops it."""
-    with _admin(server_url).connect() as conn:
+    with _admin(server_url, "").connect() as conn:
         conn.execute(text(f'ALTER DATABASE "{make_url(url).database}" WITH ALLOW_CONNECTIONS false'))
 
 
 def drop_database(server_url: str, url: str) -> None:
-    with _admin(server_url).connect() as conn:
+    with _admin(server_url, "").connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
 
 
