@@ -29,7 +29,9 @@ import functools
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -143,15 +145,25 @@ class VLLMServer:
                "--dtype", "float32", *(["--max-model-len", str(max_model_len)] if max_model_len else []),
                "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--seed", "0", *(["--skip-tokenizer-init"] if skip_tokenizer_init else []), *(extra_args or []),
                *shlex.split(os.environ.get(VLLM_ARGS_ENV, ""))]
+        # vLLM names its ZMQ sockets (VLLM_RPC_BASE_PATH) and its torch.distributed file store (TMPDIR) in the temp
+        # directory and leaves them there when it exits: each server gets a directory of its own, removed by stop().
+        # Nothing worth keeping lands there: vLLM keeps its compile cache under ~/.cache/vllm.
+        self.tmp = Path(tempfile.mkdtemp(prefix="grpo-curator-vllm-"))
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gib),
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "VLLM_RPC_BASE_PATH": str(self.tmp), "TMPDIR": str(self.tmp)}
         env.pop("PYTHONPATH", None)  # the service's packages must not shadow vLLM's venv
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self._log: Any = subprocess.DEVNULL
+        try:
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log = self.log_path.open("wb")
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            self._close_files()
+            raise
         self.started_s: float | None = None
 
     def wait_ready(self, timeout_s: float = 600.0) -> float:
@@ -202,8 +214,13 @@ class VLLMServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._close_files()
+
+    def _close_files(self) -> None:
+        """Close the log and remove the server's temp directory (its sockets and file store)."""
         if hasattr(self._log, "close"):
             self._log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def reload_weights(url: str, weights_path: str | Path, timeout_s: float = 300.0) -> None:

@@ -5,6 +5,9 @@ and serves). Skipped with the reason where vLLM's virtualenv is absent (``make v
 from __future__ import annotations
 
 import os
+import re
+import stat
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -50,12 +53,17 @@ def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service
     policy = Policy(cfg, load_tokenizer(cfg.tokenizer))
     with CuratorClient(service.url) as c:
         [req_a, req_b] = c.sampling_requests(2, producer_id="restart", dataset="letter-sum")
+    temp_before = litter()
+    own_dirs = []
     try:
         policy.refresh()
         before = build_group(policy, req_a, cfg)
         assert before["policy_version"] == 0 and sampled_with(before, vllm_model) < 1e-4
+        own_dirs.append(serving_dir(policy))
         ckpt = perturbed_checkpoint(vllm_model, ckpts, version=3)
         assert policy.refresh() is True and policy.version == 3 and policy.checkpoint == ckpt
+        assert not own_dirs[0].exists()  # the first server's directory went with it
+        own_dirs.append(serving_dir(policy))
         after = build_group(policy, req_b, cfg)
         assert after["policy_version"] == 3 and after["id"].endswith("-v3")
         assert sampled_with(after, ckpt) < 1e-4  # the new weights sampled
@@ -66,3 +74,21 @@ def test_producer_restarts_its_vllm_on_a_new_checkpoint_with_its_version(service
     finally:
         policy.close()
     assert policy.sampler is None
+    assert [d for d in own_dirs if d.exists()] == []
+    assert litter() - temp_before == set()  # vLLM's sockets and file store never landed in the shared temp dir
+
+
+# what vLLM 0.32 leaves in its temp directory: ZMQ sockets named by a uuid4, a torch.distributed file store
+LITTER = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}|vllm_dist_[0-9a-f]{32}")
+
+
+def litter() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if LITTER.fullmatch(name)}
+
+
+def serving_dir(policy: Policy):
+    """The running server's own temp directory, checked to hold its ZMQ sockets (so the redirection took)."""
+    server = policy.sampler.server
+    sockets = [p.name for p in server.tmp.iterdir() if stat.S_ISSOCK(p.stat().st_mode)]
+    assert sockets and all(LITTER.fullmatch(name) for name in sockets), sockets
+    return server.tmp
