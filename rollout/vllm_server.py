@@ -146,13 +146,13 @@ class VLLMServer:
                "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--seed", "0", *(["--skip-tokenizer-init"] if skip_tokenizer_init else []), *(extra_args or []),
                *shlex.split(os.environ.get(VLLM_ARGS_ENV, ""))]
         # vLLM names its ZMQ sockets (VLLM_RPC_BASE_PATH) and its torch.distributed file store (TMPDIR) in the temp
-        # directory and leaves them there when it exits: each server gets a directory of its own, removed by stop().
-        # Nothing worth keeping lands there: vLLM keeps its compile cache under ~/.cache/vllm.
-        self.tmp = Path(tempfile.mkdtemp(prefix="grpo-curator-vllm-"))
+        # directory and leaves them there when it exits: each server gets a directory of its own (own_temp_dir),
+        # removed by stop(); None where the temp directory's path is too long for that (vLLM's defaults then).
+        self.tmp = own_temp_dir(tempfile.gettempdir())
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gib),
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "VLLM_RPC_BASE_PATH": str(self.tmp), "TMPDIR": str(self.tmp)}
+               **({"VLLM_RPC_BASE_PATH": str(self.tmp), "TMPDIR": str(self.tmp)} if self.tmp else {})}
         env.pop("PYTHONPATH", None)  # the service's packages must not shadow vLLM's venv
         self._log: Any = subprocess.DEVNULL
         try:
@@ -220,7 +220,46 @@ class VLLMServer:
         """Close the log and remove the server's temp directory (its sockets and file store)."""
         if hasattr(self._log, "close"):
             self._log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # the link to torch's cache goes, not what it links to
+
+
+# Linux's limit on a unix socket's path (sun_path: 108 bytes, the last one NUL); vLLM names a ZMQ socket
+# <VLLM_RPC_BASE_PATH>/<uuid4>, 36 characters
+SOCKET_PATH_MAX = 107
+OWN_DIR_PREFIX = "vllm-"  # + mkdtemp's 8 random characters
+
+
+def own_temp_dir(base: str) -> Path | None:
+    """A new directory in ``base`` (the temp directory) for one vLLM server's sockets and file store, or None
+    when a socket's path in it would pass SOCKET_PATH_MAX (vLLM would fail to start; it then uses ``base``
+    itself, as without this). torch's compile cache, which torch always keeps in ``<temp dir>/torchinductor_<user>``
+    (its precompiled headers even where TORCHINDUCTOR_CACHE_DIR says otherwise), is linked in from ``base``: it
+    outlives the server, and a restart does not compile again."""
+    socket_path = len(os.fsencode(base)) + 1 + len(OWN_DIR_PREFIX) + 8 + 1 + 36
+    if socket_path > SOCKET_PATH_MAX:
+        return None
+    own = Path(tempfile.mkdtemp(prefix=OWN_DIR_PREFIX, dir=base))
+    shared = Path(base) / torch_cache_name()
+    try:
+        shared.mkdir(exist_ok=True)
+        (own / shared.name).symlink_to(shared, target_is_directory=True)
+    except OSError:  # no shared cache: torch makes one in the server's directory (compiled again next start)
+        pass
+    return own
+
+
+def torch_cache_name() -> str:
+    """torch's compile cache folder in the temp directory: ``torchinductor_<user>``, the user (``uid_<uid>`` when
+    unknown) with the characters torch replaces, as torch._inductor.runtime.cache_dir_utils.default_cache_dir."""
+    import getpass
+    import re
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
 
 
 def reload_weights(url: str, weights_path: str | Path, timeout_s: float = 300.0) -> None:

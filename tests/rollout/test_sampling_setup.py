@@ -2,8 +2,9 @@
 sampling, a wrong GRPO_CURATOR_VLLM_PYTHON is named before anything starts, a vLLM server that goes away
 mid-request is an environment failure of the prompt (a ``fake_vllm`` speaking vLLM's wire protocol stands in
 for the outside server), a prompt longer than the server's context is skipped by the producer, an external
-server is not reloaded in place unless verified, an EOS outside the model's vocabulary is refused, and the
-Makefile's venv path is the one the project looks for."""
+server is not reloaded in place unless verified, an EOS outside the model's vocabulary is refused, the
+Makefile's venv path is the one the project looks for, and a server's own temp directory fits its sockets and
+keeps torch's compile cache shared."""
 
 from __future__ import annotations
 
@@ -24,7 +25,16 @@ import torch
 from rollout.producer import Policy, RolloutConfig, build_groups
 from rollout.sampler import HFSampler, PromptTooLong, ServerGone, VLLMSampler
 from rollout.tasks import letter_sum_spec, load_tokenizer
-from rollout.vllm_server import DEFAULT_VENV, VLLM_PYTHON_ENV, python_problem, save_tiny_model, venv_name
+from rollout.vllm_server import (
+    DEFAULT_VENV,
+    SOCKET_PATH_MAX,
+    VLLM_PYTHON_ENV,
+    own_temp_dir,
+    python_problem,
+    save_tiny_model,
+    torch_cache_name,
+    venv_name,
+)
 from service.client import CuratorClient
 from tests.conftest import ROOT
 
@@ -378,3 +388,49 @@ def test_make_vllm_keeps_what_it_is_given_and_takes_only_its_own_spec_as_done(tm
     run = _make_vllm(tmp_path, f"VLLM_VENV={foreign}")
     assert run.returncode != 0 and "has .complete but no bin/python" in run.stderr
     assert (foreign / "data").read_text() == "mine"
+
+
+@pytest.fixture
+def short_dir() -> Any:
+    """A directory with a short path (pytest's tmp_path is longer than a socket's own directory may start)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+UUID4 = "0b9f6c6e-3f3e-4b6a-9a57-1f5a3c8e2d11"  # how vLLM names a ZMQ socket in VLLM_RPC_BASE_PATH
+
+
+def test_a_servers_own_temp_dir_fits_vllms_socket_paths_at_every_base_length(short_dir):
+    """vLLM binds <own dir>/<uuid4> as a unix socket: where that would pass the 107-byte limit there is no own
+    directory (vLLM's default, which fits where this does not), never one vLLM cannot start in. Swept across the
+    limit, one base length at a time."""
+    seen = set()
+    for length in range(len(str(short_dir)) + 2, SOCKET_PATH_MAX + 2):
+        base = short_dir / ("b" * (length - len(str(short_dir)) - 1))
+        assert len(str(base)) == length
+        base.mkdir()
+        own = own_temp_dir(str(base))
+        if own is None:  # refused only where a directory of its shape would not fit the socket
+            assert len(os.path.join(base, "vllm-abcdefgh", UUID4)) > SOCKET_PATH_MAX
+        else:
+            assert own.parent == base and len(os.fsencode(str(own / UUID4))) <= SOCKET_PATH_MAX
+        seen.add(own is None)
+    assert seen == {True, False}
+
+
+def test_a_servers_own_temp_dir_links_torchs_cache_which_outlives_it(short_dir):
+    """torch keeps compiled kernels and precompiled headers in <temp dir>/torchinductor_<user>: the server's own
+    directory links the shared one in, so its removal (rmtree, as stop() does) keeps what was compiled."""
+    import shutil
+
+    own = own_temp_dir(str(short_dir))
+    assert own is not None
+    link = own / torch_cache_name()
+    assert link.is_symlink() and link.resolve() == (short_dir / torch_cache_name()).resolve()
+    (link / "kernel.so").write_bytes(b"compiled")  # what torch writes through the server's TMPDIR
+    shutil.rmtree(own)
+    assert not own.exists() and (short_dir / torch_cache_name() / "kernel.so").read_bytes() == b"compiled"

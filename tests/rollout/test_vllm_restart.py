@@ -9,12 +9,13 @@ import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from rollout.producer import Policy, build_group
 from rollout.tasks import load_tokenizer
-from rollout.vllm_server import VLLM_ARGS_ENV
+from rollout.vllm_server import VLLM_ARGS_ENV, torch_cache_name
 from service.client import CuratorClient
 from tests.conftest import LiveServer, stop_server
 from tests.rollout.vllm_helpers import (
@@ -87,8 +88,11 @@ def litter() -> set[str]:
 
 
 def serving_dir(policy: Policy):
-    """The running server's own temp directory, checked to hold its ZMQ sockets (so the redirection took)."""
+    """The running server's own temp directory, checked to hold its ZMQ sockets (so the redirection took) and
+    to reach torch's compile cache in the shared temp dir (what a restart compiled before is not compiled again)."""
     server = policy.sampler.server
-    sockets = [p.name for p in server.tmp.iterdir() if stat.S_ISSOCK(p.stat().st_mode)]
+    sockets = [p.name for p in server.tmp.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
     assert sockets and all(LITTER.fullmatch(name) for name in sockets), sockets
+    cache = server.tmp / torch_cache_name()
+    assert cache.is_symlink() and cache.resolve() == (Path(tempfile.gettempdir()) / cache.name).resolve()
     return server.tmp
