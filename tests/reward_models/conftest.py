@@ -21,7 +21,8 @@ class FakeOpenAIServer(ThreadingHTTPServer):
 
     ``script`` is consumed one behaviour per request; when empty, ``default`` answers (a callable of
     the request body, or a behaviour). Records every request body, its headers and arrival time, and
-    the most requests it had in flight at once.
+    the most requests it had in flight at once. While ``default`` is called, ``local.headers`` holds the
+    headers of the request it answers (the caller's bearer key says which client sent it).
     """
 
     daemon_threads = True
@@ -37,6 +38,7 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self.max_in_flight = 0
         self.lock = threading.Lock()
         self.arrived = threading.Condition(self.lock)
+        self.local = threading.local()
 
     @property
     def base_url(self) -> str:
@@ -92,6 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
             server.arrived.notify_all()
+        server.local.headers = dict(self.headers)
         try:
             self._behave(server.next_behaviour(body), body)
         finally:

@@ -173,12 +173,12 @@ class _KilledWorkers:
              "params": {"endpoint": "fake", "model": "fake", "cache_size": 0}}]})
         with api.factory.begin() as s:
             specs.create_reward_spec(s, spec)
-        endpoint = {"url": self.judge.base_url, "max_retries": 0, "timeout_s": 300}
+        endpoint = {"url": self.judge.base_url, "max_retries": 0, "timeout_s": 300, "api_key_env": "FAKE_JUDGE_KEY"}
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": fresh_db,
                     "GRPO_CURATOR_LOG_LEVEL": "warning", "GRPO_CURATOR_JUDGE_ENDPOINTS": json.dumps({"fake": endpoint}),
                     "GRPO_CURATOR_WORKER_POLL_SECONDS": "0.2", "GRPO_CURATOR_SCORE_CLAIM_SECONDS": "2", **env}
         self.proc: ForkedProcess | None = None
-        self.kills = 0
+        self.kills = self.generation = 0
 
     def post(self, gid: str, answers: list[str]) -> None:
         g = make_group(gid, prompt_id=f"kp-{gid}", answers=answers)
@@ -186,7 +186,15 @@ class _KilledWorkers:
         assert self.api.post("/v1/groups", json=g).status_code in (200, 201)
 
     def start(self) -> None:
-        self.proc = start_score_worker(self.env, "--processes", "1", "--batch", "8", "--timeout", "300")
+        self.generation += 1  # the judge key names the worker: a call its killed predecessor sent lands late
+        env = self.env | {"FAKE_JUDGE_KEY": f"worker-{self.generation}"}
+        self.proc = start_score_worker(env, "--processes", "1", "--batch", "8", "--timeout", "300")
+
+    def live_call(self) -> bool:
+        """Whether the judge call being answered (inside ``behave``) came from the worker running now, not
+        from one already killed whose request reached the judge late (a loaded machine)."""
+        headers = {k.lower(): v for k, v in self.judge.local.headers.items()}
+        return headers.get("authorization") == f"Bearer worker-{self.generation}"
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -272,7 +280,7 @@ def test_an_innocent_group_killed_alone_3_times_keeps_its_attempts(api, fresh_db
     hit = threading.Event()
 
     def behave(body: dict):
-        if w.kills < 3:
+        if w.kills < 3 and w.live_call():
             hit.set()
             return ("sleep", 60, "Score: 5")
         return _answer(body)
@@ -297,7 +305,7 @@ def test_a_poison_group_ends_reward_error_and_its_neighbours_keep_their_attempts
     hit = threading.Event()
 
     def behave(body: dict):
-        if "POISON" in json.dumps(body):
+        if "POISON" in json.dumps(body) and w.live_call():
             hit.set()
             return ("sleep", 60, "Score: 5")
         return _answer(body)
