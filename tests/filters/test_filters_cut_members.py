@@ -39,11 +39,18 @@ def _both(group: GroupScore, policy: CurationPolicy) -> list[GroupDecision]:
 
 
 def _completers(d: GroupDecision, cut_index: int) -> list[tuple]:
-    return [
-        (t.index, t.action, t.reason, round(t.advantage, 12), t.reward_used)
-        for t in d.trajectories
-        if t.index != cut_index
-    ]
+    """Each completer's decision; its advantage compared apart (``_same_advantages``): a sum taken over one
+    member more may differ in the last bits, and rounding both to a fixed number of digits can still land
+    either side of a boundary (it did: 1.434228007866 against ...867)."""
+    return [(t.index, t.action, t.reason, t.reward_used) for t in d.trajectories if t.index != cut_index]
+
+
+def _same_advantages(a: GroupDecision, b: GroupDecision, cut_index: int) -> bool:
+    def advantages(d: GroupDecision) -> list[float | None]:
+        return [t.advantage for t in d.trajectories if t.index != cut_index]
+
+    x, y = advantages(a), advantages(b)
+    return len(x) == len(y) and all(_close(u, v) for u, v in zip(x, y, strict=True))
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -111,6 +118,7 @@ def test_adding_a_cut_member_never_changes_the_completers(
         assert _close(got.metric_std, expected.metric_std)
         assert _close(got.outcome_mean, expected.outcome_mean)
         assert _completers(got, 99) == _completers(expected, 99)
+        assert _same_advantages(got, expected, 99)
         cut_decision = next(t for t in got.trajectories if t.index == 99)
         assert (cut_decision.advantage, cut_decision.reward_used) == (0.0, None)
 
