@@ -118,7 +118,9 @@ VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),
 # what `.ci/run` uses, and only where the clone has no .venv yet.
 DEV_CACHE_KEY := $(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)-$(shell $(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])')
 DEV_CACHE_DIR = $(VLLM_CACHE)/venv-dev-$(DEV_CACHE_KEY)
-.PHONY: install-dev-cached
+.PHONY: install-dev-cached dev-cache-dir
+dev-cache-dir:
+	@echo "$(DEV_CACHE_DIR)"
 install-dev-cached:
 	@if [ -e "$(VENV)" ]; then exec $(MAKE) --no-print-directory install-dev; fi; \
 	mkdir -p "$(VLLM_CACHE)"; \
