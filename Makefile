@@ -107,45 +107,19 @@ VLLM_VENV ?= $(VLLM_CACHE)/venv-$(VLLM_SPEC_NAME)
 VLLM_DIR = $(abspath $(strip $(VLLM_VENV)))
 VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
 
-# CI's test virtualenv, built once per (pyproject.toml, Makefile, Python) and kept OUTSIDE the clone beside
-# vLLM's, with every module byte-compiled: a fresh clone's .venv is a hard-linked copy of it (a second on one
-# filesystem, a plain copy elsewhere), so a clone neither installs again (~40 s) nor compiles torch and
-# transformers again in every test process that imports them first. The copy's bin/ scripts are rewritten to
-# name the clone's .venv, and the project is installed again, editable, from this clone. Python replaces a
-# .pyc by renaming a new file over it, and pip removes a file before it writes one: neither writes into a
-# shared file, so the cache stays as built. Other caches of the same kind are removed once complete and
-# unused (a clone made from one keeps its own links to the files). `make install-dev` is unchanged; this is
-# what `.ci/run` uses, and only where the clone has no .venv yet.
-DEV_CACHE_KEY := $(shell cat pyproject.toml Makefile | sha256sum | cut -c1-16)-$(shell $(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])')
+# CI's test virtualenv (`.ci/run`): built once per key and kept OUTSIDE the clone beside vLLM's, byte-compiled;
+# a fresh clone's .venv is a hard-linked copy of it with the project installed again, editable, from the clone
+# (.ci/dev-venv says how, and what it refuses). The key: pyproject.toml, this Makefile, .ci/dev-venv, TORCH_SPEC,
+# TORCH_INDEX_URL, pip's PIP_* settings and the Python (its version and path). `make install-dev` is unchanged.
+DEV_CACHE_KEY := $(shell (cat pyproject.toml Makefile .ci/dev-venv; echo '$(TORCH_SPEC)|$(TORCH_INDEX_URL)'; \
+  env | grep '^PIP_' | sort; $(PY) -c 'import sys; print(sys.version, sys.executable)') 2>/dev/null \
+  | sha256sum | cut -c1-16)-$(shell $(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])' 2>/dev/null)
 DEV_CACHE_DIR = $(VLLM_CACHE)/venv-dev-$(DEV_CACHE_KEY)
 .PHONY: install-dev-cached dev-cache-dir
 dev-cache-dir:
 	@echo "$(DEV_CACHE_DIR)"
 install-dev-cached:
-	@if [ -e "$(VENV)" ]; then exec $(MAKE) --no-print-directory install-dev; fi; \
-	mkdir -p "$(VLLM_CACHE)"; \
-	flock "$(DEV_CACHE_DIR).lock" sh -ec '\
-	  if [ -f "$(DEV_CACHE_DIR)/.complete" ]; then echo "install-dev-cached: $(DEV_CACHE_DIR) (cached)"; exit 0; fi; \
-	  start=$$(date +%s); rm -rf "$(DEV_CACHE_DIR)"; \
-	  $(MAKE) --no-print-directory install-dev VENV="$(DEV_CACHE_DIR)"; \
-	  "$(DEV_CACHE_DIR)/bin/python" -m compileall -q -j0 "$(DEV_CACHE_DIR)/lib" "$(DEV_CACHE_DIR)/upstream" > /dev/null 2>&1 || true; \
-	  touch "$(DEV_CACHE_DIR)/.complete"; \
-	  echo "install-dev-cached: built $(DEV_CACHE_DIR) in $$(( $$(date +%s) - start )) s"'; \
-	for old in "$(VLLM_CACHE)"/venv-dev-*; do \
-	  case "$$old" in "$(DEV_CACHE_DIR)"|*.lock) continue;; esac; \
-	  [ -f "$$old/.complete" ] && flock -n "$$old.lock" rm -rf "$$old" && rm -f "$$old.lock" \
-	    && echo "install-dev-cached: removed $$old" || true; \
-	done; \
-	rm -rf "$(VENV).partial"; \
-	cp -al "$(DEV_CACHE_DIR)" "$(VENV).partial" 2>/dev/null || { rm -rf "$(VENV).partial"; cp -a "$(DEV_CACHE_DIR)" "$(VENV).partial"; }; \
-	rm -f "$(VENV).partial/.complete"; \
-	grep -lIF "$(DEV_CACHE_DIR)" "$(VENV).partial"/bin/* "$(VENV).partial/pyvenv.cfg" | \
-	  xargs -r sed -i "s#$(DEV_CACHE_DIR)#$(abspath $(VENV))#g"; \
-	mv "$(VENV).partial" "$(VENV)"; \
-	$(PIP_INSTALL) --no-deps --no-build-isolation -e . > "$(VENV)/.editable.log" 2>&1 \
-	  || { cat "$(VENV)/.editable.log"; echo "install-dev-cached: the editable install into $(VENV) failed" >&2; exit 1; }; \
-	rm -f $(VENV)/.installed $(VENV)/.installed-dev; touch $(VENV)/.installed $(VENV)/.installed-dev; \
-	echo "install-dev-cached: $(VENV) from $(DEV_CACHE_DIR)"
+	@DEV_CACHE_DIR="$(DEV_CACHE_DIR)" VENV="$(VENV)" MAKE="$(MAKE)" PIP_FLAGS="-q --no-compile" bash .ci/dev-venv
 
 .PHONY: vllm
 # The directory is marked `.grpo-curator-vllm` (holding the spec) before anything goes in. Done (`.complete`) counts

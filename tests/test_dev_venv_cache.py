@@ -1,8 +1,10 @@
-"""``make install-dev-cached`` (what ``.ci/run`` uses): a clone without a ``.venv`` gets a hard-linked copy of
-the test virtualenv kept outside the clone (``~/.cache/grpo-curator/venv-dev-<key>``), its scripts naming the
-clone's ``.venv`` and the project installed again, editable, from the clone. Here the cache is made from this
-run's own ``.venv`` (a hard-linked copy: nothing is installed) in a cache home of the test's own, and the clone
-is a copy of this checkout's sources; building a cache for real is what every CI run on a new machine does."""
+"""``make install-dev-cached`` (what ``.ci/run`` uses; ``.ci/dev-venv``): a clone without a ``.venv`` gets a
+hard-linked copy of the test virtualenv kept outside the clone (``~/.cache/grpo-curator/venv-dev-<key>``), its
+scripts naming the clone's ``.venv`` and the project installed again, editable, from the clone. Here the cache is
+made from this run's own ``.venv`` (a hard-linked copy: nothing is installed) in a cache home of the test's own,
+and the clone is a copy of this checkout's sources; building a cache for real is what every CI run on a new
+machine does. ``PY=false`` stops a build (or the plain install) at its first step, where a test needs only to
+see that it began."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from tests.conftest import ROOT
 VENV = Path(sys.prefix)  # this run's virtualenv (ROOT/.venv under make test)
 
 
-def _make(src: Path, cache_home: Path, *args: str) -> subprocess.CompletedProcess:
+def _make(src: Path, cache_home: Path | str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "MAKE"))}
     env["XDG_CACHE_HOME"] = str(cache_home)
     return subprocess.run(["make", "-s", "-C", str(src), *args], env=env, capture_output=True, text=True, timeout=300)
@@ -34,14 +37,14 @@ def clone(tmp_path: Path) -> Path:
     return src
 
 
-def _fake_cache(src: Path, cache_home: Path) -> Path:
+def _fake_cache(src: Path, cache_home: Path | str, *args: str) -> Path:
     """A complete cache at the key of ``src``: this run's venv, hard-linked, its scripts naming the cache (as
     a built one's do; each rewritten file is a new one, so this run's venv is untouched)."""
-    run = _make(src, cache_home, "dev-cache-dir")
+    run = _make(src, cache_home, "dev-cache-dir", *args)
     assert run.returncode == 0, run.stderr
-    cache = Path(run.stdout.strip())
-    assert cache.parent == cache_home / "grpo-curator" and cache.name.startswith("venv-dev-")
-    cache.parent.mkdir(parents=True)
+    cache = Path(run.stdout.strip())  # Path: "a//b/" as one spelling, the one python -m venv writes
+    assert cache.parent == Path(cache_home) / "grpo-curator" and cache.name.startswith("venv-dev-")
+    cache.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-al", str(VENV), str(cache)], check=True)
     for script in (cache / "bin").iterdir():
         if script.is_symlink() or not script.is_file():
@@ -62,33 +65,47 @@ def _python_of(venv: Path, code: str) -> str:
                           check=True, timeout=120, cwd="/").stdout.strip()
 
 
-def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(clone, tmp_path):
-    cache_home = tmp_path / "cache"
+def _other(home: Path, name: str, *, complete: bool, age_s: float = 0) -> Path:
+    d = home / f"venv-dev-{name}-py311"
+    (d / "bin").mkdir(parents=True)
+    if complete:
+        (d / ".complete").touch()
+        os.utime(d / ".complete", (time.time() - age_s,) * 2)
+    return d
+
+
+@pytest.mark.parametrize("spelling", ["", "//"])  # XDG_CACHE_HOME as given, and with "//" after it
+def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(clone, tmp_path, spelling):
+    cache_home = f"{tmp_path / 'cache'}{spelling}"
     cache = _fake_cache(clone, cache_home)
     finder = sorted((cache / "lib").glob("python3*/site-packages/__editable___grpo_curator_*_finder.py"))
     cached = {p: p.read_bytes() for p in [*finder, cache / "bin" / "grpo-curator", cache / "bin" / "activate"]}
     own_script = (VENV / "bin" / "grpo-curator").read_bytes()
     (clone / ".venv.partial").mkdir()  # a copy an earlier run left half made
     (clone / ".venv.partial" / "junk").write_text("x")
-    older = cache.parent / "venv-dev-0000000000000000-py311"  # a cache of an older Makefile: removed
-    (older / "bin").mkdir(parents=True)
-    (older / ".complete").touch()
-    building = cache.parent / "venv-dev-1111111111111111-py311"  # another clone is building it: kept
-    building.mkdir()
-    busy = cache.parent / "venv-dev-2222222222222222-py311"  # complete, but its lock is held: kept
-    busy.mkdir()
-    (busy / ".complete").touch()
-    with open(f"{busy}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    home = cache.parent
+    # other keys' caches: the 2 newest complete ones stay, older ones go unless in use; an unfinished build
+    # goes unless it is still building (its lock held); no lock file is ever removed
+    newest, newer, old = (_other(home, n, complete=True, age_s=a) for n, a in (("1", 10), ("2", 20), ("3", 30)))
+    oldest_busy = _other(home, "4", complete=True, age_s=40)
+    abandoned, building = _other(home, "5", complete=False), _other(home, "6", complete=False)
+    for d in (old, abandoned):
+        Path(f"{d}.lock").touch()
+    with open(f"{oldest_busy}.lock", "w") as busy, open(f"{building}.lock", "w") as build:
+        fcntl.flock(busy, fcntl.LOCK_EX)
+        fcntl.flock(build, fcntl.LOCK_EX)
         run = _make(clone, cache_home, "install-dev-cached")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "(cached)" in run.stdout and f"from {cache}" in run.stdout
+    assert {d.name: d.exists() for d in (newest, newer, old, oldest_busy, abandoned, building)} == {
+        newest.name: True, newer.name: True, old.name: False, oldest_busy.name: True, abandoned.name: False,
+        building.name: True}
+    assert Path(f"{old}.lock").exists() and Path(f"{abandoned}.lock").exists()
     venv = clone / ".venv"
     assert not (clone / ".venv.partial").exists() and not (venv / ".complete").exists()
-    assert (not older.exists(), building.exists(), busy.exists()) == (True, True, True)
     # the clone's venv runs the clone's code and names itself
     assert _python_of(venv, "import service, sys; print(service.__file__)") == str(clone / "service" / "__init__.py")
-    for name in ("grpo-curator", "pytest", "activate"):
+    for name in ("grpo-curator", "pytest", "pip", "activate"):
         text = (venv / "bin" / name).read_text()
         assert str(venv) in text and str(cache) not in text, name
     help_run = subprocess.run([str(venv / "bin" / "grpo-curator"), "--help"], capture_output=True, text=True,
@@ -103,6 +120,60 @@ def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(c
     # make test's own install step has nothing left to do
     again = _make(clone, cache_home, "install-dev")
     assert again.returncode == 0 and "pip" not in again.stdout + again.stderr, again.stdout + again.stderr
+
+
+def test_a_failed_editable_install_leaves_no_venv_to_be_taken_as_installed(clone, tmp_path):
+    """The copy's stamps are the cache's, older than the clone's files: were the copy kept after its editable
+    install failed (or was killed), ``make install-dev`` would find it installed and run the builder's code."""
+    (clone / "pyproject.toml").write_text((clone / "pyproject.toml").read_text() + "\nnot toml = = =\n")
+    cache = _fake_cache(clone, tmp_path / "cache")
+    run = _make(clone, tmp_path / "cache", "install-dev-cached")
+    assert run.returncode != 0
+    assert "the editable install into" in run.stderr and "failed" in run.stderr
+    assert not (clone / ".venv").exists() and not (clone / ".venv.partial").exists()
+    assert (cache / ".complete").exists()
+
+
+def test_a_failed_build_stops_before_any_copy(clone, tmp_path):
+    run = _make(clone, tmp_path / "cache", "install-dev-cached", "PY=false")  # the build's venv step fails
+    assert run.returncode != 0 and "from " not in run.stdout
+    assert not (clone / ".venv").exists() and not (clone / ".venv.partial").exists()
+    assert not list((tmp_path / "cache" / "grpo-curator").glob("venv-dev-*/.complete"))
+
+
+def test_a_cache_older_than_a_week_is_built_again(clone, tmp_path):
+    cache = _fake_cache(clone, tmp_path / "cache", "PY=false")
+    os.utime(cache / ".complete", (time.time() - 8 * 86400,) * 2)
+    run = _make(clone, tmp_path / "cache", "install-dev-cached", "PY=false")
+    assert "older than 7 days: built again" in run.stdout
+    assert run.returncode != 0 and not (cache / "bin" / "grpo-curator").exists()  # emptied, then PY=false
+
+
+@pytest.mark.parametrize("name", ["with space", "r&d", "a#b"])
+def test_a_path_the_scripts_could_not_name_gets_the_plain_install(tmp_path, name):
+    src = tmp_path / name / "clone"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".venv.partial", ".git", "__pycache__", "*.egg-info", ".grpo-curator", ".hypothesis", ".ruff_cache",
+        "tests", "docs", "bench"))
+    run = _make(src, tmp_path / "cache", "install-dev-cached", "PY=false")  # the plain install: stops at once
+    assert "could not name; the plain install instead" in run.stdout, run.stdout + run.stderr
+    assert not (tmp_path / "cache" / "grpo-curator").exists() or not any((tmp_path / "cache" / "grpo-curator").iterdir())
+
+
+def test_the_key_holds_what_decides_the_contents(clone, tmp_path):
+    def key(*args: str, **env: str) -> str:
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "MAKE", "PIP_"))}
+        run = subprocess.run(["make", "-s", "-C", str(clone), "dev-cache-dir", *args], capture_output=True,
+                             text=True, env=e | {"XDG_CACHE_HOME": str(tmp_path)} | env, timeout=60)
+        return run.stdout.strip()
+
+    base = key()
+    variants = [key("TORCH_SPEC=torch==2.4.0"), key("TORCH_INDEX_URL=https://download.pytorch.org/whl/cu121"),
+                key(PIP_CONSTRAINT="/tmp/c.txt"), key(f"PY={sys.executable}")]
+    assert base.startswith(f"{tmp_path}/grpo-curator/venv-dev-")
+    assert len({base, *variants}) == 5, variants
+    (clone / ".ci" / "dev-venv").write_text((clone / ".ci" / "dev-venv").read_text() + "\n# changed\n")
+    assert key() != base
 
 
 def test_a_clone_with_its_own_venv_keeps_it(clone, tmp_path):
