@@ -111,9 +111,11 @@ VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),
 # a fresh clone's .venv is a hard-linked copy of it with the project installed again, editable, from the clone
 # (.ci/dev-venv says how, and what it refuses). The key: pyproject.toml, this Makefile, .ci/dev-venv, TORCH_SPEC,
 # TORCH_INDEX_URL, pip's PIP_* settings and the Python (its version and path). `make install-dev` is unchanged.
-DEV_CACHE_KEY := $(shell (cat pyproject.toml Makefile .ci/dev-venv; echo '$(TORCH_SPEC)|$(TORCH_INDEX_URL)'; \
-  env | grep '^PIP_' | sort; $(PY) -c 'import sys; print(sys.version, sys.executable)') 2>/dev/null \
-  | sha256sum | cut -c1-16)-$(shell $(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])' 2>/dev/null)
+# (computed once, where it is first used: not on every make command)
+DEV_CACHE_KEY = $(eval DEV_CACHE_KEY := $$(shell (cat pyproject.toml Makefile .ci/dev-venv; \
+  echo '$$(TORCH_SPEC)|$$(TORCH_INDEX_URL)'; env | grep '^PIP_' | sort; \
+  $$(PY) -c 'import sys; print(sys.version, sys.executable)') 2>/dev/null | sha256sum | cut -c1-16)-$$(shell \
+  $$(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])' 2>/dev/null))$(DEV_CACHE_KEY)
 DEV_CACHE_DIR = $(VLLM_CACHE)/venv-dev-$(DEV_CACHE_KEY)
 .PHONY: install-dev-cached dev-cache-dir
 dev-cache-dir:

@@ -143,9 +143,9 @@ def test_a_failed_build_stops_before_any_copy(clone, tmp_path):
 
 def test_a_cache_older_than_a_week_is_built_again(clone, tmp_path):
     cache = _fake_cache(clone, tmp_path / "cache", "PY=false")
-    os.utime(cache / ".complete", (time.time() - 8 * 86400,) * 2)
+    os.utime(cache / ".complete", (time.time() - 7 * 86400 - 120,) * 2)  # 7 days and 2 minutes
     run = _make(clone, tmp_path / "cache", "install-dev-cached", "PY=false")
-    assert "older than 7 days: built again" in run.stdout
+    assert "built more than 7 days ago: built again" in run.stdout
     assert run.returncode != 0 and not (cache / "bin" / "grpo-curator").exists()  # emptied, then PY=false
 
 
@@ -192,3 +192,61 @@ def test_a_clone_with_its_own_venv_keeps_it(clone, tmp_path):
     assert str(cache) not in run.stdout + run.stderr
     assert sorted(p.name for p in venv.iterdir()) == [".installed", ".installed-dev", "bin", "mine", "upstream"]
     assert (venv / "mine").read_text() == "a developer's venv" and not (clone / ".venv.partial").exists()
+
+
+def test_a_build_that_leaves_a_process_behind_does_not_hold_the_lock(clone, tmp_path):
+    """Whatever the build starts and leaves running (a compiler server, an orphan of a killed run) must not hold
+    the cache's lock: the next clone would wait on it without a word."""
+    py = tmp_path / "py"
+    py.write_text(f'#!/bin/sh\nif [ "$1" = -m ]; then (sleep 30) > /dev/null 2>&1 & exit 1; fi\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    first = _make(clone, tmp_path / "cache", "install-dev-cached", f"PY={py}")
+    assert first.returncode != 0  # its venv step failed, leaving the sleep behind
+    started = time.monotonic()
+    second = _make(clone, tmp_path / "cache", "install-dev-cached", f"PY={py}")
+    assert second.returncode != 0 and time.monotonic() - started < 10
+    assert "waiting for" not in second.stdout
+
+
+def test_a_symlinked_cache_home_and_a_symlinked_cache_are_followed_not_copied(clone, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "grpo-curator").symlink_to(real)  # the cache home is a link
+    cache = _fake_cache(clone, tmp_path / "cache")
+    moved = real / "elsewhere"
+    cache.rename(moved)  # and the key's own directory is a link too
+    cache.symlink_to(moved)
+    pip_before = (moved / "bin" / "pip").read_bytes()
+    stamp_before = (moved / ".installed").stat()
+    olds = [_other(real, str(n), complete=True, age_s=n * 10) for n in range(1, 5)]
+    run = _make(clone, tmp_path / "cache", "install-dev-cached")
+    assert run.returncode == 0, run.stdout + run.stderr
+    venv = clone / ".venv"
+    assert venv.is_dir() and not venv.is_symlink()
+    assert (moved / "bin" / "pip").read_bytes() == pip_before and (moved / ".complete").exists()
+    stamp = (moved / ".installed").stat()  # the clone's stamps are new files, not written through the link
+    assert (stamp.st_ino, stamp.st_mtime_ns) == (stamp_before.st_ino, stamp_before.st_mtime_ns)
+    assert (venv / ".installed").stat().st_ino != stamp.st_ino
+    assert [o.exists() for o in olds] == [True, True, False, False]  # the 2 most recently built others stay
+
+
+def test_two_runs_in_one_clone_take_turns(clone, tmp_path):
+    _fake_cache(clone, tmp_path / "cache")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "MAKE"))}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    runs = [subprocess.Popen(["make", "-s", "-C", str(clone), "install-dev-cached"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = [r.communicate(timeout=300)[0] for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], outs
+    assert sum("from " in o for o in outs) == 1 and sum(".venv exists" in o for o in outs) == 1, outs
+    assert _python_of(clone / ".venv", "import service; print(service.__file__)") == str(clone / "service" / "__init__.py")
+
+
+def test_a_venv_in_a_folder_not_yet_made(clone, tmp_path):
+    _fake_cache(clone, tmp_path / "cache")
+    run = _make(clone, tmp_path / "cache", "install-dev-cached", "VENV=envs/ci/.venv")
+    assert run.returncode == 0, run.stdout + run.stderr
+    venv = clone / "envs" / "ci" / ".venv"
+    assert _python_of(venv, "import service; print(service.__file__)") == str(clone / "service" / "__init__.py")
+    assert (venv / ".installed-dev").exists()
