@@ -113,7 +113,8 @@ VLLM_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),
 # TORCH_INDEX_URL, pip's PIP_* settings and the Python (its version and path). `make install-dev` is unchanged.
 # (computed once, where it is first used: not on every make command)
 DEV_CACHE_KEY = $(eval DEV_CACHE_KEY := $$(shell (cat pyproject.toml Makefile .ci/dev-venv; \
-  echo '$$(TORCH_SPEC)|$$(TORCH_INDEX_URL)'; env | grep '^PIP_' | sort; \
+  echo '$$(TORCH_SPEC)|$$(TORCH_INDEX_URL)|$$(foreach v,$$(sort $$(filter PIP_%,$$(.VARIABLES))),$$(if $$(filter command line,$$(origin $$(v))),$$(v)=$$($$(v))))'; \
+  env | grep '^PIP_' | sort; \
   $$(PY) -c 'import sys; print(sys.version, sys.executable)') 2>/dev/null | sha256sum | cut -c1-16)-$$(shell \
   $$(PY) -c 'import sys; print("py%d%d" % sys.version_info[:2])' 2>/dev/null))$(DEV_CACHE_KEY)
 DEV_CACHE_DIR = $(VLLM_CACHE)/venv-dev-$(DEV_CACHE_KEY)
@@ -121,7 +122,7 @@ DEV_CACHE_DIR = $(VLLM_CACHE)/venv-dev-$(DEV_CACHE_KEY)
 dev-cache-dir:
 	@echo "$(DEV_CACHE_DIR)"
 install-dev-cached:
-	@DEV_CACHE_DIR="$(DEV_CACHE_DIR)" VENV="$(VENV)" MAKE="$(MAKE)" PIP_FLAGS="-q --no-compile" bash .ci/dev-venv
+	@DEV_CACHE_DIR="$(DEV_CACHE_DIR)" VENV="$(VENV)" DEV_PIP_FLAGS="-q --no-compile" bash .ci/dev-venv
 
 .PHONY: vllm
 # The directory is marked `.grpo-curator-vllm` (holding the spec) before anything goes in. Done (`.complete`) counts

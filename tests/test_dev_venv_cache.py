@@ -169,9 +169,11 @@ def test_the_key_holds_what_decides_the_contents(clone, tmp_path):
 
     base = key()
     variants = [key("TORCH_SPEC=torch==2.4.0"), key("TORCH_INDEX_URL=https://download.pytorch.org/whl/cu121"),
-                key(PIP_CONSTRAINT="/tmp/c.txt"), key(f"PY={sys.executable}")]
+                key(PIP_CONSTRAINT="/tmp/c.txt"), key("PIP_INDEX_URL=http://example.invalid/simple"),
+                key(f"PY={sys.executable}")]
     assert base.startswith(f"{tmp_path}/grpo-curator/venv-dev-")
-    assert len({base, *variants}) == 5, variants
+    assert len({base, *variants}) == 6, variants
+    assert key("VENV=elsewhere/.venv") == base  # where the clone's venv goes is no part of what it holds
     (clone / ".ci" / "dev-venv").write_text((clone / ".ci" / "dev-venv").read_text() + "\n# changed\n")
     assert key() != base
 

@@ -1,11 +1,13 @@
 """The worker's evaluation holds no transaction through its Python work: a worker's connections end a
 transaction idle longer than ``worker_idle_in_transaction_s`` (60 s), and scoring a large window takes that
-long at scale. Scaled down: a 250 ms bound and a 19,200-trajectory window (the single-transaction evaluation
-failed with IdleInTransactionSessionTimeout here at 50 ms; scoring this window takes about 0.5 s on 2 idle
-cores, fetching its rows between two statements tens of ms -- 50 ms was too close to that on a loaded
-machine and failed the split evaluation once in three full-suite runs)."""
+long at scale. Scaled down: a 2 s bound, a 19,200-trajectory window, and its scoring made to take longer than
+the bound (``_score`` waits 3 s first), so the test does not rest on how fast this machine scores. The bound
+leaves the read step's own gaps between statements room on a loaded machine: 50 ms, then 250 ms, each failed
+the split evaluation in a full-suite run (fetching this window's rows between two statements took that long)."""
 
 from __future__ import annotations
+
+import time
 
 from bench import scale
 from service.alerts import service as alerts
@@ -13,7 +15,8 @@ from service.settings import Settings
 from service.store.db import make_sessionmaker, worker_engine
 from tests.service.alerts.helpers import publish
 
-IDLE_S = 0.25  # the bound, scaled down from 60 s
+IDLE_S = 2.0  # the bound, scaled down from 60 s
+SCORE_S = 3.0  # how long scoring takes here: longer than the bound
 
 
 def test_the_workers_evaluation_survives_a_short_idle_in_transaction_bound(fresh_api, fresh_db, monkeypatch) -> None:
@@ -27,6 +30,13 @@ def test_the_workers_evaluation_survives_a_short_idle_in_transaction_bound(fresh
         assert api.post("/v1/groups", json={"groups": groups[s:s + 200]}).status_code == 201
     factory = make_sessionmaker(worker_engine(fresh_db, Settings(worker_idle_in_transaction_s=IDLE_S)))
     monkeypatch.setattr(alerts, "_last_run", [float("-inf")])  # due now
+    real_score = alerts._score
+
+    def slow_score(reading):  # noqa: ANN001, ANN202 - scoring a window as large as production's
+        time.sleep(SCORE_S)
+        return real_score(reading)
+
+    monkeypatch.setattr(alerts, "_score", slow_score)
     with factory.begin() as session:  # as the worker's maintenance pass calls it
         alerts.evaluate_due(session)
     opened = {(a["monitor"], a["dataset"], a["state"]) for a in api.get("/v1/alerts").json()["alerts"]}
