@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -25,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import FrameType
@@ -88,8 +90,11 @@ def prune_dead_handles(pgdata: Path) -> list[int]:
 
 def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None:
     """Terminate each child (its process group when it was started with ``start_new_session``), wait up to
-    ``timeout_s`` for each, then kill what is left."""
+    ``timeout_s`` for each, then kill what is left. A group's other members are waited for too: the leader
+    can exit while its helpers (a browser's utility processes, a server's workers) are still shutting down,
+    and those are killed when they outlive the wait."""
     procs = list(procs)
+    groups = [proc.pid for proc in procs if _leads_group(proc)]
     for proc in procs:
         _signal(proc, signal.SIGTERM)
     for proc in procs:
@@ -98,6 +103,20 @@ def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None
         except subprocess.TimeoutExpired:
             _signal(proc, signal.SIGKILL)
             proc.wait(timeout=timeout_s)
+    for pgid in groups:
+        if not _group_gone(pgid, timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            _group_gone(pgid, timeout_s)
+
+
+def _leads_group(proc: subprocess.Popen) -> bool:
+    if proc.poll() is not None:
+        return False
+    try:
+        return os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:
+        return False
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -110,6 +129,34 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
             proc.send_signal(sig)
     except ProcessLookupError:
         pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc; [] off Linux."""
+    members = []
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def processes_mentioning(marker: str) -> list[str]:
