@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,26 +38,56 @@ def clone(tmp_path: Path) -> Path:
     return src
 
 
-def _fake_cache(src: Path, cache_home: Path | str, *args: str) -> Path:
-    """A complete cache at the key of ``src``: this run's venv, hard-linked, its scripts naming the cache (as
-    a built one's do; each rewritten file is a new one, so this run's venv is untouched)."""
-    run = _make(src, cache_home, "dev-cache-dir", *args)
-    assert run.returncode == 0, run.stderr
-    cache = Path(run.stdout.strip())  # Path: "a//b/" as one spelling, the one python -m venv writes
-    assert cache.parent == Path(cache_home) / "grpo-curator" and cache.name.startswith("venv-dev-")
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-al", str(VENV), str(cache)], check=True)
-    for script in (cache / "bin").iterdir():
-        if script.is_symlink() or not script.is_file():
-            continue
-        data = script.read_bytes()
-        if str(VENV).encode() in data and b"\0" not in data[:4096]:
-            mode = script.stat().st_mode
-            script.unlink()
-            script.write_bytes(data.replace(str(VENV).encode(), str(cache).encode()))
-            script.chmod(mode)
-    (cache / ".complete").touch()
-    return cache
+# what the fake caches run needs of this run's venv: pip and setuptools (the editable install), what `grpo-curator
+# --help` and `import service` import, and sqlalchemy (a package to compare inodes with); the rest of the venv
+# (77k files, torch's 15k among them) is left out: each fake cache is linked twice a test, and what the copy does
+# to a full-size venv is what every CI run's own `make install-dev-cached` does
+KEEP = ("pip", "setuptools", "_distutils_hack", "distutils-precedence.pth", "pydantic", "annotated_types",
+        "typing_extensions", "typing_inspection", "dotenv", "python_dotenv", "sqlalchemy", "__editable__",
+        "grpo_curator")
+
+
+@pytest.fixture(scope="module")
+def slim_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's venv hard-linked with only KEEP's packages (and their dist-info) in site-packages."""
+    slim = tmp_path_factory.mktemp("slim") / "venv"
+    slim.mkdir()
+    top = [p for p in VENV.iterdir() if p.name != "lib"]
+    subprocess.run(["cp", "-al", *map(str, top), str(slim)], check=True)
+    for site in VENV.glob("lib/python3*/site-packages"):
+        dst = slim / site.relative_to(VENV)
+        dst.mkdir(parents=True)
+        keep = [str(p) for p in site.iterdir() if p.name.lower().startswith(KEEP)]
+        subprocess.run(["cp", "-al", *keep, str(dst)], check=True)
+    return slim
+
+
+@pytest.fixture
+def fake_cache(slim_venv: Path) -> Callable[..., Path]:
+    """``make(src, cache_home, *make_args)``: a complete cache at the key of ``src``, this run's venv (slim,
+    hard-linked), its scripts naming the cache (as a built one's do; each rewritten file is a new one, so this
+    run's venv is untouched)."""
+
+    def make(src: Path, cache_home: Path | str, *args: str) -> Path:
+        run = _make(src, cache_home, "dev-cache-dir", *args)
+        assert run.returncode == 0, run.stderr
+        cache = Path(run.stdout.strip())  # Path: "a//b/" as one spelling, the one python -m venv writes
+        assert cache.parent == Path(cache_home) / "grpo-curator" and cache.name.startswith("venv-dev-")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(slim_venv), str(cache)], check=True)
+        for script in (cache / "bin").iterdir():
+            if script.is_symlink() or not script.is_file():
+                continue
+            data = script.read_bytes()
+            if str(VENV).encode() in data and b"\0" not in data[:4096]:
+                mode = script.stat().st_mode
+                script.unlink()
+                script.write_bytes(data.replace(str(VENV).encode(), str(cache).encode()))
+                script.chmod(mode)
+        (cache / ".complete").touch()
+        return cache
+
+    return make
 
 
 def _python_of(venv: Path, code: str) -> str:
@@ -75,9 +106,9 @@ def _other(home: Path, name: str, *, complete: bool, age_s: float = 0) -> Path:
 
 
 @pytest.mark.parametrize("spelling", ["", "//"])  # XDG_CACHE_HOME as given, and with "//" after it
-def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(clone, tmp_path, spelling):
+def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(fake_cache, clone, tmp_path, spelling):
     cache_home = f"{tmp_path / 'cache'}{spelling}"
-    cache = _fake_cache(clone, cache_home)
+    cache = fake_cache(clone, cache_home)
     finder = sorted((cache / "lib").glob("python3*/site-packages/__editable___grpo_curator_*_finder.py"))
     cached = {p: p.read_bytes() for p in [*finder, cache / "bin" / "grpo-curator", cache / "bin" / "activate"]}
     own_script = (VENV / "bin" / "grpo-curator").read_bytes()
@@ -111,9 +142,9 @@ def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(c
     help_run = subprocess.run([str(venv / "bin" / "grpo-curator"), "--help"], capture_output=True, text=True,
                               timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert help_run.returncode == 0 and "serve" in help_run.stdout
-    # the installed packages are the cache's files (linked, not copied): what torch imports is shared
-    torch_init = next((venv / "lib").glob("python3*/site-packages/torch/__init__.py"))
-    assert torch_init.stat().st_ino == (cache / torch_init.relative_to(venv)).stat().st_ino
+    # the installed packages are the cache's files (linked, not copied): what the suite imports is shared
+    package_init = next((venv / "lib").glob("python3*/site-packages/sqlalchemy/__init__.py"))
+    assert package_init.stat().st_ino == (cache / package_init.relative_to(venv)).stat().st_ino
     # nothing of the cache (nor of this run's venv, linked to it) was written in place
     assert {p: p.read_bytes() for p in cached} == cached
     assert (VENV / "bin" / "grpo-curator").read_bytes() == own_script
@@ -122,11 +153,11 @@ def test_a_clone_gets_a_linked_copy_naming_itself_and_the_cache_stays_as_built(c
     assert again.returncode == 0 and "pip" not in again.stdout + again.stderr, again.stdout + again.stderr
 
 
-def test_a_failed_editable_install_leaves_no_venv_to_be_taken_as_installed(clone, tmp_path):
+def test_a_failed_editable_install_leaves_no_venv_to_be_taken_as_installed(fake_cache, clone, tmp_path):
     """The copy's stamps are the cache's, older than the clone's files: were the copy kept after its editable
     install failed (or was killed), ``make install-dev`` would find it installed and run the builder's code."""
     (clone / "pyproject.toml").write_text((clone / "pyproject.toml").read_text() + "\nnot toml = = =\n")
-    cache = _fake_cache(clone, tmp_path / "cache")
+    cache = fake_cache(clone, tmp_path / "cache")
     run = _make(clone, tmp_path / "cache", "install-dev-cached")
     assert run.returncode != 0
     assert "the editable install into" in run.stderr and "failed" in run.stderr
@@ -141,8 +172,8 @@ def test_a_failed_build_stops_before_any_copy(clone, tmp_path):
     assert not list((tmp_path / "cache" / "grpo-curator").glob("venv-dev-*/.complete"))
 
 
-def test_a_cache_older_than_a_week_is_built_again(clone, tmp_path):
-    cache = _fake_cache(clone, tmp_path / "cache", "PY=false")
+def test_a_cache_older_than_a_week_is_built_again(fake_cache, clone, tmp_path):
+    cache = fake_cache(clone, tmp_path / "cache", "PY=false")
     os.utime(cache / ".complete", (time.time() - 7 * 86400 - 120,) * 2)  # 7 days and 2 minutes
     run = _make(clone, tmp_path / "cache", "install-dev-cached", "PY=false")
     assert "built more than 7 days ago: built again" in run.stdout
@@ -178,10 +209,10 @@ def test_the_key_holds_what_decides_the_contents(clone, tmp_path):
     assert key() != base
 
 
-def test_a_clone_with_its_own_venv_keeps_it(clone, tmp_path):
+def test_a_clone_with_its_own_venv_keeps_it(fake_cache, clone, tmp_path):
     """A ``.venv`` already there (a developer's) is left to ``make install-dev``: nothing copied over or into it."""
     cache_home = tmp_path / "cache"
-    cache = _fake_cache(clone, cache_home)
+    cache = fake_cache(clone, cache_home)
     venv = clone / ".venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
@@ -210,12 +241,12 @@ def test_a_build_that_leaves_a_process_behind_does_not_hold_the_lock(clone, tmp_
     assert "waiting for" not in second.stdout
 
 
-def test_a_symlinked_cache_home_and_a_symlinked_cache_are_followed_not_copied(clone, tmp_path):
+def test_a_symlinked_cache_home_and_a_symlinked_cache_are_followed_not_copied(fake_cache, clone, tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "grpo-curator").symlink_to(real)  # the cache home is a link
-    cache = _fake_cache(clone, tmp_path / "cache")
+    cache = fake_cache(clone, tmp_path / "cache")
     moved = real / "elsewhere"
     cache.rename(moved)  # and the key's own directory is a link too
     cache.symlink_to(moved)
@@ -233,8 +264,8 @@ def test_a_symlinked_cache_home_and_a_symlinked_cache_are_followed_not_copied(cl
     assert [o.exists() for o in olds] == [True, True, False, False]  # the 2 most recently built others stay
 
 
-def test_two_runs_in_one_clone_take_turns(clone, tmp_path):
-    _fake_cache(clone, tmp_path / "cache")
+def test_two_runs_in_one_clone_take_turns(fake_cache, clone, tmp_path):
+    fake_cache(clone, tmp_path / "cache")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "MAKE"))}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     runs = [subprocess.Popen(["make", "-s", "-C", str(clone), "install-dev-cached"], env=env, text=True,
@@ -245,8 +276,8 @@ def test_two_runs_in_one_clone_take_turns(clone, tmp_path):
     assert _python_of(clone / ".venv", "import service; print(service.__file__)") == str(clone / "service" / "__init__.py")
 
 
-def test_a_venv_in_a_folder_not_yet_made(clone, tmp_path):
-    _fake_cache(clone, tmp_path / "cache")
+def test_a_venv_in_a_folder_not_yet_made(fake_cache, clone, tmp_path):
+    fake_cache(clone, tmp_path / "cache")
     run = _make(clone, tmp_path / "cache", "install-dev-cached", "VENV=envs/ci/.venv")
     assert run.returncode == 0, run.stdout + run.stderr
     venv = clone / "envs" / "ci" / ".venv"

@@ -62,6 +62,26 @@ def service_env(folder: Path) -> dict[str, str]:
 ALPHABET = "0123456789+*=? abcdefghijklmnopqrstuvwxyz<>/"
 
 
+def skip_unless_installed(**reasons: str) -> None:
+    """Skip the calling test module (at collection) where a top-level package is not installed: package name ->
+    the reason. Found without importing it: verl imports ray, torch and pandas (~3 s), and a module-level import
+    costs every pytest-xdist worker that at collection, not only the worker that runs the module."""
+    import importlib.util
+
+    for name, reason in reasons.items():
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(reason, allow_module_level=True)
+
+
+def package_dir(name: str) -> Path:
+    """An installed package's folder, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, name
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def char_tokenizer():
     """One token per character; pad / eos specials; decoding joins characters back without spaces."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

@@ -16,11 +16,21 @@ from grpo_curator_integrations._http import ScoringError
 from service.auth import keys
 from service.store.db import get_engine, make_sessionmaker
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.integrations.conftest import SPEC
+from tests.integrations.conftest import SPEC, skip_unless_installed
 
-torch = pytest.importorskip("torch", reason="OpenRLHF's reward path builds torch tensors (make install-dev installs torch)")
-pytest.importorskip("ray", reason="OpenRLHF imports ray at module load (the upstream extra of make install-dev)")
-remote_rm = pytest.importorskip("openrlhf.utils.remote_rm_utils", reason="OpenRLHF is not installed (pip install --no-deps openrlhf==0.8.11)")
+skip_unless_installed(torch="OpenRLHF's reward path builds torch tensors (make install-dev installs torch)",
+                      ray="OpenRLHF imports ray at module load (the upstream extra of make install-dev)",
+                      openrlhf="OpenRLHF is not installed (pip install --no-deps openrlhf==0.8.11)")
+import torch  # noqa: E402 (every worker imports it anyway)
+
+
+def remote_rm():
+    """OpenRLHF's remote reward module (imported when a test uses it: with it come ray and torch)."""
+    import openrlhf.utils.remote_rm_utils
+
+    return openrlhf.utils.remote_rm_utils
+
+
 GOOD = "<answer>42</answer>"
 PROMPT = "<s>[INST] 6*7? [/INST]"
 
@@ -65,13 +75,13 @@ def body(responses: list[str], labels: list) -> dict:
 
 def test_openrlhf_08_breaks_on_json_lists_and_takes_the_omitted_form(service: LiveServer, keyed) -> None:
     update = update_samples_with_rewards()
-    lists = remote_rm.request_api_wrapper(f"{service.url}/compat/openrlhf/integ/get_reward", body([GOOD, "42"], ["42", "42"]))
+    lists = remote_rm().request_api_wrapper(f"{service.url}/compat/openrlhf/integ/get_reward", body([GOOD, "42"], ["42", "42"]))
     assert lists["extra_logs"]["fmt"] == [1.0, 0.0]
     with pytest.raises(TypeError, match="Tensor"):  # the 0.8 failure the default (0.11) form causes
         update([lists], samples(2))
     server, _, trainer = keyed
     url = f"{server.url}/compat/openrlhf/key/{trainer}/integ/get_reward"
-    omitted = remote_rm.request_api_wrapper(url, body([GOOD, "42"], ["42", "42"]))
+    omitted = remote_rm().request_api_wrapper(url, body([GOOD, "42"], ["42", "42"]))
     assert "extra_logs" not in omitted and omitted["rewards"] == [1.5, 1.0]
     [got] = update([omitted], samples(2))
     assert got.rewards.tolist() == [1.5, 1.0] and got.info["reward"].tolist() == [1.5, 1.0]
@@ -87,13 +97,13 @@ def test_openrlhf_header_key_and_the_path_key_in_its_log(keyed) -> None:
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
-    remote_rm.logger.addHandler(handler)
+    remote_rm().logger.addHandler(handler)
     try:
         with pytest.raises(Exception, match="Request error for 2 times"):
-            remote_rm.request_api_wrapper(f"{server.url}/compat/openrlhf/key/{trainer}/integ/get_reward",
+            remote_rm().request_api_wrapper(f"{server.url}/compat/openrlhf/key/{trainer}/integ/get_reward",
                                           {"query": ["x"], "prompts": [PROMPT], "labels": ["42"]}, try_max_times=2)
     finally:
-        remote_rm.logger.removeHandler(handler)
+        remote_rm().logger.removeHandler(handler)
     assert len(records) == 2 and all("422" in r and trainer in r for r in records)
 
 
@@ -129,10 +139,10 @@ def test_openrlhf_08_loads_the_reward_function_file(service: LiveServer, monkeyp
     scores through the service and returns tensors."""
     from pathlib import Path
 
-    tree = ast.parse(open(remote_rm.__file__).read())
+    tree = ast.parse(open(remote_rm().__file__).read())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RemoteRewardModel")
     scope: dict = {"ray": SimpleNamespace(remote=lambda f: f)}
-    exec(compile(ast.Module([cls], []), remote_rm.__file__, "exec"), scope)
+    exec(compile(ast.Module([cls], []), remote_rm().__file__, "exec"), scope)
     path = Path(ours.__file__).resolve()
     model = scope["RemoteRewardModel"](SimpleNamespace(micro_rollout_batch_size=2), str(path))
     monkeypatch.setenv("GRPO_CURATOR_URL", service.url)

@@ -15,15 +15,12 @@ from reward_models.scoring import Scorer
 from service.store.db import get_engine, make_sessionmaker
 from service.worker.pipeline import drain
 from tests.helpers import make_group
-from tests.integrations.conftest import char_tokenizer
+from tests.integrations.conftest import char_tokenizer, package_dir, skip_unless_installed
 
-verl = pytest.importorskip("verl", reason="verl is not installed (pip install --no-deps verl==0.9.1)")
-pytest.importorskip("hydra", reason="verl's config needs hydra-core")
-pytest.importorskip("datasets", reason="verl's RLHFDataset reads Parquet through datasets")
-from omegaconf import OmegaConf  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
-
-CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
+skip_unless_installed(verl="verl is not installed (pip install --no-deps verl==0.9.1)",
+                      hydra="verl's config needs hydra-core",
+                      datasets="verl's RLHFDataset reads Parquet through datasets")
+CONFIG_DIR = package_dir("verl") / "trainer" / "config"
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 QUESTION = "what is 6 * 7?"
@@ -65,6 +62,9 @@ def exported(make_db, tmp_path_factory) -> Iterator[Path]:
 
 
 def test_rlhf_dataset_reads_the_export_and_the_prompt_renders(exported, tmp_path):
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
     cfg = data_config([str(exported)], max_prompt_length=256, filter_overlong_prompts_workers=1)
     OmegaConf.update(cfg, "cache_dir", str(tmp_path / "cache"), force_add=True)
     tok = tokenizer()
@@ -88,6 +88,9 @@ def test_rlhf_dataset_reads_the_export_and_the_prompt_renders(exported, tmp_path
 def test_verl_filters_an_export_row_whose_rendered_prompt_is_too_long(exported, tmp_path):
     """verl's own length filter renders our prompt with the chat template and counts its tokens: the
     rendered prompt is one token per character here, so a limit one below its length drops the row."""
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
     tok = tokenizer()
     n = len(tok.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": QUESTION}],
                                     add_generation_prompt=True, tokenize=False))
@@ -128,6 +131,9 @@ def test_verls_reward_loop_gets_the_prompt_and_the_reference(exported_references
     """What verl's reward loop hands compute_score (data_source, reward_model.ground_truth, extra_info) after
     RLHFDataset: the prompt is in extra_info (verl passes none), and no row with a reference has a null
     ground truth; the grpo-curator adapter scores the stored reference."""
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
     from grpo_curator_integrations.verl import _item
 
     cfg = data_config([str(exported_references)], max_prompt_length=256, filter_overlong_prompts_workers=1)

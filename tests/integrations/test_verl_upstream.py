@@ -14,16 +14,22 @@ import pytest
 from grpo_curator_integrations import verl as ours
 from grpo_curator_integrations._http import ScoringError
 from tests.conftest import ROOT, LiveServer
-from tests.integrations.conftest import char_tokenizer
+from tests.integrations.conftest import char_tokenizer, package_dir, skip_unless_installed
 
-verl = pytest.importorskip("verl", reason="verl is not installed (pip install --no-deps verl==0.9.1)")
-hydra = pytest.importorskip("hydra", reason="verl's config needs hydra-core (the upstream extra)")
-torch = pytest.importorskip("torch", reason="verl's reward loop builds torch tensors")
-from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
+skip_unless_installed(verl="verl is not installed (pip install --no-deps verl==0.9.1)",
+                      hydra="verl's config needs hydra-core (the upstream extra)",
+                      torch="verl's reward loop builds torch tensors")
 
 GOOD, BAD = "<answer>42</answer>", "<answer>41</answer>"
-CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
+CONFIG_DIR = package_dir("verl") / "trainer" / "config"
 LEGACY_FILE = ROOT / "integrations" / "verl.py"  # the path older docs gave: the deprecated shim still loads
+
+
+def get_custom_reward_fn(config):
+    """verl's own loader, reading config.reward.custom_reward_function (verl imported when a test calls it)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn as load
+
+    return load(config)
 
 
 def compose(overrides: list[str]):
@@ -55,6 +61,7 @@ def tokenizer_dir(tmp_path: Path) -> Path:
 
 def dataproto(tok, responses: list[str], truths: list[str], extras: list[dict]):
     """A batch shaped as verl's rollout leaves it: prompts, right-padded responses, attention mask."""
+    import torch
     from verl import DataProto
 
     prompt = tok("6*7=?", add_special_tokens=False)["input_ids"]
