@@ -91,10 +91,9 @@ def prune_dead_handles(pgdata: Path) -> list[int]:
 def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None:
     """Terminate each child (its process group when it was started with ``start_new_session``), wait up to
     ``timeout_s`` for each, then kill what is left. A group's other members are waited for too: the leader
-    can exit while its helpers (a browser's utility processes, a server's workers) are still shutting down,
-    and those are killed when they outlive the wait."""
+    can exit while its helpers (a browser's utility processes, a server's workers) are still shutting down, or
+    have exited before, leaving them running; they are killed when they outlive the wait."""
     procs = list(procs)
-    groups = [proc.pid for proc in procs if _leads_group(proc)]
     for proc in procs:
         _signal(proc, signal.SIGTERM)
     for proc in procs:
@@ -103,30 +102,22 @@ def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None
         except subprocess.TimeoutExpired:
             _signal(proc, signal.SIGKILL)
             proc.wait(timeout=timeout_s)
-    for pgid in groups:
-        if not _group_gone(pgid, timeout_s):
+    for proc in procs:
+        if not _group_gone(proc.pid, timeout_s):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            _group_gone(pgid, timeout_s)
-
-
-def _leads_group(proc: subprocess.Popen) -> bool:
-    if proc.poll() is not None:
-        return False
-    try:
-        return os.getpgid(proc.pid) == proc.pid
-    except ProcessLookupError:
-        return False
+                os.killpg(proc.pid, signal.SIGKILL)
+            _group_gone(proc.pid, timeout_s)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is not None:
-        return
+    """``sig`` to the child's process group when it leads one, or when it exited and left its group behind
+    (Linux never reuses a pid that is still some group's id, so that group is the one the child began); else
+    to the child alone, while it runs."""
     try:
-        if os.getpgid(proc.pid) == proc.pid:  # a group leader: reach its children too
-            os.killpg(proc.pid, sig)
-        else:
+        if proc.poll() is None and os.getpgid(proc.pid) != proc.pid:
             proc.send_signal(sig)
+        elif proc.poll() is None or group_members(proc.pid):
+            os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
 

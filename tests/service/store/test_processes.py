@@ -12,16 +12,17 @@ import uuid
 from service.store.processes import group_members, processes_mentioning, stop_all
 
 
-def _group_with_a_helper(on_term: str, marker: str) -> subprocess.Popen:
+def _group_with_a_helper(on_term: str, marker: str, shell_waits: bool = True) -> subprocess.Popen:
     """A shell leading its own group, with a Python helper that does ``on_term`` on SIGTERM; returned once
-    the helper runs. The shell itself ends at once on SIGTERM."""
+    the helper runs. The shell itself ends at once on SIGTERM (or, ``shell_waits=False``, on its own)."""
     helper = (
         "import signal, sys, time\n"
         f"{on_term}\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
-    proc = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0" {marker} & wait', helper],
+    tail = "wait" if shell_waits else "exit 0"
+    proc = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0" {marker} & {tail}', helper],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -51,3 +52,16 @@ def test_a_child_that_already_exited_is_no_error():
     proc.wait()
     stop_all([proc], timeout_s=1)
     assert proc.returncode == 0
+
+
+def test_a_leader_that_exited_first_leaves_no_helper_behind():
+    """The group's leader is gone (and reaped) before stop_all; its helper, still in the group, is stopped
+    with SIGTERM at once, not left running nor waited for until the timeout."""
+    marker = f"orphan-helper-{uuid.uuid4().hex}"
+    proc = _group_with_a_helper("pass", marker, shell_waits=False)
+    proc.wait(timeout=10)
+    assert processes_mentioning(marker) != []
+    start = time.monotonic()
+    stop_all([proc], timeout_s=10)
+    assert processes_mentioning(marker) == [] and group_members(proc.pid) == []
+    assert time.monotonic() - start < 5
