@@ -81,6 +81,20 @@ LONGEST_FIRST = (
 
 
 @pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The test processes' own garbage collector, after collection: what collection made (the test modules, their
+    parameters, the libraries) is frozen out of every later collection, and the youngest generation is collected
+    every 20,000 allocations instead of 700 (the suite's in-process tests allocate a great deal, little of it in
+    cycles). Measured on 2 cores: 44.5 -> 38.9 CPU-s for the alert long run, the hostile-input and the fill-rule
+    tests together. The services and workers the tests start keep Python's defaults: what they run is the product."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Items of the LONGEST_FIRST files first, in that order; every file's items stay together and in order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
