@@ -64,7 +64,7 @@ LONGEST_FIRST = (
     "tests/test_chaos.py",  # 50 s
     "tests/service/export/test_export_memory.py",  # 49 s
     "tests/service/cli/test_cli.py",  # 38 s
-    "tests/test_dev_venv_cache.py",  # 39 s (make install-dev-cached against fake caches)
+    "tests/test_dev_venv_cache.py",  # ~20 s (make install-dev-cached against fake caches)
     "tests/service/observability/test_dashboard_browser.py",  # 37 s
     "tests/bench/test_scale.py",  # 37 s
     "tests/trainer/test_extreme_logprobs.py",  # 34 s

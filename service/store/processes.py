@@ -69,10 +69,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # no /proc (not Linux): kill(0) is all we know
-        return True
+    fields = _stat_fields(Path(f"/proc/{pid}"))
+    return fields is None or fields[0] != "Z"  # no /proc (not Linux): kill(0) is all we know
 
 
 def prune_dead_handles(pgdata: Path) -> list[int]:
@@ -89,65 +87,92 @@ def prune_dead_handles(pgdata: Path) -> list[int]:
 
 
 def stop_all(procs: Iterable[subprocess.Popen], timeout_s: float = 20.0) -> None:
-    """Terminate each child (its process group when it was started with ``start_new_session``), wait up to
-    ``timeout_s`` for each, then kill what is left. A group's other members are waited for too: the leader
-    can exit while its helpers (a browser's utility processes, a server's workers) are still shutting down, or
-    have exited before, leaving them running; they are killed when they outlive the wait."""
+    """Terminate each child (its process group when it leads one: started with ``start_new_session``), wait up
+    to ``timeout_s`` for each, then kill what is left. The groups of the children that led one when this began
+    are waited for too, all within one ``timeout_s``: a leader can exit while its helpers (a browser's utility
+    processes, a server's workers) are still shutting down; members that outlive the wait are killed. A child
+    already exited and reaped before the call is not followed: its pid may be someone else's by now."""
     procs = list(procs)
+    groups = [proc.pid for proc in procs if _leads_group(proc)]
     for proc in procs:
         _signal(proc, signal.SIGTERM)
+    for pgid in groups:  # a stopped member (SIGSTOP) would sit on the SIGTERM until the kill
+        _killpg(pgid, signal.SIGCONT)
     for proc in procs:
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _signal(proc, signal.SIGKILL)
             proc.wait(timeout=timeout_s)
-    for proc in procs:
-        if not _group_gone(proc.pid, timeout_s):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            _group_gone(proc.pid, timeout_s)
+    left = _groups_left(groups, time.monotonic() + timeout_s)
+    for pgid in left:
+        _killpg(pgid, signal.SIGKILL)
+    _groups_left(left, time.monotonic() + timeout_s)
+
+
+def _leads_group(proc: subprocess.Popen) -> bool:
+    try:
+        return proc.poll() is None and os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:
+        return False
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    """``sig`` to a group; one that is gone, or holds only processes this one may not signal, is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
-    """``sig`` to the child's process group when it leads one, or when it exited and left its group behind
-    (Linux never reuses a pid that is still some group's id, so that group is the one the child began); else
-    to the child alone, while it runs."""
+    if proc.poll() is not None:
+        return
     try:
-        if proc.poll() is None and os.getpgid(proc.pid) != proc.pid:
+        if os.getpgid(proc.pid) == proc.pid:  # a group leader: reach its children too
+            _killpg(proc.pid, sig)
+        else:
             proc.send_signal(sig)
-        elif proc.poll() is None or group_members(proc.pid):
-            os.killpg(proc.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _stat_fields(entry: Path) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first); None when it is gone. Read as bytes:
+    a name is whatever bytes the kernel kept (cut at 15, mid-character for a long non-ASCII one)."""
+    try:
+        return (entry / "stat").read_bytes().rsplit(b")", 1)[1].decode("ascii", "replace").split()
+    except (OSError, IndexError):
+        return None
 
 
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``, from /proc; [] off Linux."""
-    members = []
+    return _members({pgid}).get(pgid, [])
+
+
+def _members(pgids: set[int]) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
     try:
         entries = list(Path("/proc").iterdir())
     except OSError:
-        return []
+        return found
     for entry in entries:
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            members.append(int(entry.name))
-    return members
+        fields = _stat_fields(entry)
+        if fields and fields[0] != "Z" and int(fields[2]) in pgids:  # state, ppid, pgrp
+            found.setdefault(int(fields[2]), []).append(int(entry.name))
+    return found
 
 
-def _group_gone(pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
+def _groups_left(pgids: list[int], deadline: float) -> list[int]:
+    """Wait until none of ``pgids`` has a live member, or ``deadline`` -> the groups still there."""
+    left = set(pgids)
+    while left:
+        left = set(_members(left))
+        if not left or time.monotonic() >= deadline:
+            break
         time.sleep(0.02)
-    return True
+    return sorted(left)
 
 
 def processes_mentioning(marker: str) -> list[str]:

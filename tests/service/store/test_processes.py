@@ -4,6 +4,9 @@ check, CI run of 2026-12-07)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,14 +57,43 @@ def test_a_child_that_already_exited_is_no_error():
     assert proc.returncode == 0
 
 
-def test_a_leader_that_exited_first_leaves_no_helper_behind():
-    """The group's leader is gone (and reaped) before stop_all; its helper, still in the group, is stopped
-    with SIGTERM at once, not left running nor waited for until the timeout."""
-    marker = f"orphan-helper-{uuid.uuid4().hex}"
-    proc = _group_with_a_helper("pass", marker, shell_waits=False)
-    proc.wait(timeout=10)
-    assert processes_mentioning(marker) != []
+
+def test_groups_are_waited_for_together_not_one_timeout_each():
+    marker = f"deaf-trio-{uuid.uuid4().hex}"
+    procs = [_group_with_a_helper("signal.signal(signal.SIGTERM, signal.SIG_IGN)", marker) for _ in range(3)]
     start = time.monotonic()
-    stop_all([proc], timeout_s=10)
-    assert processes_mentioning(marker) == [] and group_members(proc.pid) == []
-    assert time.monotonic() - start < 5
+    stop_all(procs, timeout_s=1.5)
+    assert processes_mentioning(marker) == []
+    assert time.monotonic() - start < 4  # one 1.5 s wait for the three groups, then SIGKILL (was 1.5 s each)
+
+
+def test_a_stopped_helper_is_continued_and_ends_on_sigterm(tmp_path):
+    """A helper stopped with SIGSTOP gets SIGCONT after the SIGTERM: it runs its own shutdown (here: writes a
+    file), long before the timeout's SIGKILL."""
+    marker = f"stopped-helper-{uuid.uuid4().hex}"
+    done = tmp_path / "done"
+    on_term = f"signal.signal(signal.SIGTERM, lambda *a: (open({str(done)!r}, 'w').close(), sys.exit(0)))"
+    proc = _group_with_a_helper(on_term, marker)
+    [helper] = [int(line.split(":")[0]) for line in processes_mentioning(marker) if ": sh " not in line]
+    os.kill(helper, signal.SIGSTOP)
+    start = time.monotonic()
+    stop_all([proc], timeout_s=20)
+    assert done.exists() and processes_mentioning(marker) == []
+    assert time.monotonic() - start < 10
+
+
+def test_a_process_named_in_broken_utf8_is_no_error(tmp_path):
+    """/proc/<pid>/stat holds a command name cut at 15 bytes, mid-character for a long non-ASCII one: another
+    user's process named so must not make stop_all raise before it stopped the children."""
+    link = tmp_path / ("\u00e9" * 9)
+    link.symlink_to(shutil.which("sleep"))
+    bystander = subprocess.Popen([str(link), "30"])
+    marker = f"utf8-helper-{uuid.uuid4().hex}"
+    try:
+        proc = _group_with_a_helper("pass", marker)
+        stop_all([proc], timeout_s=5)
+        assert processes_mentioning(marker) == [] and group_members(proc.pid) == []
+        assert bystander.poll() is None  # not ours: untouched
+    finally:
+        bystander.kill()
+        bystander.wait()
