@@ -63,14 +63,16 @@ ALPHABET = "0123456789+*=? abcdefghijklmnopqrstuvwxyz<>/"
 
 
 def skip_unless_installed(**reasons: str) -> None:
-    """Skip the calling test module (at collection) where a top-level package is not installed: package name ->
-    the reason. Found without importing it: verl imports ray, torch and pandas (~3 s), and a module-level import
-    costs every pytest-xdist worker that at collection, not only the worker that runs the module."""
+    """Skip the calling test module (at collection) where a top-level package it tests against is not installed:
+    package name -> why the module needs it and what installs it. ``make install-dev`` installs every one, so CI
+    runs these modules; a machine set up by hand without the upstream extra skips them, saying what is missing.
+    Found without importing it: verl imports ray, torch and pandas (~3 s), and a module-level import costs every
+    pytest-xdist worker that at collection, not only the worker that runs the module."""
     import importlib.util
 
     for name, reason in reasons.items():
         if importlib.util.find_spec(name) is None:
-            pytest.skip(reason, allow_module_level=True)
+            pytest.skip(f"{name} is not installed: {reason}", allow_module_level=True)
 
 
 def package_dir(name: str) -> Path:

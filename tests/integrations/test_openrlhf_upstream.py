@@ -20,7 +20,7 @@ from tests.integrations.conftest import SPEC, skip_unless_installed
 
 skip_unless_installed(torch="OpenRLHF's reward path builds torch tensors (make install-dev installs torch)",
                       ray="OpenRLHF imports ray at module load (the upstream extra of make install-dev)",
-                      openrlhf="OpenRLHF is not installed (pip install --no-deps openrlhf==0.8.11)")
+                      openrlhf="the upstream OpenRLHF these tests run (make install-dev, or pip install --no-deps openrlhf==0.8.11)")
 import torch  # noqa: E402 (every worker imports it anyway)
 
 

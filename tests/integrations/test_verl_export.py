@@ -17,9 +17,9 @@ from service.worker.pipeline import drain
 from tests.helpers import make_group
 from tests.integrations.conftest import char_tokenizer, package_dir, skip_unless_installed
 
-skip_unless_installed(verl="verl is not installed (pip install --no-deps verl==0.9.1)",
-                      hydra="verl's config needs hydra-core",
-                      datasets="verl's RLHFDataset reads Parquet through datasets")
+skip_unless_installed(verl="the upstream verl these tests run (make install-dev, or pip install --no-deps verl==0.9.1)",
+                      hydra="verl composes its config with hydra-core (the upstream extra of make install-dev)",
+                      datasets="verl's RLHFDataset reads Parquet through datasets (the upstream extra of make install-dev)")
 CONFIG_DIR = package_dir("verl") / "trainer" / "config"
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")

@@ -16,9 +16,9 @@ from grpo_curator_integrations._http import ScoringError
 from tests.conftest import ROOT, LiveServer
 from tests.integrations.conftest import char_tokenizer, package_dir, skip_unless_installed
 
-skip_unless_installed(verl="verl is not installed (pip install --no-deps verl==0.9.1)",
-                      hydra="verl's config needs hydra-core (the upstream extra)",
-                      torch="verl's reward loop builds torch tensors")
+skip_unless_installed(verl="the upstream verl these tests run (make install-dev, or pip install --no-deps verl==0.9.1)",
+                      hydra="verl composes its config with hydra-core (the upstream extra of make install-dev)",
+                      torch="verl's reward loop builds torch tensors (make install-dev installs torch)")
 
 GOOD, BAD = "<answer>42</answer>", "<answer>41</answer>"
 CONFIG_DIR = package_dir("verl") / "trainer" / "config"
